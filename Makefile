@@ -1,0 +1,36 @@
+# Two commands a fresh clone needs (README): `make demo` and `make test`.
+# Both create .venv and install what they need on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),aarch64)
+TORCH := torch==2.9.1 torchvision==0.24.1
+else
+TORCH := torch==2.14.1 torchvision==0.29.1
+endif
+
+.PHONY: install test lint demo bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first, pinned, so no other torch build is pulled in by the ranges in pyproject.toml
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev,demo]'
+	touch $@
+
+lint: install
+	$(BIN)/python -m ruff check .
+
+test: install
+	$(BIN)/python -m ruff check .
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python benchmarks/bench_video.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,188 @@
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+from paravt_agent.video import (
+    POOL,
+    VideoError,
+    VideoReader,
+    available_backends,
+    crop_times,
+    fit_size,
+    open_video,
+    overview_times,
+)
+from paravt_train.toy.render import write_audio_only, write_segments
+from tests.conftest import PALETTE
+
+
+def colour_at(t, seconds_per_segment=2.0):
+    return np.array(PALETTE[int(t // seconds_per_segment) % len(PALETTE)])
+
+
+def test_info(media):
+    info = VideoReader(media["video"]).info
+    assert info.duration == pytest.approx(40.0)
+    assert info.fps == pytest.approx(30.0)
+    assert info.num_frames == 1200
+    assert (info.width, info.height) == (96, 64)
+
+
+def test_fit_size_protocol():
+    assert fit_size(360, 640, 50176, 32) == (160, 288)  # 46080 <= 50176, aspect ~1.8
+    h, w = fit_size(1080, 1920, 50176, 28)
+    assert h % 28 == 0 and w % 28 == 0 and h * w <= 50176
+    assert fit_size(64, 96, 50176, 32) == (64, 96)  # small frames are not upscaled
+    assert fit_size(10, 10, 50176, 32) == (32, 32)
+
+
+def test_overview_times_protocol():
+    assert overview_times(40.0) == [float(i) for i in range(40)]  # 1 fps, under 64 frames: all
+    long = overview_times(3600.0)
+    assert len(long) == 64 and long[0] == 0.0 and long[-1] == 3599.0
+    assert overview_times(40.0, n=4) == [0.0, 13.0, 26.0, 39.0]
+    assert len(overview_times(3.0, n=8)) == 8  # more frames than the 1 fps grid: spread over the duration
+    assert crop_times(10, 20, 30.0, max_frames=16)[0] == 10 and len(crop_times(10, 20, 30.0)) == 16
+    assert crop_times(10, 14, 30.0, fps=1.0) == [10.0, 11.0, 12.0, 13.0, 14.0]
+
+
+def test_overview_frames_and_timestamps_are_true(media):
+    clip = VideoReader(media["video"]).overview()
+    assert clip.frames.shape == (40, 64, 96, 3)
+    assert clip.timestamps == [float(i) for i in range(40)]
+    for frame, t in zip(clip.frames, clip.timestamps, strict=True):
+        assert np.abs(frame.reshape(-1, 3).mean(0) - colour_at(t)).max() < 12
+
+
+@pytest.mark.parametrize("n", [4, 8, 16, 32, 64])
+def test_overview_exactly_n(media, n):
+    clip = VideoReader(media["video"]).overview(n=n)
+    assert len(clip) == n == len(clip.frames)
+    assert clip.timestamps == sorted(clip.timestamps)
+
+
+def test_gating_changes_the_frames(media):
+    r = VideoReader(media["video"])
+    a, b = r.overview(n=4), r.overview(n=16)
+    assert a.timestamps != b.timestamps and len(a) != len(b)
+
+
+def test_max_pixels_and_factor(media):
+    clip = VideoReader(media["video"]).overview(n=2, max_pixels=32 * 32 * 2, factor=32)
+    assert clip.frames.shape[1:] == (32, 32, 3)
+    clip28 = VideoReader(media["video"]).overview(n=2, factor=28)
+    assert clip28.frames.shape[1] % 28 == 0 and clip28.frames.shape[2] % 28 == 0
+
+
+def test_crop_inside_window(media):
+    clip = VideoReader(media["sparse"]).crop(13.0, 23.5)
+    assert len(clip) == 16
+    assert all(13.0 <= t <= 23.5 for t in clip.timestamps)
+    for frame, t in zip(clip.frames, clip.timestamps, strict=True):
+        assert np.abs(frame.reshape(-1, 3).mean(0) - colour_at(t)).max() < 12
+    one_fps = VideoReader(media["video"]).crop(4, 8, fps=1.0)
+    assert one_fps.timestamps == [4.0, 5.0, 6.0, 7.0, 8.0]
+
+
+def test_crop_end_clamped_and_errors(media):
+    r = VideoReader(media["video"])
+    assert r.crop(36, 90).timestamps[-1] < 40.0
+    with pytest.raises(VideoError, match="before its end"):
+        r.crop(10, 10)
+    with pytest.raises(VideoError, match="negative"):
+        r.crop(-1, 5)
+    with pytest.raises(VideoError, match="after the video ends"):
+        r.crop(41, 50)
+
+
+def test_fast_mode_returns_keyframes_with_true_timestamps(media):
+    r = VideoReader(media["sparse"])  # keyframes every 250 frames = 8.33 s
+    fast = r.overview(n=8, fast=True)
+    assert fast.keyframe_snapped
+    assert len(fast) >= 4
+    assert fast.timestamps == sorted(set(fast.timestamps))
+    for t in fast.timestamps:  # x264 default: keyframes at multiples of 250 frames (plus scene cuts)
+        assert (t * 30) == pytest.approx(round(t * 30))
+    for frame, t in zip(fast.frames, fast.timestamps, strict=True):
+        assert np.abs(frame.reshape(-1, 3).mean(0) - colour_at(t)).max() < 12
+    exact = r.overview(n=8)
+    assert exact.timestamps != fast.timestamps or all(t % (250 / 30) < 1e-6 for t in exact.timestamps)
+
+
+@pytest.mark.parametrize("backend", [b for b in ("decord", "torchcodec") if b in available_backends()])
+def test_backends_agree(media, backend):
+    ref, other = VideoReader(media["sparse"]), VideoReader(media["sparse"], backend=backend)
+    assert other.info.num_frames == ref.info.num_frames
+    assert other.info.duration == pytest.approx(ref.info.duration, abs=0.05)
+    for a, b in ((ref.overview(), other.overview()), (ref.crop(5, 17), other.crop(5, 17)), (ref.overview(n=8), other.overview(n=8))):
+        assert a.timestamps == pytest.approx(b.timestamps, abs=1e-3)
+        assert a.frames.shape == b.frames.shape
+        assert np.abs(a.frames.astype(int) - b.frames.astype(int)).mean() < 3  # equal up to interpolation
+    if backend == "decord":
+        assert ref.overview(n=8, fast=True).timestamps == pytest.approx(other.overview(n=8, fast=True).timestamps)
+
+
+def test_cache_reuses_decoders_and_keys_everything(media, tmp_path):
+    path = write_segments(tmp_path / "c.mp4", [((255, 0, 0), 2), ((0, 0, 255), 2)], fps=10, width=32, height=32)
+    POOL.clear()
+    opened = POOL.opened
+    for _ in range(5):
+        VideoReader(path).crop(0.5, 3.0)
+    assert POOL.opened - opened == 1
+    r = VideoReader(path)
+    assert r.overview(n=2).timestamps != r.overview(n=3).timestamps
+    big = VideoReader(media["video"])
+    assert big.overview(n=2, max_pixels=1024).frames.shape[1:3] == (32, 32)
+    assert big.overview(n=2, max_pixels=4096, factor=16).frames.shape[1:3] == (48, 64)
+    assert r.crop(0, 1).timestamps != r.crop(0, 3).timestamps
+    # same path, new content: the cache key includes size and mtime, so frames change
+    before = r.overview(n=1).frames.mean(axis=(0, 1, 2))
+    write_segments(path, [((0, 255, 0), 5)], fps=10, width=32, height=32)
+    os.utime(path, ns=(1, 1))
+    after = VideoReader(path).overview(n=1).frames.mean(axis=(0, 1, 2))
+    assert after[1] > 200 and before[1] < 50
+
+
+def test_bad_inputs(tmp_path, media):
+    with pytest.raises(VideoError, match="no such file"):
+        VideoReader(tmp_path / "missing.mp4")
+    text = tmp_path / "notes.mp4"
+    text.write_text("this is not a video")
+    with pytest.raises(VideoError, match="not a readable video"):
+        open_video(text)
+    with pytest.raises(VideoError, match="audio-only"):
+        open_video(write_audio_only(tmp_path / "speech.m4a"))
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    with pytest.raises(VideoError, match="zero length"):
+        open_video(empty)
+    import av
+
+    zero = tmp_path / "zero.mp4"
+    c = av.open(str(zero), "w")
+    s = c.add_stream("libx264", rate=30)
+    s.width = s.height = 32
+    s.pix_fmt = "yuv420p"
+    c.start_encoding()
+    c.close()
+    with pytest.raises(VideoError, match="zero-length"):
+        open_video(zero)
+    with pytest.raises(VideoError, match="unknown video backend"):
+        VideoReader(media["video"], backend="opencv")
+
+
+def test_truncated_file_returns_what_decodes(media, tmp_path):
+    data = open(media["faststart"], "rb").read()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: int(len(data) * 0.6)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clip = VideoReader(cut).overview()
+    assert 0 < len(clip) < 12
+    assert clip.warnings and any("truncated" in str(w.message) for w in caught)
+    worse = tmp_path / "worse.mp4"
+    worse.write_bytes(data[:200])
+    with pytest.raises(VideoError):
+        VideoReader(worse).overview()

@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned, so no other torch build is pulled in by the ranges in pyproject.toml
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,demo]'
+	$(BIN)/python -m pip install -q -e '.[dev,demo]' --config-settings editable_mode=compat
 	touch $@
 
 lint: install

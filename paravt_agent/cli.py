@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+from pathlib import Path
 
 import typer
 
@@ -38,6 +41,82 @@ def tools_cmd(
         )
         kind = "visual, summarised by a sub-agent" if tool.visual else "text"
         typer.echo(f"{tool.name}({args})  [{kind}]\n    {tool.description}")
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+@app.command("answer")
+def answer_cmd(
+    video: Path = typer.Argument(..., help="The video file."),
+    question: str = typer.Argument(..., help="The question about the video."),
+    options: list[str] = typer.Option(None, "--options", "-o", help="An MCQ option; repeat for each (A, B, ...)."),
+    backend: str = typer.Option("local", help="local (a model directory), openai (any endpoint) or sglang."),
+    model: str = typer.Option(None, help="Model directory (local/sglang) or served model name (openai)."),
+    endpoint: str = typer.Option(None, help="Endpoint URL for openai/sglang (default http://127.0.0.1:30000/v1)."),
+    mode: str = typer.Option(None, help="Dispatch mode: parallel, sequential or none."),
+    n_frames: int = typer.Option(None, "--n-frames", help="Exactly this many overview frames."),
+    config: Path = typer.Option(None, help="AgentConfig YAML file."),
+    set_: list[str] = typer.Option(None, "--set", help="Config override key=value, e.g. --set max_turns=2."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole trace as JSON."),
+) -> None:
+    """Answer a question about a video and print the answer with a compact trace."""
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import AgentConfig
+    from paravt_agent.errors import ParaVTError
+
+    try:
+        cfg = AgentConfig.from_yaml(config) if config else AgentConfig()
+        overrides = list(set_ or []) + ([f"mode={mode}"] if mode else [])
+        cfg = cfg.override(overrides) if overrides else cfg
+        if backend == "local" and not model:
+            from paravt_agent.defaults import default_model_dir
+
+            model = default_model_dir()
+        agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
+        ans = agent.answer(video, question, options or None, n_frames=n_frames)
+    except ParaVTError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(ans.trace.to_json(indent=2))
+    else:
+        typer.echo(ans.trace.render())
+    if ans.trace.errors and not ans.trace.turns:
+        raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve_cmd(
+    model: str = typer.Argument(..., help="Model path or hub name of a Qwen3-VL checkpoint."),
+    host: str = typer.Option("127.0.0.1", help="Bind address."),
+    port: int = typer.Option(30000, help="Port."),
+    tp: int = typer.Option(1, help="Tensor-parallel GPUs."),
+    mem_fraction: float = typer.Option(None, help="--mem-fraction-static for SGLang."),
+    context_length: int = typer.Option(65536, help="Context length (64 frames of 256 tokens need ~17K)."),
+    vlm_cache_mb: int = typer.Option(4096, help="SGLANG_VLM_CACHE_SIZE_MB (at least 4096 for 64-frame inputs)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
+) -> None:
+    """Serve a model with SGLang (GPU) and wait until it is healthy."""
+    from paravt_agent.errors import ParaVTError
+    from paravt_agent.serve import launch, sglang_command
+
+    argv, env = sglang_command(model, host, port, tp, mem_fraction, context_length, vlm_cache_mb=vlm_cache_mb)
+    line = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv)
+    if dry_run:
+        typer.echo(line)
+        return
+    typer.echo(f"starting: {line}", err=True)
+    try:
+        proc = launch(argv, env, host, port)
+    except ParaVTError as exc:
+        _fail(str(exc))
+    typer.echo(f"healthy: http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
+    try:
+        sys.exit(proc.wait())
+    except KeyboardInterrupt:
+        proc.terminate()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,14 @@ class ToolError(ParaVTError):
 
 
 class PolicyError(ParaVTError):
-    """The model behind the agent failed (endpoint unreachable, bad response, model missing)."""
+    """The model behind the agent failed (endpoint unreachable, bad response, model missing).
+
+    ``transient`` errors (connection refused, 5xx, 429) are retried by the graph's retry policy.
+    """
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class ConfigError(ParaVTError):

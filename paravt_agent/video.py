@@ -226,7 +226,9 @@ class _PyAVDecoder(_Decoder):
             what = "an audio-only file" if kinds == ["audio"] else f"a file without a video stream ({kinds})"
             raise VideoError(f"{path}: {what}; a video is needed")
         s = self._stream = streams[0]
-        s.thread_type = "AUTO"
+        # Frame threading makes every seek refill a pipeline of frames: measured here it made the
+        # keyframe overview 3.5x slower and exact seeks no faster; slice threading costs nothing.
+        s.thread_type = "SLICE"
         self._tb = float(s.time_base) if s.time_base else 1 / 90000
         self._start = s.start_time or 0
         rate = s.average_rate or s.guessed_rate or s.base_rate

@@ -35,3 +35,12 @@ def media(tmp_path_factory):
         "sparse": write_segments(d / "sparse.mp4", segs, fps=30, width=96, height=64),
         "faststart": write_segments(d / "fast.mp4", segs[:6], fps=30, width=96, height=64, gop=30, faststart=True),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny random Qwen3-VL-architecture model directory built offline."""
+    from paravt_train.toy.tiny import build_tiny_model
+
+    corpus = ["red green blue yellow purple orange window shows seconds answer question"] * 4
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", corpus, size="test"))

@@ -1,5 +1,6 @@
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,7 +175,7 @@ def test_bad_inputs(tmp_path, media):
 
 
 def test_truncated_file_returns_what_decodes(media, tmp_path):
-    data = open(media["faststart"], "rb").read()
+    data = Path(media["faststart"]).read_bytes()
     cut = tmp_path / "cut.mp4"
     cut.write_bytes(data[: int(len(data) * 0.6)])
     with warnings.catch_warnings(record=True) as caught:

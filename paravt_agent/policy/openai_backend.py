@@ -1,0 +1,148 @@
+"""``openai``: any OpenAI-compatible chat endpoint (SGLang, vLLM, ``transformers serve``, hosted APIs).
+
+Frames travel as base64 ``image_url`` parts after their ``<t seconds>`` labels.
+Retries with exponential backoff on connection errors, timeouts, 429 and 5xx
+come from the ``openai`` client (``max_retries``); a semaphore bounds requests
+in flight. A forced response prefix is sent as a trailing assistant message with
+``continue_final_message`` (understood by vLLM and SGLang) when ``prefill=True``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from paravt_agent.errors import PolicyError
+from paravt_agent.policy.base import Generation, Policy, Sampling, encode_image
+
+__all__ = ["DEFAULT_ENDPOINT", "OpenAIPolicy", "to_openai_messages"]
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:30000/v1"
+
+HOW_TO_START = (
+    "Start a server, e.g. `paravt serve MODEL` (SGLang, GPU) or "
+    "`transformers serve MODEL_DIR --host 127.0.0.1 --port 8000` (CPU), and pass its URL with --endpoint; "
+    "or use the in-process backend: --backend local --model MODEL_DIR."
+)
+
+
+def to_openai_messages(messages: list[dict], image_format: str = "PNG") -> list[dict]:
+    out = []
+    mime = "image/png" if image_format.upper() == "PNG" else "image/jpeg"
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, str):
+            out.append({"role": m["role"], "content": content})
+            continue
+        parts = []
+        for p in content:
+            if p["type"] == "image":
+                url = f"data:{mime};base64,{encode_image(p['image'], image_format)}"
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+            else:
+                parts.append({"type": "text", "text": p["text"]})
+        out.append({"role": m["role"], "content": parts})
+    return out
+
+
+class OpenAIPolicy(Policy):
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        endpoint: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        max_retries: int = 3,
+        concurrency: int = 16,
+        prefill: bool = False,
+        image_format: str = "PNG",
+        extra_body: dict | None = None,
+    ):
+        self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        self.model = model
+        self.api_key = api_key or "EMPTY"
+        self.timeout, self.max_retries = timeout, max_retries
+        self.concurrency = concurrency
+        self.prefill = prefill
+        self.image_format = image_format
+        self.extra_body = dict(extra_body or {})
+        self._clients: dict[int, tuple] = {}  # one client + semaphore per event loop
+
+    def _client(self):
+        from openai import AsyncOpenAI
+
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(id(loop))
+        if entry is None or entry[2] is not loop:
+            client = AsyncOpenAI(
+                base_url=self.endpoint, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries
+            )
+            entry = (client, asyncio.Semaphore(self.concurrency), loop)
+            self._clients[id(loop)] = entry
+        return entry[0], entry[1]
+
+    async def _model_name(self, client) -> str:
+        if self.model:
+            return self.model
+        models = await client.models.list()
+        if not models.data:
+            raise PolicyError(f"{self.endpoint} serves no model; pass model=...")
+        self.model = models.data[0].id
+        return self.model
+
+    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:
+        import openai
+        from openai.types.chat import ChatCompletion
+
+        client, sem = self._client()
+        t0 = time.perf_counter()
+        payload = to_openai_messages(messages, self.image_format)
+        extra = dict(self.extra_body)
+        if prefix and self.prefill:
+            payload.append({"role": "assistant", "content": prefix})
+            extra.update(continue_final_message=True, add_generation_prompt=False)
+        kw = dict(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens)
+        if sampling.seed is not None:
+            kw["seed"] = sampling.seed
+        if sampling.stop:
+            kw["stop"] = list(sampling.stop)
+        if sampling.top_k:
+            extra["top_k"] = sampling.top_k
+        async with sem:
+            try:
+                model = await self._model_name(client)
+                # a plain POST (documented "custom request" path): skips the SDK's per-field request
+                # transform, which costs milliseconds per image-laden message
+                resp = await client.post(
+                    "/chat/completions", cast_to=ChatCompletion, body={"model": model, "messages": payload, **kw, **extra}
+                )
+            except openai.APIConnectionError as exc:
+                msg = f"cannot reach the model endpoint {self.endpoint} ({exc}). {HOW_TO_START}"
+                raise PolicyError(msg, transient=True) from exc
+            except openai.APIStatusError as exc:
+                transient = exc.status_code >= 500 or exc.status_code == 429
+                msg = f"{self.endpoint} answered HTTP {exc.status_code}: {exc.message}"
+                raise PolicyError(msg, transient=transient) from exc
+        if not resp.choices:
+            raise PolicyError(f"{self.endpoint} returned no choices")
+        choice = resp.choices[0]
+        text = choice.message.content or ""
+        if prefix and self.prefill and not text.startswith(prefix):
+            text = prefix + text
+        usage = resp.usage
+        return Generation(
+            text=text,
+            prefix=prefix if self.prefill else "",
+            finish_reason=choice.finish_reason or "stop",
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+            latency=time.perf_counter() - t0,
+        )
+
+    async def aclose(self) -> None:
+        for client, _, loop in list(self._clients.values()):
+            if loop is asyncio.get_running_loop():
+                await client.close()
+        self._clients.clear()

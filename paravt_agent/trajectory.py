@@ -1,0 +1,113 @@
+"""``Trace``: everything one question went through, as JSON and as readable text."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from pydantic import BaseModel, Field
+
+from paravt_agent.protocol import format_time
+
+__all__ = ["PlannerTurn", "SubAgentRecord", "Trace"]
+
+
+class SubAgentRecord(BaseModel):
+    """One tool call of a planner turn and what came back in its slot."""
+
+    index: int
+    raw: str = ""
+    name: str | None = None
+    arguments: dict = Field(default_factory=dict)
+    label: str = ""
+    window: tuple[float, float] | None = None
+    frame_timestamps: list[float] = Field(default_factory=list)
+    summary: str = ""
+    error: str | None = None
+    latency: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def slot_text(self) -> str:
+        return f"error: {self.error}" if self.error else self.summary
+
+
+class PlannerTurn(BaseModel):
+    """One planner response and the calls it dispatched."""
+
+    turn: int
+    text: str
+    reasoning: str = ""
+    forced_final: bool = False
+    latency: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls: list[SubAgentRecord] = Field(default_factory=list)
+
+
+class Trace(BaseModel):
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = Field(default_factory=time.time)
+    video: str = ""
+    question: str = ""
+    options: list[str] | None = None
+    mode: str = "parallel"
+    duration: float = 0.0
+    overview_timestamps: list[float] = Field(default_factory=list)
+    turns: list[PlannerTurn] = Field(default_factory=list)
+    response: str = ""
+    answer: str = ""
+    choice: str | None = None
+    span: tuple[float, float] | None = None
+    errors: list[str] = Field(default_factory=list)
+    latency: float = 0.0
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(t.calls) for t in self.turns)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(t.prompt_tokens + sum(c.prompt_tokens for c in t.calls) for t in self.turns)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(t.completion_tokens + sum(c.completion_tokens for c in t.calls) for t in self.turns)
+
+    def to_json(self, **kw) -> str:
+        return self.model_dump_json(**kw)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Trace:
+        return cls.model_validate_json(data)
+
+    def render(self, width: int = 100) -> str:
+        """A readable rendering: planner reasoning, each window and its summary, the answer."""
+
+        def clip(s: str, n: int = width * 4) -> str:
+            s = s.strip()
+            return s if len(s) <= n else s[: n - 3] + "..."
+
+        lines = [
+            f"Question: {self.question}",
+            *([f"Options: {' | '.join(self.options)}"] if self.options else []),
+            f"Video: {self.video} ({format_time(self.duration)}), mode {self.mode}, "
+            f"{len(self.overview_timestamps)} overview frames",
+        ]
+        for t in self.turns:
+            tag = " (asked for the final answer)" if t.forced_final else ""
+            lines.append(f"-- planner turn {t.turn + 1}{tag} [{t.latency:.2f}s, {t.prompt_tokens}+{t.completion_tokens} tok]")
+            if t.reasoning:
+                lines.append(f"   think: {clip(t.reasoning)}")
+            for c in t.calls:
+                where = f" {format_time(c.window[0])}-{format_time(c.window[1])}" if c.window else ""
+                lines.append(f"   [{c.index + 1}] {c.label or c.name or 'call'}{where} [{c.latency:.2f}s]")
+                lines.append(f"       -> {clip(c.slot_text)}")
+        lines.append(f"Answer: {self.answer}" + (f"  (choice {self.choice})" if self.choice else "")
+                     + (f"  (span {self.span[0]:g}-{self.span[1]:g}s)" if self.span else ""))
+        if self.errors:
+            lines.append("Errors: " + "; ".join(self.errors))
+        lines.append(f"Total {self.latency:.2f}s, {self.tool_calls} tool calls, "
+                     f"{self.prompt_tokens}+{self.completion_tokens} tokens")
+        return "\n".join(lines)

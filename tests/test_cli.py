@@ -1,0 +1,48 @@
+import json
+import os
+import subprocess
+import sys
+
+BIN = os.path.dirname(sys.executable)
+
+
+def run(*args, env=None, check=True):
+    return subprocess.run([os.path.join(BIN, args[0]), *args[1:]], capture_output=True, text=True, check=check,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_paravt_answer_local(tiny_model, media):
+    out = run("paravt", "answer", media["video"], "Which colour is shown at 3 seconds?", "-o", "red", "-o", "green",
+              "--model", tiny_model, "--n-frames", "4", "--set", "planner_sampling.max_new_tokens=16",
+              "--set", "subagent_sampling.max_new_tokens=8", "--json").stdout
+    trace = json.loads(out)
+    assert trace["question"].startswith("Which colour") and len(trace["overview_timestamps"]) == 4
+    assert trace["options"] == ["red", "green"] and trace["turns"][0]["text"].startswith("<think>")
+
+
+def test_paravt_answer_errors_are_clear(tmp_path, tiny_model):
+    res = run("paravt", "answer", str(tmp_path / "missing.mp4"), "q?", "--model", tiny_model, check=False)
+    assert res.returncode == 1 and "no such file" in res.stderr and "Traceback" not in res.stderr
+    res = run("paravt", "answer", str(tmp_path / "x.mp4"), "q?", env={"PARAVT_HOME": str(tmp_path)}, check=False)
+    assert res.returncode == 1 and "paravt-train toy" in res.stderr
+    res = run("paravt", "answer", str(tmp_path / "x.mp4"), "q?", "--model", tiny_model, "--mode", "diagonal",
+              check=False)
+    assert res.returncode == 1 and "mode" in res.stderr
+
+
+def test_paravt_serve_dry_run():
+    out = run("paravt", "serve", "Qwen/Qwen3-VL-8B-Instruct", "--port", "31000", "--tp", "2",
+              "--mem-fraction", "0.8", "--dry-run").stdout
+    assert "SGLANG_VLM_CACHE_SIZE_MB=4096" in out and "sglang.launch_server" in out
+    assert "--tp 2" in out and "--port 31000" in out and "--mem-fraction-static 0.8" in out
+    assert "--tool-call-parser" in out and "--context-length" in out
+
+
+def test_paravt_serve_without_sglang_says_how_to_install():
+    res = run("paravt", "serve", "some/model", check=False)
+    assert res.returncode == 1 and "pip install 'paravt[sglang]'" in res.stderr
+
+
+def test_help_texts():
+    for cmd in (["paravt", "--help"], ["paravt", "answer", "--help"], ["paravt", "serve", "--help"]):
+        assert run(*cmd).returncode == 0

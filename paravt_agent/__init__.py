@@ -27,7 +27,22 @@ _LAZY = {
     "Trace": "paravt_agent.trajectory",
 }
 
-__all__ = ["ConfigError", "ParaVTError", "PolicyError", "ToolError", "VideoError", "__version__", *_LAZY]
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "Answer",
+    "ConfigError",
+    "FrameConfig",
+    "Generation",
+    "ParaVTError",
+    "Policy",
+    "PolicyError",
+    "Sampling",
+    "ToolError",
+    "Trace",
+    "VideoError",
+    "__version__",
+]
 
 
 def __getattr__(name: str):

@@ -27,7 +27,11 @@ __all__ = [
     "TOOL_SYSTEM_PROMPT",
     "FINAL_ANSWER_PROMPT",
     "frame_parts",
+    "overview_parts",
     "planner_messages",
+    "question_text",
+    "subagent_request",
+    "window_parts",
     "subagent_messages",
     "tool_response_message",
     "tool_system_prompt",
@@ -102,6 +106,26 @@ def question_text(question: str, options: Sequence[str] | None = None) -> str:
     return text
 
 
+def overview_parts(frames: np.ndarray, timestamps: Sequence[float], duration: float, video_name: str) -> list[dict]:
+    """The planner's view of the video: one intro line, then labelled frames."""
+    intro = (
+        f"Video: {video_name}, duration {duration:.1f} seconds ({format_time(duration)}). "
+        f"{len(timestamps)} overview frames follow."
+    )
+    return [{"type": "text", "text": intro}, *frame_parts(frames, timestamps)]
+
+
+def window_parts(frames: np.ndarray, timestamps: Sequence[float], window: tuple[float, float]) -> list[dict]:
+    """A sub-agent's view of its window: one head line, then labelled frames."""
+    head = f"Window {window[0]:.1f}-{window[1]:.1f} seconds, {len(timestamps)} frames."
+    return [{"type": "text", "text": head}, *frame_parts(frames, timestamps)]
+
+
+def subagent_request(question: str | None) -> str:
+    """The text after a sub-agent's frames."""
+    return f"Question: {question.strip()}\nSummarise this window." if question else "Summarise this window."
+
+
 def planner_messages(
     system: str,
     frames: np.ndarray,
@@ -112,12 +136,7 @@ def planner_messages(
     video_name: str = "video.mp4",
 ) -> list[dict]:
     """``[system, user(overview frames + question)]``."""
-    intro = (
-        f"Video: {video_name}, duration {duration:.1f} seconds ({format_time(duration)}). "
-        f"{len(timestamps)} overview frames follow."
-    )
-    content = [{"type": "text", "text": intro}, *frame_parts(frames, timestamps)]
-    content.append({"type": "text", "text": question_text(question, options)})
+    content = [*overview_parts(frames, timestamps, duration, video_name), {"type": "text", "text": question_text(question, options)}]
     return [{"role": "system", "content": system}, {"role": "user", "content": content}]
 
 
@@ -129,10 +148,7 @@ def subagent_messages(
     system: str = SUBAGENT_SYSTEM_PROMPT,
 ) -> list[dict]:
     """``[system, user(window frames + question)]`` for one sub-agent."""
-    head = f"Window {window[0]:.1f}-{window[1]:.1f} seconds, {len(timestamps)} frames."
-    content = [{"type": "text", "text": head}, *frame_parts(frames, timestamps)]
-    tail = f"Question: {question.strip()}\nSummarise this window." if question else "Summarise this window."
-    content.append({"type": "text", "text": tail})
+    content = [*window_parts(frames, timestamps, window), {"type": "text", "text": subagent_request(question)}]
     return [{"role": "system", "content": system}, {"role": "user", "content": content}]
 
 

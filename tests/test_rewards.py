@@ -1,0 +1,170 @@
+"""Golden tests: every reward term computed by hand from the paper's definitions."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from paravt_train.judge import LLMJudge
+from paravt_train.rewards import (
+    RewardConfig,
+    accuracy_reward,
+    anchor_reward,
+    base_format_reward,
+    format_reward,
+    rollout_metrics,
+    score,
+    temporal_iou,
+    token_f1,
+    tool_reward,
+    transcript,
+)
+
+# Paper, Appendix D, Example 1/3: well-formed (tool responses and the second turn as a rollout transcript).
+EX1 = transcript(
+    ["<think>The question asks about... I should examine\nthe segment from 01:20 to 02:30 more closely.</think>\n"
+     '<tool_call>crop_video("video.mp4", 80, 150)</tool_call>\n<tool_call>crop_video("video.mp4", 200, 280)</tool_call>',
+     "<think>\nThe cup is picked up in the first window.</think>\n<answer>The person picks up the cup at 01:45.</answer>"],
+    ["<tool_response>\n[1] crop_video(01:20-02:30): a person reaches for a cup\n[2] crop_video(03:20-04:40): empty table\n</tool_response>"],
+)
+# Example 2: format collapse (unclosed think, <tool_code> reversion, no answer, truncated).
+EX2 = ("<think>Looking at the video, I can see...\n" + "reasoning " * 200 +
+       '\n<tool_code>python\n# Reverts to a non-native tool prior from pretraining\n'
+       'crop_video("video.mp4", start=80, end=150)\n</tool_code>')
+
+
+def test_example1_hand_computed():
+    # R_base = 0.2 think + 0.3 <answer> + 0.2 </answer> + 0.3 order + 0.1 balanced = 1.1
+    assert base_format_reward(EX1) == pytest.approx(1.1)
+    # R_anchor = α 0.4 (closed) + β 0.3 (flow), no γ
+    assert anchor_reward(EX1) == pytest.approx(0.7)
+    # R_fmt = 1.1 + 0.5 * 0.7
+    assert format_reward(EX1) == pytest.approx(1.45)
+    # two closed, parseable <tool_call>s of two tool blocks: full bonus
+    assert tool_reward(EX1) == pytest.approx(0.1)
+    r = score(EX1, "picks up the cup at 01:45", "oe")
+    assert r.acc == pytest.approx(token_f1("The person picks up the cup at 01:45.", "picks up the cup at 01:45"))
+    assert r.total == pytest.approx(r.acc + 1.45 + 0.1)
+
+
+def test_example2_collapse_hand_computed():
+    # only the substantive-think credit survives: 0.2
+    assert base_format_reward(EX2) == pytest.approx(0.2)
+    # <think> opened, never closed: -γ
+    assert anchor_reward(EX2) == pytest.approx(-0.3)
+    assert format_reward(EX2) == pytest.approx(0.2 - 0.15)
+    assert tool_reward(EX2) == 0.0  # a <tool_code> block is not a well-formed <tool_call>
+    r = score(EX2, "B", "mcq", ["a", "b"], RewardConfig(reward_bias=-0.2))
+    assert r.acc == 0 and r.total == pytest.approx(0.05 - 0.2)
+
+
+def test_the_pinned_think_prefix_is_seen():
+    generated = "The window at 12 s shows red.</think>\n<answer>A</answer>"
+    with_prefix = "<think>\n" + generated
+    # without the prefix a reward would see no <think>: no think credit, no anchor
+    assert base_format_reward(generated) == pytest.approx(0.3 + 0.2)  # order needs an opened think
+    assert base_format_reward(with_prefix) == pytest.approx(1.1)
+    assert anchor_reward(with_prefix) == pytest.approx(0.7) and anchor_reward(generated) == 0
+
+
+@pytest.mark.parametrize(
+    "text,base,anchor",
+    [
+        ("<think>short</think><answer>A</answer>", 0.3 + 0.2 + 0.3 + 0.1, 0.7),  # think < 10 chars
+        ("<think>long enough reasoning</think>", 0.2 + 0.1, 0.4),  # nothing after </think>: no order credit
+        ("<answer>A</answer>", 0.3 + 0.2 + 0.1, 0.0),  # no think at all
+        ("<think>long enough reasoning<answer>A</answer>", 0.2 + 0.3 + 0.2, -0.3),
+        ("<think>long enough reasoning</think><answer>A", 0.2 + 0.3 + 0.3, 0.4),  # unclosed answer
+        ("<tool_call>crop_video(1,2)</tool_call><think>long enough reasoning</think>", 0.2 + 0.1, 0.4),  # tool first
+        ("<think>long enough reasoning</think></think><answer>A</answer>", 0.2 + 0.3 + 0.2 + 0.3, 0.7),  # stray close
+    ],
+)
+def test_format_table(text, base, anchor):
+    assert base_format_reward(text) == pytest.approx(base)
+    assert anchor_reward(text) == pytest.approx(anchor)
+
+
+def test_answer_suffix_off_needs_the_flow():
+    text = "<think>long enough reasoning <answer>A</answer>"
+    assert base_format_reward(text, RewardConfig(answer_suffix=True)) == pytest.approx(0.7)
+    assert base_format_reward(text, RewardConfig(answer_suffix=False)) == pytest.approx(0.2)
+
+
+def test_weights_are_configurable():
+    cfg = RewardConfig(alpha=1.0, beta=0.0, gamma=2.0, lambda_anchor=1.0, think_content=0.5)
+    assert format_reward(EX1, cfg) == pytest.approx(1.1 + 0.3 + 1.0)
+    assert format_reward(EX2, cfg) == pytest.approx(0.5 - 2.0)
+    assert format_reward(EX1, RewardConfig(anchor=False)) == pytest.approx(1.1)
+    assert RewardConfig().max_format == pytest.approx(1.45)
+
+
+def test_tool_reward_fraction():
+    text = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 2}}</tool_call><tool_call>{bad</tool_call>'
+    assert tool_reward(text) == pytest.approx(0.05)
+    assert tool_reward("<think>x</think><answer>A</answer>") == 0.0
+    assert tool_reward(text, RewardConfig(tool_bonus=0.4)) == pytest.approx(0.2)
+
+
+def test_accuracy_terms():
+    opts = ["red", "green", "blue"]
+    assert accuracy_reward("<think>x</think><answer>(B)</answer>", "B", "mcq", opts) == 1.0
+    assert accuracy_reward("<think>x</think><answer>green</answer>", "B", "mcq", opts) == 1.0
+    assert accuracy_reward("<think>x</think><answer>C</answer>", "green", "mcq", opts) == 0.0
+    assert accuracy_reward("<answer>[10, 20]</answer>", [15, 25], "tvg") == pytest.approx(5 / 15)
+    assert accuracy_reward("<answer>from 00:10 to 00:20</answer>", "[10, 20]", "tvg") == 1.0
+    assert accuracy_reward("<answer>around the middle</answer>", [15, 25], "tvg") == 0.0  # unparseable -> 0
+    assert accuracy_reward("<answer>three times</answer>", "three", "oe") == pytest.approx(2 * 0.5 * 1 / 1.5)
+    with pytest.raises(ValueError):
+        accuracy_reward("x", "y", "essay")
+    assert temporal_iou((0, 10), (10, 20)) == 0.0 and temporal_iou((0, 10), (0, 10)) == 1.0
+    assert token_f1("The red ball", "red ball") == 1.0 and token_f1("", "") == 1.0
+
+
+def test_degenerate_scores_zero():
+    loop = "<think>" + "<|im_start|>assistant\n" * 6
+    r = score(loop, "A", "mcq", ["a", "b"], RewardConfig(reward_bias=-0.2))
+    assert r.degenerate and r.total == 0.0
+
+
+def test_metrics():
+    texts = [EX1, EX2, "<think>\nok fine fine</think>\n<answer>A</answer>"]
+    m = rollout_metrics(texts, ["oe", "mcq", "mcq"], [0.5, 0.0, 1.0])
+    assert m["closure/think"] == pytest.approx(2 / 3)
+    assert m["closure/tool_call"] == pytest.approx(1 / 3)
+    assert m["closure/answer"] == pytest.approx(2 / 3)
+    assert m["tool_calls_per_rollout"] == pytest.approx((2 + 1 + 0) / 3)  # the tool_code call parses too
+    assert m["format_reward"] == pytest.approx((1.0 + 0.05 / 1.45 + 1.0) / 3)
+    assert m["accuracy/mcq"] == 0.5 and m["accuracy/oe"] == 0.5
+
+
+class Judge(BaseHTTPRequestHandler):
+    verdict = "0.8"
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"id": "j", "object": "chat.completion", "created": 0, "model": "judge",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": Judge.verdict}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_llm_judge_and_fallback():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        judge = LLMJudge(f"http://127.0.0.1:{srv.server_address[1]}/v1", "judge")
+        assert accuracy_reward("<answer>thrice</answer>", "three times", "oe", judge=judge) == 0.8
+        Judge.verdict = "no idea"
+        assert accuracy_reward("<answer>three times</answer>", "three times", "oe", judge=judge) == 1.0  # F1
+    finally:
+        srv.shutdown()
+    dead = LLMJudge("http://127.0.0.1:9/v1", "judge", timeout=1)
+    assert accuracy_reward("<answer>three</answer>", "three", "oe", judge=dead) == 1.0

@@ -1,0 +1,154 @@
+"""SFT on a tiny model: label masking, learning, exact resume, LoRA, and FSDP2 over gloo."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, question_text, subagent_request
+from paravt_train.data import load_sft, render_messages, validate_file, write_parquet
+from paravt_train.sft import SFTConfig, build_example, train
+from paravt_train.toy.render import write_segments
+
+COLOURS = {"red": (230, 25, 75), "green": (60, 180, 75), "blue": (0, 130, 200), "yellow": (255, 225, 25)}
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sft")
+    names = list(COLOURS)
+    rows = []
+    for v in range(4):
+        order = names[v:] + names[:v]
+        write_segments(d / f"v{v}.mp4", [(COLOURS[c], 2.0) for c in order], fps=4, width=32, height=32)
+        q = "Which colour comes first?"
+        rows.append({"id": f"p{v}", "messages": [
+            {"role": "system", "content": TOOL_SYSTEM_PROMPT},
+            {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4", "n_frames": 4},
+                                         {"type": "text", "text": question_text(q)}]},
+            {"role": "assistant", "content": f"<think>\nThe first frame is {order[0]}.</think>\n<answer>{order[0]}</answer>"},
+        ]})
+        rows.append({"id": f"s{v}", "messages": [
+            {"role": "system", "content": SUBAGENT_SYSTEM_PROMPT},
+            {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4", "start": 2.0, "end": 4.0},
+                                         {"type": "text", "text": subagent_request(q)}]},
+            {"role": "assistant", "content": f"2 {order[1]}; 3 {order[1]}; 4 {order[2]}"},
+        ]})
+    write_parquet(rows, d / "train.parquet")
+    return d
+
+
+def cfg_for(tiny_model, sft_data, out, **kw):
+    base = dict(model=tiny_model, data=str(sft_data / "train.parquet"), video_root=str(sft_data), output_dir=str(out),
+                lr=3e-3, batch_size=4, micro_batch_size=2, max_steps=6, save_every=3, warmup_ratio=0.0,
+                frames={"max_pixels": 1024, "crop_fps": 1.0}, seed=1)
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+def test_assistant_tokens_only(tiny_model, sft_data):
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(tiny_model)
+    samples = load_sft(sft_data / "train.parquet", sft_data)
+    for s in samples[:2]:
+        ex = build_example(render_messages(s.messages, sft_data, cfg_for(tiny_model, sft_data, "x").frames), proc)
+        labelled = [t for t in ex["labels"] if t != -100]
+        want = s.messages[-1].content
+        assert proc.tokenizer.decode(labelled) == want + "<|im_end|>"
+        assert ex["pixel_values"].shape[0] > 0
+
+
+def test_learns_and_resumes_exactly(tiny_model, sft_data, tmp_path):
+    full = train(cfg_for(tiny_model, sft_data, tmp_path / "a", resume=False), progress=False)
+    assert len(full["losses"]) == 6
+    logged = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_4(step, loss):
+        if step == 4:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(cfg_for(tiny_model, sft_data, tmp_path / "b"), progress=False, callback=crash_at_4)
+    assert (tmp_path / "b" / "checkpoint-3" / "trainer_state.json").is_file()
+    resumed = train(cfg_for(tiny_model, sft_data, tmp_path / "b"), progress=False)
+    assert len(resumed["losses"]) == 3  # steps 4, 5, 6
+    assert resumed["losses"] == pytest.approx(full["losses"][3:], rel=1e-5, abs=1e-6)
+    # the final model is an ordinary model directory
+    from paravt_agent.policy.local import LocalPolicy
+
+    assert LocalPolicy(tmp_path / "b" / "final").model is not None
+
+
+def test_loss_goes_down(tiny_model, sft_data, tmp_path):
+    res = train(cfg_for(tiny_model, sft_data, tmp_path / "c", max_steps=25, save_every=0, resume=False),
+                progress=False)
+    assert res["losses"][-1] < 0.6 * res["losses"][0]
+
+
+def test_lora(tiny_model, sft_data, tmp_path):
+    cfg = cfg_for(tiny_model, sft_data, tmp_path / "l", max_steps=4, save_every=0, resume=False, lr=1e-2,
+                  lora={"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    res = train(cfg, progress=False)
+    assert res["losses"][-1] < res["losses"][0]
+    from safetensors.torch import load_file
+
+    sd = load_file(tmp_path / "l" / "final" / "model.safetensors")
+    assert not any("lora" in k for k in sd)  # merged into a plain model
+
+
+def test_bad_rows_are_reported(tmp_path, sft_data):
+    rows = [
+        {"messages": json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])},
+        {"messages": "{not json"},
+        {"messages": json.dumps([{"role": "user", "content": "no answer"}])},
+        {"messages": json.dumps([{"role": "user", "content": [{"type": "video", "video": "missing.mp4"}]},
+                                 {"role": "assistant", "content": "x"}])},
+    ]
+    write_parquet(rows, tmp_path / "bad.parquet")
+    ok, bad = validate_file(tmp_path / "bad.parquet", "sft", sft_data)
+    assert len(ok) == 1 and [r for r, _ in bad] == [1, 2, 3]
+    assert "not valid JSON" in bad[0][1] and "assistant" in bad[1][1] and "video not found" in bad[2][1]
+    exe = os.path.join(os.path.dirname(sys.executable), "paravt-train")
+    res = subprocess.run([exe, "validate-data", str(tmp_path / "bad.parquet"), "--video-root", str(sft_data)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and "row 1: messages: not valid JSON" in res.stdout and "1 valid, 3 invalid" in res.stdout
+
+
+def test_fsdp2_two_ranks_match_one_process(tiny_model, sft_data, tmp_path):
+    import yaml
+
+    def write_cfg(name):
+        cfg = cfg_for(tiny_model, sft_data, tmp_path / name, max_steps=2, save_every=0, resume=False).model_dump()
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "paravt_train.cli", "sft", "--config", str(write_cfg("one"))],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+                          "-m", "paravt_train.cli", "sft", "--config", str(write_cfg("two"))],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    la = [json.loads(x)["loss"] for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x)["loss"] for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert len(la) == len(lb) == 2
+    assert lb == pytest.approx(la, rel=1e-4, abs=1e-5)
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "one" / "final" / "model.safetensors"), load_file(tmp_path / "two" / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4  # the gathered FSDP2 weights match

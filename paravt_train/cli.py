@@ -44,6 +44,62 @@ def validate_data(
         raise typer.Exit(1)
 
 
+@app.command("convert")
+def convert_cmd(
+    src: Path = typer.Argument(..., help="Sequential SFT traces (Parquet, messages as JSON)."),
+    dst: Path = typer.Argument(..., help="Output Parquet with parallel traces."),
+) -> None:
+    """Merge independent sequential crop calls into parallel turns; frames become text summaries."""
+    from paravt_train.convert import convert_rows
+    from paravt_train.data import DataError, iter_rows, write_parquet
+
+    try:
+        rows = [r for _, r in iter_rows(src)]
+    except DataError as exc:
+        _fail(str(exc))
+    out, stats = convert_rows(rows)
+    write_parquet(out, dst)
+    typer.echo(stats.report())
+    typer.echo(f"wrote {len(out)} samples to {dst}")
+
+
+@app.command("prefilter")
+def prefilter_cmd(
+    src: Path = typer.Argument(..., help="RL Parquet file."),
+    dst: Path = typer.Argument(..., help="Filtered RL Parquet file."),
+    video_root: Path = typer.Option(None, help="Resolve relative video paths against this folder."),
+    model: str = typer.Option(None, help="Policy for the all-zero rollout check (omit: length rule only)."),
+    backend: str = typer.Option("local", help="local, openai or sglang."),
+    endpoint: str = typer.Option(None, help="Endpoint for openai/sglang."),
+    group: int = typer.Option(8, help="Rollouts per prompt (G)."),
+    temperature: float = typer.Option(0.7, help="Sampling temperature of the rollouts (tau)."),
+    max_answer_words: int = typer.Option(15, help="Drop open-ended samples with longer answers."),
+) -> None:
+    """DAPO-style zero-gradient pre-filter: long open-ended answers, and prompts whose G rollouts all score 0."""
+    from paravt_agent.errors import ParaVTError
+    from paravt_train.data import load_rl, write_parquet
+    from paravt_train.prefilter import prefilter
+
+    try:
+        samples = load_rl(src, video_root)
+        agent = None
+        if model or backend != "local":
+            from paravt_agent.agent import Agent
+            from paravt_agent.config import AgentConfig
+
+            cfg = AgentConfig().override([f"planner_sampling.temperature={temperature}",
+                                          f"subagent_sampling.temperature={temperature}"])
+            agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
+        kept, dropped = prefilter(samples, agent, group=group, max_answer_words=max_answer_words,
+                                  video_root=video_root)
+    except ParaVTError as exc:
+        _fail(str(exc))
+    write_parquet([s.model_dump(mode="json") for s in kept], dst)
+    for why, n in sorted(dropped.items()):
+        typer.echo(f"dropped ({why}): {n}")
+    typer.echo(f"kept {len(kept)} of {len(samples)} samples -> {dst}")
+
+
 @app.command("sft")
 def sft_cmd(
     config: Path = typer.Option(..., "--config", help="SFTConfig YAML file."),

@@ -1,0 +1,109 @@
+import json
+import os
+import subprocess
+import sys
+
+from paravt_agent.agent import Agent
+from paravt_agent.policy.scripted import ScriptedPolicy
+from paravt_agent.protocol import parse_tool_calls
+from paravt_train.convert import ConversionStats, convert_sample
+from paravt_train.data import RLSample, load_rl, load_sft, write_parquet
+from paravt_train.prefilter import prefilter
+
+SYSTEM = {"role": "system", "content": "You are a video understanding agent."}
+USER = {"role": "user", "content": [{"type": "video", "video": "v.mp4"}, {"type": "text", "text": "What happens?"}]}
+
+
+def call(a, b):
+    return f'<tool_call>{{"name": "crop_video", "arguments": {{"video_path": "v.mp4", "start_time": {a}, "end_time": {b}}}}}</tool_call>'
+
+
+def frames(a, b):
+    return {"role": "user", "content": [{"type": "video", "video": "v.mp4", "start": a, "end": b}]}
+
+
+def seq_trace():
+    return [
+        SYSTEM, USER,
+        {"role": "assistant", "content": "<think>Check the start.</think>" + call(30, 50)},
+        frames(30, 50),
+        {"role": "assistant", "content": "<think>A man enters a kitchen. Now the end.</think>" + call(130, 145)},
+        frames(130, 145),
+        {"role": "assistant", "content": "<think>He leaves with a cup. Look closer at the exit.</think>" + call(138, 142)},
+        frames(138, 142),
+        {"role": "assistant", "content": "<think>At 02:20 he holds the cup.</think>" + call(60, 40)},
+        frames(60, 40),
+        {"role": "assistant", "content": "<think>Done.</think><answer>He takes a cup from the kitchen.</answer>"},
+    ]
+
+
+def test_merge_independent_keep_dependent():
+    stats = ConversionStats()
+    out = convert_sample(seq_trace(), stats)
+    assistants = [m for m in out if m["role"] == "assistant"]
+    per_turn = [len(parse_tool_calls(m["content"])) for m in assistants]
+    assert per_turn == [2, 1, 0]  # 30-50 and 130-145 merge; the refinement 138-142 stays on its own turn
+    responses = [m["content"] for m in out if m["role"] == "user" and isinstance(m["content"], str)
+                 and m["content"].startswith("<tool_response>")]
+    assert len(responses) == 2
+    assert "[1] crop_video(00:30-00:50): A man enters a kitchen." in responses[0]
+    assert "[2] crop_video(02:10-02:25): He leaves with a cup." in responses[0]
+    assert "At 02:20 he holds the cup" in responses[1]
+    assert out[-1]["content"].endswith("<answer>He takes a cup from the kitchen.</answer>")
+    assert stats.dropped_calls["start >= end"] == 1
+    assert (stats.calls_in, stats.turns_in, stats.calls_out, stats.turns_out) == (4, 4, 3, 2)
+    assert "1.00 before, 1.50 after" in stats.report()
+
+
+def test_drops_empty_answers_and_cli(tmp_path):
+    empty = seq_trace()[:-1] + [{"role": "assistant", "content": "<think>hmm</think><answer> </answer>"}]
+    rows = [{"id": "a", "messages": seq_trace()}, {"id": "b", "messages": empty}]
+    write_parquet(rows, tmp_path / "seq.parquet")
+    exe = os.path.join(os.path.dirname(sys.executable), "paravt-train")
+    res = subprocess.run([exe, "convert", str(tmp_path / "seq.parquet"), str(tmp_path / "par.parquet")],
+                         capture_output=True, text=True, check=True)
+    assert "dropped sample (empty answer): 1" in res.stdout and "samples: 2 in, 1 out" in res.stdout
+    [s] = load_sft(tmp_path / "par.parquet", check_videos=False)
+    assert s.id == "a" and len(s.messages) == 7
+
+
+def rl_rows(video):
+    user = {"role": "user", "content": [{"type": "video", "video": video}, {"type": "text", "text": "What happens?"}]}
+    base = {"prompt": json.dumps([SYSTEM, user]), "videos": [video]}
+    return [
+        {**base, "id": "ok", "answer": "A", "question_type": "mcq", "options": ["red", "blue"], "question": "Colour?"},
+        {**base, "id": "never", "answer": "B", "question_type": "mcq", "options": ["red", "blue"], "question": "Colour?"},
+        {**base, "id": "long", "answer": " ".join(["word"] * 16), "question_type": "oe"},
+        {**base, "id": "short", "answer": "a man with a cup", "question_type": "oe", "question": "Who?"},
+    ]
+
+
+def test_prefilter_rules(media, tmp_path):
+    write_parquet(rl_rows(media["video"]), tmp_path / "rl.parquet")
+    samples = load_rl(tmp_path / "rl.parquet")
+    kept, dropped = prefilter(samples)
+    assert [s.id for s in kept] == ["ok", "never", "short"] and sum(dropped.values()) == 1
+    # rollouts through the agent: a policy that always answers "A ... a man with a cup"
+    from paravt_agent.policy.base import text_of
+
+    def script(role, msgs):
+        return "<think>looks</think><answer>" + ("A" if "Options:" in text_of(msgs[1]["content"]) else
+                                                 "a man with a cup") + "</answer>"
+
+    agent = Agent(policy=ScriptedPolicy(script))
+    kept, dropped = prefilter(samples, agent, group=3, progress=False)
+    assert [s.id for s in kept] == ["ok", "short"]
+    assert dropped["all 3 rollouts scored zero"] == 1
+
+
+def test_rl_validation(tmp_path):
+    rows = [{"prompt": json.dumps([SYSTEM, USER]), "videos": [], "answer": "[5, 3]", "question_type": "tvg"},
+            {"prompt": json.dumps([SYSTEM, USER]), "videos": [], "answer": "A", "question_type": "mcq"},
+            {"prompt": json.dumps([SYSTEM, USER]), "videos": [], "answer": "[3, 5]", "question_type": "tvg"}]
+    write_parquet(rows, tmp_path / "rl.parquet")
+    from paravt_train.data import validate_file
+
+    ok, bad = validate_file(tmp_path / "rl.parquet", "rl", check_videos=False)
+    assert [r for r, _ in bad] == [0, 1] and "not a span" in bad[0][1] and "needs options" in bad[1][1]
+    assert ok[0].answer_value == [3.0, 5.0]
+    assert RLSample.model_validate({**rows[2], "answer": [3, 5]}).answer == "[3, 5]"

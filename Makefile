@@ -29,8 +29,14 @@ test: install
 	$(BIN)/python -m ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
+# README command #1: the real agent on held-out toy videos, with the shipped toy policy (checkpoints/toy)
+demo: install
+	$(BIN)/paravt-train quickstart
+
 bench: install
 	$(BIN)/python benchmarks/bench_video.py
+	$(BIN)/python benchmarks/bench_fanout.py
+	$(BIN)/python benchmarks/bench_sft.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

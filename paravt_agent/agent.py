@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from paravt_agent.config import AgentConfig
@@ -82,6 +83,8 @@ class Agent:
     ):
         from tools import ToolRegistry
 
+        if config is None and backend == "local" and model and (Path(model) / "agent_config.yaml").is_file():
+            config = AgentConfig.from_yaml(Path(model) / "agent_config.yaml")  # the protocol it was trained with
         self.config = config or AgentConfig()
         self.policy = policy or make_policy(backend, model, endpoint, api_key, **(policy_kwargs or {}))
         registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry.default()
@@ -185,7 +188,7 @@ class Agent:
         *, n_frames: int | None = None,
     ) -> Answer:
         """Answer one question about one video (blocking)."""
-        return self._runner.run(self.aanswer(video, question, options, n_frames=n_frames))
+        return self.run(self.aanswer(video, question, options, n_frames=n_frames))
 
     async def aanswer_many(
         self, items: Iterable[dict], concurrency: int = 4, progress: bool = True, desc: str = "answering"
@@ -214,7 +217,7 @@ class Agent:
 
     def answer_many(self, items: Iterable[dict], concurrency: int = 4, progress: bool = True) -> list[Answer]:
         """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item."""
-        return self._runner.run(self.aanswer_many(items, concurrency=concurrency, progress=progress))
+        return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress))
 
     def _finish(self, state: dict, trace: Trace, latency: float) -> Answer:
         results = state.get("results", {}) or {}
@@ -238,6 +241,10 @@ class Agent:
             self.store.add(trace)
         return Answer(text=trace.answer, trace=trace, choice=trace.choice, span=trace.span,
                       generations=list(state.get("generations", []) or []))
+
+    def run(self, coro):
+        """Run a coroutine on this agent's event loop (where its clients live) and return its result."""
+        return self._runner.run(coro)
 
     async def aclose(self) -> None:
         await self.policy.aclose()

@@ -118,5 +118,88 @@ def sft_cmd(
                f"model in {Path(result['output_dir']) / 'final'}" if result["losses"] else "nothing to train")
 
 
+@app.command("toy")
+def toy_cmd(
+    out: Path = typer.Option(None, "--out", help="Output folder (default: $PARAVT_HOME/toy, i.e. ~/.cache/paravt/toy)."),
+    train_worlds: int = typer.Option(400, help="Training videos."),
+    test_worlds: int = typer.Option(60, help="Held-out videos (disjoint seeds)."),
+    steps: int = typer.Option(1000, help="SFT steps (batch 16)."),
+    size: str = typer.Option("toy", help="Tiny model size: toy or test."),
+    seed: int = typer.Option(0, help="World and training seed."),
+) -> None:
+    """Build the toy world (videos, SFT/RL data, held-out split) and train the tiny policy; cached."""
+    from paravt_agent.defaults import paravt_home
+    from paravt_train.toy.build import ToyConfig, build
+
+    cfg = ToyConfig(out=str(out or paravt_home() / "toy"), train_worlds=train_worlds, test_worlds=test_worlds,
+                    steps=steps, size=size, seed=seed)
+    build(cfg, log=lambda m: typer.echo(m, err=True))
+
+
+@app.command("eval")
+def eval_cmd(
+    benchmark: list[str] = typer.Option(..., "--benchmark", "-b", help="videomme, videomme_sub, longvideobench, "
+                                        "lvbench, mlvu, mmvu, charades or toy; repeat for several."),
+    root: list[str] = typer.Option(None, "--root", help="Benchmark folder as name=path (default: DATA_ROOT/name)."),
+    data_root: Path = typer.Option(Path("data/benchmarks"), help="Folder holding one sub-folder per benchmark."),
+    backend: str = typer.Option("local", help="local, openai or sglang."),
+    model: str = typer.Option(None, help="Model directory (local/sglang) or served model name (openai)."),
+    endpoint: str = typer.Option(None, help="Endpoint for openai/sglang."),
+    mode: str = typer.Option("parallel", help="Dispatch mode: parallel, sequential or none (the dispatch ablation)."),
+    config: Path = typer.Option(None, help="AgentConfig YAML (default: the paper's protocol, greedy)."),
+    set_: list[str] = typer.Option(None, "--set", help="AgentConfig override key=value."),
+    out: Path = typer.Option(Path("runs/eval/results.jsonl"), help="Per-sample JSONL (appended; resume skips done)."),
+    concurrency: int = typer.Option(4, help="Questions in flight."),
+    shard: str = typer.Option("0/1", help="i/k: this machine takes every k-th item starting at i."),
+    limit: int = typer.Option(None, help="Only the first N items of each benchmark."),
+) -> None:
+    """Evaluate an agent on the paper's benchmarks; writes per-sample JSONL and prints a Markdown summary."""
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import AgentConfig
+    from paravt_agent.errors import ParaVTError
+    from paravt_train.eval import load_benchmark, run_eval, summarize
+
+    roots = dict(r.split("=", 1) for r in (root or []))
+    try:
+        i, k = (int(x) for x in shard.split("/"))
+        assert 0 <= i < k
+    except (ValueError, AssertionError):
+        _fail(f"--shard {shard!r} must look like i/k with 0 <= i < k")
+    try:
+        items = []
+        for name in benchmark:
+            loaded = load_benchmark(name, roots.get(name, data_root / name))
+            items += loaded[:limit] if limit else loaded
+        trained = Path(model) / "agent_config.yaml" if backend == "local" and model else None
+        if config:
+            cfg = AgentConfig.from_yaml(config)
+        elif trained is not None and trained.is_file():
+            cfg = AgentConfig.from_yaml(trained)  # the frame protocol the model was trained with
+        else:
+            cfg = AgentConfig()
+        cfg = cfg.override([f"mode={mode}", *(set_ or [])])
+        agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
+        records = run_eval(agent, items, out, concurrency=concurrency, shard=(i, k))
+    except ParaVTError as exc:
+        _fail(str(exc))
+    typer.echo(summarize(records))
+
+
+@app.command("quickstart")
+def quickstart_cmd(
+    model: Path = typer.Option(None, help="Toy policy directory (default: the checkpoint shipped in checkpoints/toy)."),
+    worlds: int = typer.Option(20, help="Held-out videos to evaluate (3 questions each)."),
+    n: list[int] = typer.Option([4, 8, 64], "--n", help="Overview sizes to evaluate."),
+    mode: list[str] = typer.Option(["parallel", "sequential", "none"], "--mode", help="Dispatch modes to evaluate."),
+) -> None:
+    """Run the real agent on held-out toy videos: one full trace and a results table."""
+    from paravt_train.toy.quickstart import run
+
+    try:
+        run(model, worlds=worlds, modes=tuple(mode), ns=tuple(n), log=typer.echo)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+
+
 if __name__ == "__main__":
     app()

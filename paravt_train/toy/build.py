@@ -1,0 +1,105 @@
+"""``paravt-train toy``: build the toy world's data and tiny policy, and train it with ParaVT's own SFT.
+
+Cached: the output folder records the build settings; a second run with the same
+settings returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from paravt_agent.config import AgentConfig
+
+__all__ = ["ToyConfig", "build", "toy_agent_config", "TEST_SEED0"]
+
+TEST_SEED0 = 900_000  # held-out worlds use seeds from here: disjoint from the training videos
+
+
+class ToyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    out: str = Field(description="Output folder (data, videos, model).")
+    train_worlds: int = 400
+    test_worlds: int = 60
+    seed: int = 0
+    size: str = Field("toy", description="Tiny model size: toy (~1.3 M parameters) or test.")
+    vocab_size: int = 1024
+    steps: int = 1000
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup_ratio: float = 0.05
+
+    def digest(self) -> str:
+        data = self.model_dump(exclude={"out"})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def toy_agent_config(**overrides) -> AgentConfig:
+    """The protocol the toy policy is trained with: 32x32 frames (one visual token), 1 fps crops."""
+    cfg = AgentConfig(
+        frames={"max_pixels": 1024, "factor": 32, "crop_fps": 1.0, "crop_max_frames": 16},
+        max_calls_per_turn=8,
+        max_turns=8,
+        planner_sampling={"max_new_tokens": 256},
+        subagent_sampling={"max_new_tokens": 96},
+    )
+    return cfg.override([f"{k}={v}" for k, v in overrides.items()]) if overrides else cfg
+
+
+def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
+    """Data + model + SFT; returns the trained model directory."""
+    from paravt_train.data import write_parquet
+    from paravt_train.sft import SFTConfig, train
+    from paravt_train.toy.tiny import build_tiny_model
+    from paravt_train.toy.world import check_trace_roundtrip, corpus, make_worlds, rl_rows, sft_rows
+    from tools import ToolRegistry
+
+    out = Path(cfg.out)
+    stamp = out / "toy.json"
+    model_dir = out / "model"
+    cached = stamp.is_file() and (model_dir / "config.json").is_file()
+    if cached and json.loads(stamp.read_text()).get("digest") == cfg.digest():
+        log(f"toy policy already built: {model_dir}")
+        return model_dir
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    train_w = make_worlds(range(cfg.seed, cfg.seed + cfg.train_worlds), out / "videos", progress)
+    test_w = make_worlds(range(TEST_SEED0 + cfg.seed, TEST_SEED0 + cfg.seed + cfg.test_worlds), out / "videos", progress)
+    schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
+    rows = sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos")
+    check_trace_roundtrip(rows)
+    write_parquet(rows, out / "data" / "sft_train.parquet")
+    write_parquet(rl_rows(train_w, out / "videos"), out / "data" / "rl_train.parquet")
+    write_parquet(rl_rows(test_w, out / "videos"), out / "data" / "rl_test.parquet")
+    log(f"toy data: {len(train_w)} training videos, {len(test_w)} held-out videos, {len(rows)} SFT samples "
+        f"({time.time() - t0:.0f}s)")
+    init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
+    agent_cfg = toy_agent_config()
+    sft = SFTConfig(
+        model=str(init), data=str(out / "data" / "sft_train.parquet"), video_root=str(out / "videos"),
+        output_dir=str(out / "sft"), frames=agent_cfg.frames, lr=cfg.lr, batch_size=cfg.batch_size,
+        micro_batch_size=4, max_steps=cfg.steps, warmup_ratio=cfg.warmup_ratio, save_every=200,
+        seed=cfg.seed,
+    )
+    result = train(sft, progress=progress)
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    shutil.copytree(out / "sft" / "final", model_dir)
+    (model_dir / "agent_config.yaml").write_text(_yaml(agent_cfg))
+    stamp.write_text(json.dumps({"digest": cfg.digest(), "config": cfg.model_dump(), "final_loss": result["losses"][-1],
+                                 "minutes": (time.time() - t0) / 60}))
+    log(f"toy policy trained: {result['steps']} steps, final loss {result['losses'][-1]:.4f}, "
+        f"{(time.time() - t0) / 60:.1f} min -> {model_dir}")
+    return model_dir
+
+
+def _yaml(cfg: AgentConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -242,6 +242,13 @@ class Agent:
         return Answer(text=trace.answer, trace=trace, choice=trace.choice, span=trace.span,
                       generations=list(state.get("generations", []) or []))
 
+    def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
+                 thumbs: bool | None = None, note: str | None = None) -> int:
+        """Attach feedback to a stored trace (needs ``store=``): a correct answer, a reward, or thumbs."""
+        if self.store is None:
+            raise ParaVTError("this agent has no trajectory store; pass store=TrajectoryStore(path)")
+        return self.store.feedback(trace_id, answer=answer, reward=reward, thumbs=thumbs, note=note)
+
     def run(self, coro):
         """Run a coroutine on this agent's event loop (where its clients live) and return its result."""
         return self._runner.run(coro)

@@ -1,0 +1,248 @@
+"""ParaVT web demo (Gradio): upload a video (or make a toy one), ask, watch the sub-agents work.
+
+    python gradio_app.py [--host 127.0.0.1] [--port 7860] [--model DIR] [--store runs/traces.db]
+
+Binds 127.0.0.1 unless told otherwise. The embedded tiny toy policy is the
+default backend; an OpenAI-compatible endpoint (SGLang, vLLM, transformers
+serve) can be chosen in the page. Everything updates live as sub-agents finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import random
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from paravt_agent.agent import Agent  # noqa: E402
+from paravt_agent.config import AgentConfig  # noqa: E402
+from paravt_agent.errors import ParaVTError  # noqa: E402
+from paravt_agent.protocol import format_time  # noqa: E402
+from paravt_agent.store import TrajectoryStore  # noqa: E402
+from paravt_agent.video import VideoReader  # noqa: E402
+
+MAX_UPLOAD_MB = 500
+CSS = """
+.pvt-timeline {position: relative; height: 46px; background: #eef1f5; border-radius: 6px; margin: 6px 0;}
+.pvt-tick {position: absolute; top: 0; width: 1px; height: 10px; background: #8a94a6;}
+.pvt-window {position: absolute; top: 14px; height: 28px; background: rgba(37, 99, 235, .55);
+             border: 1px solid #1d4ed8; border-radius: 4px; color: white; font-size: 12px; text-align: center;
+             overflow: hidden; white-space: nowrap;}
+.pvt-window.pvt-error {background: rgba(220, 38, 38, .6); border-color: #b91c1c;}
+"""
+
+
+def timeline_html(duration: float, overview: list[float], windows: list[dict]) -> str:
+    """A bar of the video: overview frames as ticks, crop windows as blocks (red when their slot failed)."""
+    if duration <= 0:
+        return ""
+    parts = ['<div class="pvt-timeline" id="pvt-timeline">']
+    for t in overview:
+        parts.append(f'<div class="pvt-tick" style="left:{100 * t / duration:.2f}%"></div>')
+    for w in windows:
+        a, b = w["window"]
+        cls = "pvt-window pvt-error" if w.get("error") else "pvt-window"
+        title = html.escape(w.get("summary") or w.get("error") or "")
+        parts.append(f'<div class="{cls}" title="{title}" style="left:{100 * a / duration:.2f}%;'
+                     f'width:{max(0.8, 100 * (b - a) / duration):.2f}%">[{w["index"] + 1}]</div>')
+    parts.append("</div>")
+    parts.append(f'<div style="font-size:12px;color:#555">0:00 – {format_time(duration)}; '
+                 f"{len(overview)} overview frames, {len(windows)} windows</div>")
+    return "".join(parts)
+
+
+class Demo:
+    def __init__(self, model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB):
+        self.model_dir = model_dir
+        self.store = TrajectoryStore(store) if store else None
+        self.max_upload_mb = max_upload_mb
+        self._agents: dict[tuple, Agent] = {}
+        self.workdir = Path(tempfile.mkdtemp(prefix="paravt-demo-"))
+
+    def agent(self, backend: str, endpoint: str, model_name: str, mode: str) -> Agent:
+        key = (backend, endpoint, model_name, mode)
+        if key not in self._agents:
+            if backend == "endpoint":
+                if not endpoint:
+                    raise ParaVTError("enter the endpoint URL (e.g. http://127.0.0.1:30000/v1)")
+                agent = Agent(backend="openai", endpoint=endpoint, model=model_name or None,
+                              config=AgentConfig(mode=mode, retries=0), store=self.store,
+                              policy_kwargs={"max_retries": 1, "timeout": 120})
+            else:
+                from paravt_agent.defaults import default_model_dir
+                from paravt_train.toy.build import toy_agent_config
+
+                model = self.model_dir or default_model_dir()
+                agent = Agent(model=model, config=toy_agent_config(mode=mode), store=self.store)
+            self._agents[key] = agent
+        return self._agents[key]
+
+    def toy_video(self):
+        """A fresh toy world: its video and its MCQ question."""
+        from paravt_train.toy.world import make_world
+
+        w = make_world(random.randrange(10**6, 2 * 10**6))
+        w.write(self.workdir / f"{w.wid}.mp4")
+        q = w.questions[0]
+        opts = "\n".join(o.split(". ", 1)[1] for o in q.options)
+        return w.video, q.question, opts, f"Toy video {w.wid}: {w.duration} s. Ground truth: {q.answer} ({q.colour})."
+
+    async def ask(self, video, question, options_text, backend, endpoint, model_name, n_frames, mode):
+        outputs = {"status": "", "think": "", "timeline": "", "gallery": [], "summaries": "", "answer": "",
+                   "stats": "", "trace_id": ""}
+
+        def emit():
+            return tuple(outputs[k] for k in ("status", "think", "timeline", "gallery", "summaries", "answer",
+                                              "stats", "trace_id"))
+
+        if not video:
+            outputs["status"] = "**error:** upload a video or click *Generate a toy video* first."
+            yield emit()
+            return
+        if not question or not question.strip():
+            outputs["status"] = "**error:** type a question."
+            yield emit()
+            return
+        size_mb = os.path.getsize(video) / 2**20
+        if size_mb > self.max_upload_mb:
+            outputs["status"] = f"**error:** the video is {size_mb:.0f} MB; the limit is {self.max_upload_mb} MB."
+            yield emit()
+            return
+        options = [o.strip() for o in (options_text or "").splitlines() if o.strip()] or None
+        try:
+            agent = self.agent(backend, (endpoint or "").strip(), (model_name or "").strip(), mode)
+            duration, overview, windows = 0.0, [], {}
+            thumbs = {}
+            reader = None
+            outputs["status"] = "decoding the overview ..."
+            yield emit()
+            async for ev in agent.astream(video, question, options, n_frames=int(n_frames) if n_frames else None):
+                kind = ev["event"]
+                if kind == "overview":
+                    duration, overview = ev["duration"], ev["timestamps"]
+                    reader = VideoReader(video)
+                    outputs["status"] = f"planner is thinking over {len(overview)} overview frames ..."
+                elif kind == "planner":
+                    outputs["think"] = html.escape(ev["text"])
+                    for c in ev["calls"]:
+                        if c.get("window"):
+                            windows[(ev["turn"], c["index"])] = {"index": c["index"], "window": c["window"],
+                                                                 "error": c.get("error"), "summary": ""}
+                    n = sum(1 for c in ev["calls"] if not c.get("error"))
+                    outputs["status"] = f"{n} sub-agents dispatched ..." if ev["calls"] else "answering ..."
+                elif kind == "subagent":
+                    rec = ev["record"]
+                    key = (ev["turn"], rec.index)
+                    w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": ""})
+                    w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"])
+                    if rec.frame_timestamps and reader is not None and key not in thumbs:
+                        mid = rec.frame_timestamps[len(rec.frame_timestamps) // 2]
+                        img = reader.sample([mid], max_pixels=96 * 96, factor=8).frames[0]
+                        thumbs[key] = (img, f"[{rec.index + 1}] {rec.label}")
+                    outputs["summaries"] = "\n".join(
+                        f"**[{v['index'] + 1}]** {format_time(v['window'][0])}-{format_time(v['window'][1])}: "
+                        + (f"*error: {html.escape(v['error'])}*" if v["error"] else html.escape(v["summary"] or "…"))
+                        for _, v in sorted(windows.items()) if v.get("window"))
+                    outputs["gallery"] = [thumbs[k] for k in sorted(thumbs)]
+                    done = sum(1 for v in windows.values() if v["summary"] or v["error"])
+                    outputs["status"] = f"{done} of {len(windows)} sub-agents done ..."
+                elif kind == "answer":
+                    ans = ev["answer"]
+                    t = ans.trace
+                    outputs["answer"] = ans.choice or ans.text or "(no answer)"
+                    outputs["think"] = html.escape("\n\n".join(turn.text for turn in t.turns))
+                    outputs["stats"] = (f"latency {t.latency:.2f} s · {t.tool_calls} tool calls · "
+                                        f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens"
+                                        + (f" · errors: {'; '.join(t.errors)}" if t.errors else ""))
+                    outputs["trace_id"] = t.id
+                    outputs["status"] = "done."
+                outputs["timeline"] = timeline_html(duration, overview, [v for _, v in sorted(windows.items())
+                                                                         if v.get("window")])
+                yield emit()
+        except ParaVTError as exc:
+            outputs["status"] = f"**error:** {html.escape(str(exc))}"
+            yield emit()
+
+    def feedback(self, trace_id, correct, thumbs):
+        if self.store is None:
+            return "No trajectory store is configured (start the demo with --store PATH)."
+        if not trace_id:
+            return "Ask a question first."
+        try:
+            self.store.feedback(trace_id, answer=(correct or "").strip() or None,
+                                thumbs=None if thumbs is None else thumbs == "up")
+        except ParaVTError as exc:
+            return f"error: {exc}"
+        return f"Thanks, feedback stored for trace {trace_id[:8]}."
+
+
+def build_demo(model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB):
+    d = Demo(model_dir, store, max_upload_mb)
+    with gr.Blocks(title="ParaVT") as demo:
+        gr.Markdown("# ParaVT — parallel video tool calling\nA planner looks at an overview, sends K sub-agents "
+                    "to crop windows in parallel, and answers from their summaries.")
+        with gr.Row():
+            with gr.Column(scale=1):
+                video = gr.Video(sources=["upload"], label="Video", elem_id="pvt-video")
+                toy = gr.Button("Generate a toy video", elem_id="pvt-toy")
+                toy_info = gr.Markdown(elem_id="pvt-toy-info")
+                question = gr.Textbox(label="Question", elem_id="pvt-question")
+                options = gr.Textbox(label="Options (one per line, optional)", lines=4, elem_id="pvt-options")
+                with gr.Accordion("Model", open=False):
+                    backend = gr.Radio(["embedded tiny policy", "endpoint"], value="embedded tiny policy",
+                                       label="Backend")
+                    endpoint = gr.Textbox(label="Endpoint URL", placeholder="http://127.0.0.1:30000/v1")
+                    model_name = gr.Textbox(label="Model name (endpoint)")
+                    mode = gr.Radio(["parallel", "sequential", "none"], value="parallel", label="Dispatch mode")
+                    n_frames = gr.Slider(2, 64, value=8, step=1, label="Overview frames (n)")
+                ask = gr.Button("Ask", variant="primary", elem_id="pvt-ask")
+            with gr.Column(scale=2):
+                status = gr.Markdown(elem_id="pvt-status")
+                answer = gr.Textbox(label="Answer", elem_id="pvt-answer")
+                timeline = gr.HTML(elem_id="pvt-timeline-box")
+                gallery = gr.Gallery(label="Windows", columns=8, height=140, elem_id="pvt-gallery")
+                summaries = gr.Markdown(label="Sub-agent summaries", elem_id="pvt-summaries")
+                with gr.Accordion("Planner reasoning", open=True):
+                    think = gr.Code(label="Planner", language=None, elem_id="pvt-think")
+                stats = gr.Markdown(elem_id="pvt-stats")
+                trace_id = gr.State("")
+                with gr.Accordion("Feedback", open=False):
+                    correct = gr.Textbox(label="Correct answer (optional)")
+                    thumbs = gr.Radio(["up", "down"], label="Was it right?")
+                    send = gr.Button("Send feedback")
+                    sent = gr.Markdown()
+        toy.click(d.toy_video, outputs=[video, question, options, toy_info])
+
+        async def run(video, question, options, backend, endpoint, model_name, n_frames, mode):
+            b = "endpoint" if backend == "endpoint" else "embedded"
+            async for out in d.ask(video, question, options, b, endpoint, model_name, n_frames, mode):
+                yield out
+
+        ask.click(run, inputs=[video, question, options, backend, endpoint, model_name, n_frames, mode],
+                  outputs=[status, think, timeline, gallery, summaries, answer, stats, trace_id])
+        send.click(d.feedback, inputs=[trace_id, correct, thumbs], outputs=[sent])
+    demo.paravt = d
+    return demo
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1).")
+    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--model", default=None, help="Toy/local model directory (default: the shipped toy policy).")
+    ap.add_argument("--store", default=None, help="SQLite trajectory store for traces and feedback.")
+    ap.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB)
+    args = ap.parse_args(argv)
+    demo = build_demo(args.model, args.store, args.max_upload_mb)
+    demo.queue().launch(server_name=args.host, server_port=args.port, max_file_size=f"{args.max_upload_mb}mb",
+                        css=CSS, show_error=True)
+
+
+if __name__ == "__main__":
+    main()

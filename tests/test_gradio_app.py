@@ -1,0 +1,109 @@
+"""The Gradio demo: its handler on real inputs, and the page in a real headless Chromium."""
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT = ROOT / "checkpoints" / "toy"
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def collect(gen):
+    async def go():
+        return [x async for x in gen]
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    import gradio_app
+
+    return gradio_app.Demo(str(CHECKPOINT), store=str(tmp_path_factory.mktemp("store") / "traces.db"))
+
+
+def test_handler_streams_windows_and_stores_feedback(demo):
+    video, question, options, info = demo.toy_video()
+    outs = collect(demo.ask(video, question, options, "embedded", "", "", 8, "parallel"))
+    status, think, timeline, gallery, summaries, answer, stats, trace_id = outs[-1]
+    assert status == "done." and answer and trace_id
+    assert timeline.count('class="pvt-window') >= 2 and len(gallery) >= 2
+    assert "<think>" in think and "tool calls" in stats
+    assert len(outs) >= 4  # updates arrived while sub-agents finished, not only at the end
+    assert demo.feedback(trace_id, "B", "up").startswith("Thanks")
+    assert demo.store.feedback_since(0)[-1]["thumbs"] == 1
+
+
+def test_handler_errors_are_messages(demo, tmp_path):
+    text = tmp_path / "notes.mp4"
+    text.write_text("not a video")
+    out = collect(demo.ask(str(text), "q?", "", "embedded", "", "", 8, "parallel"))[-1]
+    assert out[0].startswith("**error:**") and "not a readable video" in out[0]
+    out = collect(demo.ask(None, "q?", "", "embedded", "", "", 8, "parallel"))[-1]
+    assert "upload a video" in out[0]
+    video, *_ = demo.toy_video()
+    out = collect(demo.ask(video, "q?", "", "endpoint", "http://127.0.0.1:9/v1", "m", 8, "parallel"))[-1]
+    assert out[0].startswith("**error:**") and "cannot reach" in out[0]
+    small = type(demo)(str(CHECKPOINT), max_upload_mb=0)
+    out = collect(small.ask(video, "q?", "", "embedded", "", "", 8, "parallel"))[-1]
+    assert "the limit is 0 MB" in out[0]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)")
+def test_page_in_headless_chromium(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "gradio_app.py"), "--port", str(port), "--model", str(CHECKPOINT),
+                             "--store", str(tmp_path / "t.db")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "the demo did not start"
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-dev-shm-usage", "--no-first-run", "--disable-component-update", "--disable-sync"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(url)
+            page.click("#pvt-toy")
+            page.wait_for_function(
+                "() => document.querySelector('#pvt-question textarea, #pvt-question input').value.length > 0",
+                timeout=60_000)
+            page.click("#pvt-ask")
+            page.wait_for_function(
+                "() => { const e = document.querySelector('#pvt-answer textarea, #pvt-answer input');"
+                " return e && e.value.length > 0; }", timeout=180_000)
+            assert page.locator(".pvt-window").count() >= 2
+            assert "done." in page.inner_text("#pvt-status")
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "gradio_demo.png"), full_page=True)
+            browser.close()
+        assert (ARTIFACTS / "gradio_demo.png").stat().st_size > 10_000
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -197,7 +197,7 @@ class ReplayBuffer:
         want = [round(k * f) for f in self.tiers]
         want[0] += k - sum(want)
         out = []
-        for (name, pool), n in zip(pools.items(), want, strict=True):
+        for pool, n in zip(pools.values(), want, strict=True):
             out.extend(self._rng.sample(pool, min(n, len(pool))))
         rest = [x for x in self.items if x not in out]
         while len(out) < k and rest:

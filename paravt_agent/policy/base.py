@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, Field
 
-__all__ = ["Generation", "Policy", "Sampling", "encode_image", "text_of"]
+__all__ = ["Generation", "Policy", "Sampling", "encode_image", "map_images", "text_of"]
 
 
 class Sampling(BaseModel):
@@ -64,6 +64,18 @@ class Policy(ABC):
 
     async def aclose(self) -> None:
         return None
+
+
+def map_images(messages: list[dict], image_part) -> list[dict]:
+    """The messages with every image part replaced by ``image_part(frame)`` (text parts kept as they are)."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, str):
+            content = [image_part(p["image"]) if p["type"] == "image" else {"type": "text", "text": p["text"]}
+                       for p in content]
+        out.append({"role": m["role"], "content": content})
+    return out
 
 
 def text_of(content) -> str:

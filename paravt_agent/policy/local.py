@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Generation, Policy, Sampling
+from paravt_agent.policy.base import Generation, Policy, Sampling, map_images
 
 __all__ = ["LocalPolicy", "to_hf_messages"]
 
@@ -28,22 +28,13 @@ def to_hf_messages(messages: list[dict]) -> tuple[list[dict], list]:
     """Neutral messages -> (chat-template messages, PIL images in order)."""
     from PIL import Image
 
-    out, images = [], []
-    for m in messages:
-        content = m["content"]
-        if isinstance(content, str):
-            out.append({"role": m["role"], "content": content})
-            continue
-        parts = []
-        for p in content:
-            if p["type"] == "image":
-                img = p["image"]
-                images.append(img if isinstance(img, Image.Image) else Image.fromarray(np.asarray(img, np.uint8)))
-                parts.append({"type": "image"})
-            else:
-                parts.append({"type": "text", "text": p["text"]})
-        out.append({"role": m["role"], "content": parts})
-    return out, images
+    images = []
+
+    def part(img):
+        images.append(img if isinstance(img, Image.Image) else Image.fromarray(np.asarray(img, np.uint8)))
+        return {"type": "image"}
+
+    return map_images(messages, part), images
 
 
 class LocalPolicy(Policy):

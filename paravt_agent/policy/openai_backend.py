@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Generation, Policy, Sampling, encode_image
+from paravt_agent.policy.base import Generation, Policy, Sampling, encode_image, map_images
 
 __all__ = ["DEFAULT_ENDPOINT", "OpenAIPolicy", "to_openai_messages"]
 
@@ -27,22 +27,10 @@ HOW_TO_START = (
 
 
 def to_openai_messages(messages: list[dict], image_format: str = "PNG") -> list[dict]:
-    out = []
+    """Neutral messages -> OpenAI chat messages, frames as base64 ``image_url`` parts."""
     mime = "image/png" if image_format.upper() == "PNG" else "image/jpeg"
-    for m in messages:
-        content = m["content"]
-        if isinstance(content, str):
-            out.append({"role": m["role"], "content": content})
-            continue
-        parts = []
-        for p in content:
-            if p["type"] == "image":
-                url = f"data:{mime};base64,{encode_image(p['image'], image_format)}"
-                parts.append({"type": "image_url", "image_url": {"url": url}})
-            else:
-                parts.append({"type": "text", "text": p["text"]})
-        out.append({"role": m["role"], "content": parts})
-    return out
+    return map_images(messages, lambda img: {
+        "type": "image_url", "image_url": {"url": f"data:{mime};base64,{encode_image(img, image_format)}"}})
 
 
 class OpenAIPolicy(Policy):

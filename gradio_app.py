@@ -58,8 +58,10 @@ def timeline_html(duration: float, overview: list[float], windows: list[dict]) -
 
 
 class Demo:
-    def __init__(self, model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB):
+    def __init__(self, model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB,
+                 seed: int | None = None):
         self.model_dir = model_dir
+        self._rng = random.Random(seed)
         self.store = TrajectoryStore(store) if store else None
         self.max_upload_mb = max_upload_mb
         self._agents: dict[tuple, Agent] = {}
@@ -87,7 +89,7 @@ class Demo:
         """A fresh toy world: its video and its MCQ question."""
         from paravt_train.toy.world import make_world
 
-        w = make_world(random.randrange(10**6, 2 * 10**6))
+        w = make_world(self._rng.randrange(10**6, 2 * 10**6))
         w.write(self.workdir / f"{w.wid}.mp4")
         q = w.questions[0]
         opts = "\n".join(o.split(". ", 1)[1] for o in q.options)
@@ -129,7 +131,7 @@ class Demo:
                     reader = VideoReader(video)
                     outputs["status"] = f"planner is thinking over {len(overview)} overview frames ..."
                 elif kind == "planner":
-                    outputs["think"] = html.escape(ev["text"])
+                    outputs["think"] = ev["text"]
                     for c in ev["calls"]:
                         if c.get("window"):
                             windows[(ev["turn"], c["index"])] = {"index": c["index"], "window": c["window"],
@@ -145,7 +147,7 @@ class Demo:
                         mid = rec.frame_timestamps[len(rec.frame_timestamps) // 2]
                         img = reader.sample([mid], max_pixels=96 * 96, factor=8).frames[0]
                         thumbs[key] = (img, f"[{rec.index + 1}] {rec.label}")
-                    outputs["summaries"] = "\n".join(
+                    outputs["summaries"] = "\n\n".join(
                         f"**[{v['index'] + 1}]** {format_time(v['window'][0])}-{format_time(v['window'][1])}: "
                         + (f"*error: {html.escape(v['error'])}*" if v["error"] else html.escape(v["summary"] or "…"))
                         for _, v in sorted(windows.items()) if v.get("window"))
@@ -156,7 +158,7 @@ class Demo:
                     ans = ev["answer"]
                     t = ans.trace
                     outputs["answer"] = ans.choice or ans.text or "(no answer)"
-                    outputs["think"] = html.escape("\n\n".join(turn.text for turn in t.turns))
+                    outputs["think"] = "\n\n".join(turn.text for turn in t.turns)
                     outputs["stats"] = (f"latency {t.latency:.2f} s · {t.tool_calls} tool calls · "
                                         f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens"
                                         + (f" · errors: {'; '.join(t.errors)}" if t.errors else ""))
@@ -182,8 +184,9 @@ class Demo:
         return f"Thanks, feedback stored for trace {trace_id[:8]}."
 
 
-def build_demo(model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB):
-    d = Demo(model_dir, store, max_upload_mb)
+def build_demo(model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB,
+               seed: int | None = None):
+    d = Demo(model_dir, store, max_upload_mb, seed)
     with gr.Blocks(title="ParaVT") as demo:
         gr.Markdown("# ParaVT — parallel video tool calling\nA planner looks at an overview, sends K sub-agents "
                     "to crop windows in parallel, and answers from their summaries.")
@@ -238,8 +241,9 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=None, help="Toy/local model directory (default: the shipped toy policy).")
     ap.add_argument("--store", default=None, help="SQLite trajectory store for traces and feedback.")
     ap.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB)
+    ap.add_argument("--seed", type=int, default=None, help="Seed of the generated toy videos.")
     args = ap.parse_args(argv)
-    demo = build_demo(args.model, args.store, args.max_upload_mb)
+    demo = build_demo(args.model, args.store, args.max_upload_mb, args.seed)
     demo.queue().launch(server_name=args.host, server_port=args.port, max_file_size=f"{args.max_upload_mb}mb",
                         css=CSS, show_error=True)
 

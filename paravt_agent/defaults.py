@@ -13,10 +13,13 @@ def paravt_home() -> Path:
     return Path(os.environ.get("PARAVT_HOME") or Path.home() / ".cache" / "paravt")
 
 
-def default_model_dir() -> str:
-    """The toy policy built by ``paravt-train toy``; a clear error when it is missing."""
-    for candidate in (paravt_home() / "toy" / "model", Path(__file__).resolve().parent.parent / "checkpoints" / "toy"):
-        if (candidate / "config.json").is_file():
+SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "toy"
+
+
+def default_model_dir(candidates=None) -> str:
+    """The toy policy: built by ``paravt-train toy``, else the one the repository ships; a clear error if neither."""
+    for candidate in candidates or (paravt_home() / "toy" / "model", SHIPPED):
+        if (Path(candidate) / "config.json").is_file():
             return str(candidate)
     raise PolicyError(
         "no model given and no toy policy found; build it with `paravt-train toy` "

@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 BIN = os.path.dirname(sys.executable)
 
 
@@ -23,8 +25,11 @@ def test_paravt_answer_local(tiny_model, media):
 def test_paravt_answer_errors_are_clear(tmp_path, tiny_model):
     res = run("paravt", "answer", str(tmp_path / "missing.mp4"), "q?", "--model", tiny_model, check=False)
     assert res.returncode == 1 and "no such file" in res.stderr and "Traceback" not in res.stderr
-    res = run("paravt", "answer", str(tmp_path / "x.mp4"), "q?", env={"PARAVT_HOME": str(tmp_path)}, check=False)
-    assert res.returncode == 1 and "paravt-train toy" in res.stderr
+    from paravt_agent.defaults import default_model_dir
+    from paravt_agent.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="paravt-train toy"):
+        default_model_dir([tmp_path / "none"])
     res = run("paravt", "answer", str(tmp_path / "x.mp4"), "q?", "--model", tiny_model, "--mode", "diagonal",
               check=False)
     assert res.returncode == 1 and "mode" in res.stderr
@@ -41,6 +46,12 @@ def test_paravt_serve_dry_run():
 def test_paravt_serve_without_sglang_says_how_to_install():
     res = run("paravt", "serve", "some/model", check=False)
     assert res.returncode == 1 and "pip install 'paravt[sglang]'" in res.stderr
+
+
+def test_paravt_answer_default_is_the_toy_policy(media, tmp_path):
+    out = run("paravt", "answer", media["video"], "What colour is shown at second 5?", "--n-frames", "8",
+              env={"PARAVT_HOME": str(tmp_path)}).stdout
+    assert "planner turn 1" in out and "crop_video(" in out and "Answer:" in out
 
 
 def test_help_texts():

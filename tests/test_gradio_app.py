@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "checkpoints" / "toy"
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SEED = 3  # toy videos the demo generates are seeded, so the page shows the same video each run
 
 
 def collect(gen):
@@ -29,7 +30,7 @@ def collect(gen):
 def demo(tmp_path_factory):
     import gradio_app
 
-    return gradio_app.Demo(str(CHECKPOINT), store=str(tmp_path_factory.mktemp("store") / "traces.db"))
+    return gradio_app.Demo(str(CHECKPOINT), store=str(tmp_path_factory.mktemp("store") / "traces.db"), seed=SEED)
 
 
 def test_handler_streams_windows_and_stores_feedback(demo):
@@ -72,7 +73,7 @@ def test_page_in_headless_chromium(tmp_path):
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, str(ROOT / "gradio_app.py"), "--port", str(port), "--model", str(CHECKPOINT),
-                             "--store", str(tmp_path / "t.db")], env=env, stdout=subprocess.DEVNULL,
+                             "--store", str(tmp_path / "t.db"), "--seed", str(SEED)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -4,7 +4,8 @@ A world is a timeline of solid-colour segments, 2-4 s each, over 60-120 s,
 encoded as a 1 fps 32x32 H.264 mp4. One colour (the "unique" colour) appears
 exactly once. Questions, in the paper's three families:
 
-* ``mcq`` — "What colour is shown at second t?" with four options;
+* ``mcq`` — "What colour is shown at second t?" with four options (answered with the
+  option's text, which the protocol maps to its letter);
 * ``oe``  — the same without options (answer: the colour name; scored by token F1);
 * ``tvg`` — "When is the <unique colour> segment shown?" → ``[start, end]``.
 
@@ -18,7 +19,9 @@ overview frames the frame nearest to t usually shows another segment, and the
 unique segment is usually not in the overview at all; at n = 64 (≈1 frame per
 1-2 s) every segment is visible. Sub-agent summaries are per-second
 listings (run-length summaries did not learn in a tiny model; listings did). The planner's answer turn copies the entry it needs
-into its reasoning before answering ("97: blue. blue is C."; "cyan: 21 22 23.").
+into its reasoning before answering ("97: blue."; "cyan: 21 22 23."). For a
+colour-at-t question the planner lists the window starting at t first, so the
+needed entry opens the tool response.
 
 Trace formats are built from ground truth with the runtime's own prompt and
 protocol functions, so the trained policy and the agent speak the same protocol.
@@ -54,7 +57,7 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "white": (250, 250, 250),
 }
 LETTERS = "ABCD"
-MCQ_WINDOW = 2  # MCQ: two parallel windows [t-2, t] and [t, t+2]; both see second t
+MCQ_WINDOW = 2  # MCQ: two parallel windows [t, t+2] and [t-2, t]; both see second t
 SCAN_WINDOW = 15  # TVG: windows of 15 s (16 frames at 1 fps) covering the whole video
 
 
@@ -171,7 +174,8 @@ def make_worlds(seeds, video_dir: str | Path, progress: bool = False) -> list[Wo
 def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
     if q.task == "tvg":
         return w.scan_windows()
-    return [(q.t - MCQ_WINDOW, q.t), (q.t, q.t + MCQ_WINDOW)]
+    # the window that starts at t comes first: the needed entry opens the tool response
+    return [(q.t, q.t + MCQ_WINDOW), (q.t - MCQ_WINDOW, q.t)]
 
 
 def answer_turn(w: World, q: Question) -> str:
@@ -180,11 +184,8 @@ def answer_turn(w: World, q: Question) -> str:
         a, b = q.span
         secs = " ".join(str(s) for s in range(a, b))
         return f"<think>\n{q.colour}: {secs}.</think>\n<answer>[{a}, {b}]</answer>"
-    entry = f"{q.t}: {q.colour}."
-    if q.task == "mcq":
-        letter = q.answer
-        return f"<think>\n{entry} {q.colour} is {letter}.</think>\n<answer>{letter}</answer>"
-    return f"<think>\n{entry}</think>\n<answer>{q.colour}</answer>"
+    # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
+    return f"<think>\n{q.t}: {q.colour}.</think>\n<answer>{q.colour}</answer>"
 
 
 def planner_turn(q: Question, windows: list[tuple[int, int]]) -> str:
@@ -256,6 +257,7 @@ def direct_trace(w: World, q: Question, video: str, n: int) -> list[dict]:
     else:
         near = min(secs, key=lambda s: (abs(s - q.t), s))
         think = f"Nearest frame {near}: {w.colour_at(near)}."
+        guess = w.colour_at(near)  # answered with the colour's name, as in the tool traces
     return [
         {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
         _user(video, n, q),

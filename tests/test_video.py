@@ -109,7 +109,7 @@ def test_fast_mode_returns_keyframes_with_true_timestamps(media):
     for frame, t in zip(fast.frames, fast.timestamps, strict=True):
         assert np.abs(frame.reshape(-1, 3).mean(0) - colour_at(t)).max() < 12
     exact = r.overview(n=8)
-    assert exact.timestamps != fast.timestamps or all(t % (250 / 30) < 1e-6 for t in exact.timestamps)
+    assert exact.timestamps != fast.timestamps  # snapped to keyframes, not the requested grid
 
 
 @pytest.mark.parametrize("backend", [b for b in ("decord", "torchcodec") if b in available_backends()])

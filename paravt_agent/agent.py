@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class Answer:
     choice: str | None = None
     span: tuple[float, float] | None = None
     generations: list | None = None  # token-level records (role, turn, index, Generation)
+    messages: list[dict] | None = None  # the planner's final conversation (frames included)
 
     def __str__(self) -> str:
         return self.choice or self.text
@@ -159,6 +161,17 @@ class Agent:
         t0 = time.perf_counter()
         state, trace = await asyncio.to_thread(self.initial_state, video, question, options, n_frames)
         yield {"event": "overview", "timestamps": trace.overview_timestamps, "duration": trace.duration}
+        async for event in self.astream_state(state, trace, t0=t0):
+            yield event
+
+    async def astream_state(self, state: dict, trace: Trace, *, seed: int | None = None, t0: float | None = None):
+        """Run the graph from a prepared :meth:`initial_state` (e.g. one prompt shared by G rollouts).
+
+        ``seed`` gives this run its own reproducible sampling seeds. Yields the same events as
+        :meth:`astream` after ``overview``."""
+        t0 = time.perf_counter() if t0 is None else t0
+        state = {**state, "seed": seed, "generations": [], "results": {}, "turns": [], "calls": []}
+        trace = trace.model_copy(deep=True, update={"id": uuid.uuid4().hex})
         last = state
         try:
             async for mode, chunk in self.graph.astream(state, self._graph_config(), stream_mode=["custom", "values"]):
@@ -172,6 +185,14 @@ class Agent:
             trace.errors.append(f"{exc.__class__.__name__}: {exc}")
         answer = self._finish(last, trace, time.perf_counter() - t0)
         yield {"event": "answer", "answer": answer}
+
+    async def arun_state(self, state: dict, trace: Trace, *, seed: int | None = None) -> Answer:
+        """:meth:`astream_state` to its answer."""
+        answer = None
+        async for event in self.astream_state(state, trace, seed=seed):
+            if event["event"] == "answer":
+                answer = event["answer"]
+        return answer
 
     async def aanswer(
         self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
@@ -240,7 +261,7 @@ class Agent:
         if self.store is not None:
             self.store.add(trace)
         return Answer(text=trace.answer, trace=trace, choice=trace.choice, span=trace.span,
-                      generations=list(state.get("generations", []) or []))
+                      generations=list(state.get("generations", []) or []), messages=list(state.get("messages", [])))
 
     def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
                  thumbs: bool | None = None, note: str | None = None) -> int:

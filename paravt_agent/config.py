@@ -92,6 +92,8 @@ def apply_overrides(model: BaseModel, overrides: list[str] | None) -> BaseModel:
 
 
 def load_yaml_model(cls: type[BaseModel], path: str | Path, overrides: list[str] | None = None):
+    """``cls`` from a YAML file, with ``key=value`` overrides applied to the file's data before validation
+    (so values derived while validating, e.g. a preset's defaults, follow the overrides)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
@@ -99,8 +101,12 @@ def load_yaml_model(cls: type[BaseModel], path: str | Path, overrides: list[str]
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. frames.n_frames=8)")
+        key, raw = item.split("=", 1)
+        _set_dotted(data, key.strip(), yaml.safe_load(raw))
     try:
-        model = cls.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path}: invalid {cls.__name__}: {exc}") from None
-    return apply_overrides(model, overrides) if overrides else model

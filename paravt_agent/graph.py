@@ -67,6 +67,7 @@ class AgentState(TypedDict, total=False):
     results: Annotated[dict, _merge]  # (turn, index) -> SubAgentRecord
     turns: Annotated[list, _append]  # PlannerTurn records
     generations: Annotated[list, _append]  # (role, turn, index, Generation): token-level record
+    seed: int | None  # per-rollout sampling seed (each call derives its own); None = the config's
     response: str | None  # the planner's final response
 
 
@@ -94,7 +95,8 @@ def build_graph(
         turn = state.get("turn", 0)
         messages = list(state["messages"])
         t0 = time.perf_counter()
-        gen = await policy.generate(messages, config.planner_sampling, prefix=config.think_prefix)
+        gen = await policy.generate(messages, _seeded(config.planner_sampling, state, turn), prefix=config.think_prefix)
+        gen.extra.setdefault("images", _images(messages))
         calls = parse_tool_calls(gen.text, signatures) if config.mode != "none" else []
         record = PlannerTurn(
             turn=turn,
@@ -105,13 +107,15 @@ def build_graph(
             completion_tokens=gen.completion_tokens,
         )
         update: dict[str, Any] = {"generations": [("planner", turn, None, gen)]}
-        messages = [*messages, {"role": "assistant", "content": gen.text}]
+        messages = [*messages, {"role": "assistant", "content": gen.text, "generation": gen}]
         if calls and turn >= config.max_turns:
             # bound reached: ask for the final answer once more, without tools
             messages = [*messages, {"role": "user", "content": FINAL_ANSWER_PROMPT}]
             writer({"event": "planner", "turn": turn, "text": gen.text, "calls": []})
             t1 = time.perf_counter()
-            final = await policy.generate(messages, config.planner_sampling, prefix=config.think_prefix)
+            final = await policy.generate(messages, _seeded(config.planner_sampling, state, turn + 1),
+                                          prefix=config.think_prefix)
+            final.extra.setdefault("images", _images(messages))
             forced = PlannerTurn(
                 turn=turn + 1,
                 text=final.text,
@@ -121,7 +125,7 @@ def build_graph(
                 prompt_tokens=final.prompt_tokens,
                 completion_tokens=final.completion_tokens,
             )
-            messages = [*messages, {"role": "assistant", "content": final.text}]
+            messages = [*messages, {"role": "assistant", "content": final.text, "generation": final}]
             update["generations"].append(("planner", turn + 1, None, final))
             writer({"event": "planner", "turn": turn + 1, "text": final.text, "calls": []})
             return {**update, "messages": messages, "turns": [record, forced], "response": final.text, "calls": []}
@@ -147,7 +151,8 @@ def build_graph(
             return END
         turn = state.get("turn", 0)
         sends = [
-            Send("subagent", {"turn": turn, "call": p, "ctx": state["ctx"], "question": state["question"]})
+            Send("subagent", {"turn": turn, "call": p, "ctx": state["ctx"], "question": state["question"],
+                              "seed": state.get("seed")})
             for p in state["calls"]
             if p.ok
         ]
@@ -167,7 +172,8 @@ def build_graph(
             question = payload["question"] if config.question_to_subagents else None
             window = result.window or (result.timestamps[0], result.timestamps[-1])
             msgs = subagent_messages(result.frames, result.timestamps, window, question, system=sub_system)
-            gen = await policy.generate(msgs, config.subagent_sampling)
+            gen = await policy.generate(msgs, _seeded(config.subagent_sampling, payload, payload["turn"], p.index + 1))
+            gen.extra.setdefault("images", _images(msgs))
             rec.summary = gen.text.strip()
             rec.prompt_tokens, rec.completion_tokens = gen.prompt_tokens, gen.completion_tokens
             update["generations"] = [("subagent", payload["turn"], p.index, gen)]
@@ -205,6 +211,20 @@ def build_graph(
     g.add_edge("subagent", "aggregate")
     g.add_edge("aggregate", "planner")
     return g.compile()
+
+
+def _images(messages: list[dict]) -> list:
+    """The frames of a prompt in order (the token-level record keeps them for training)."""
+    return [p["image"] for m in messages if not isinstance(m["content"], str) for p in m["content"]
+            if p["type"] == "image"]
+
+
+def _seeded(sampling, state: dict, turn: int, slot: int = 0):
+    """The sampling settings of one call: a rollout seed gives every call its own reproducible seed."""
+    seed = state.get("seed")
+    if seed is None:
+        return sampling
+    return sampling.model_copy(update={"seed": (seed * 1_000_003 + turn * 1009 + slot) % 2**31})
 
 
 def _window(p: PreparedCall) -> tuple[float, float] | None:

@@ -1,4 +1,4 @@
-"""The ``paravt-train`` command: data checks and conversion, SFT, the toy world."""
+"""The ``paravt-train`` command: data checks and conversion, SFT, PARA-GRPO, online learning, the toy world."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 app = typer.Typer(
-    help="ParaVT trainer: validate and convert data, SFT cold start, the toy world.",
+    help="ParaVT trainer: validate and convert data, SFT cold start, PARA-GRPO, online learning, the toy world.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -203,3 +203,72 @@ def quickstart_cmd(
 
 if __name__ == "__main__":
     app()
+
+
+@app.command("grpo")
+def grpo_cmd(
+    config: Path = typer.Option(..., "--config", help="GRPOConfig YAML (see examples/configs/paragrpo_*.yaml)."),
+    set_: list[str] = typer.Option(None, "--set", help="Override key=value, e.g. --set preset=vanilla-grpo "
+                                                       "--set reward.gamma=0 --set gating=false."),
+) -> None:
+    """PARA-GRPO (or vanilla GRPO) from an RL Parquet file; resumes from the newest checkpoint.
+
+    Metrics per step go to OUTPUT_DIR/metrics.jsonl; `paravt-train plot OUTPUT_DIR` draws them.
+    Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
+    from paravt_agent.errors import ConfigError
+    from paravt_train.rl import GRPOConfig, GRPOTrainer
+
+    try:
+        cfg = GRPOConfig.from_yaml(config, list(set_ or []))
+        summary = GRPOTrainer(cfg).run()
+    except ConfigError as exc:
+        _fail(str(exc))
+    last = summary.get("last_step") or {}
+    typer.echo(f"done: reward {last.get('reward', float('nan')):.3f}, f_tau {last.get('f_tau', float('nan')):.3f}, "
+               f"kappa {last.get('kappa', float('nan')):.2f}; model in {summary['final_model']}")
+
+
+@app.command("plot")
+def plot_cmd(
+    run: str = typer.Argument(..., help="A run folder (with metrics.jsonl), a folder of runs, or run1,run2."),
+    out: Path = typer.Option(None, help="PNG path (default: RUN/curves.png)."),
+) -> None:
+    """Draw reward, f_tau, kappa, accuracy, KL, entropy and clip-fraction curves of GRPO runs (PNG)."""
+    from paravt_agent.errors import ConfigError
+    from paravt_train.rl import plot
+
+    try:
+        path = plot(run, out)
+    except ConfigError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {path}")
+
+
+@app.command("online")
+def online_cmd(
+    store: Path = typer.Option(..., help="Trajectory store (SQLite) the serving agent writes to."),
+    config: Path = typer.Option(..., "--config", help="GRPOConfig YAML (model, output_dir, backend, ...)."),
+    endpoint: str = typer.Option(None, help="SGLang server to push weights to (sets backend sglang)."),
+    set_: list[str] = typer.Option(None, "--set", help="Override key=value of the GRPO config."),
+    poll: float = typer.Option(30.0, help="Seconds between looks at the store when there is nothing to train."),
+    max_steps: int = typer.Option(None, help="Stop after this many updates (default: run until interrupted)."),
+    once: bool = typer.Option(False, "--once", help="Train on what is there now, then exit."),
+) -> None:
+    """Learn from user feedback: new feedback with a correct answer becomes RL prompts; each update
+    uses fresh on-policy rollouts (plus replayed ones when replay is enabled) and pushes the weights to
+    the endpoint every sync_every updates. Progress is checkpointed: a restart neither loses nor
+    re-trains feedback."""
+    from paravt_agent.errors import ConfigError
+    from paravt_train.online import OnlineLearner
+    from paravt_train.rl import GRPOConfig
+
+    overrides = list(set_ or [])
+    if endpoint:
+        overrides += ["backend=sglang", f"endpoint={endpoint}"]
+    try:
+        cfg = GRPOConfig.from_yaml(config, overrides)
+        learner = OnlineLearner(cfg, store)
+        n = learner.run(poll=poll, max_steps=max_steps, once=once)
+    except ConfigError as exc:
+        _fail(str(exc))
+    typer.echo(f"{n} updates; {learner.consumed} feedback rows consumed; checkpoints in {cfg.output_dir}")

@@ -73,6 +73,7 @@ class Part(BaseModel):
 class Message(BaseModel):
     role: Literal["system", "user", "assistant"]
     content: str | list[Part]
+    train: bool = Field(True, description="Assistant turns only: False keeps the turn as context, out of the loss.")
 
 
 def _parse_messages(v):
@@ -278,7 +279,7 @@ def render_messages(
     out = []
     for m in messages:
         if isinstance(m.content, str):
-            out.append({"role": m.role, "content": m.content})
+            out.append({"role": m.role, "content": m.content, **({} if m.train else {"train": False})})
             continue
         parts: list[dict] = []
         for p in m.content:

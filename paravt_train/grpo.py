@@ -128,7 +128,7 @@ def policy_loss(
     if ref_logp is not None and kl_coef:
         kl = kl_penalty(logp, ref_logp, kl_estimator)
         per_token = per_token + kl_coef * kl
-        kl_val = float((kl * mask).sum() / mask.sum().clamp(min=1))
+        kl_val = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
     if sample_weights is not None:
         per_token = per_token * sample_weights[:, None]
     loss = _aggregate(per_token, mask, aggregation, constant)

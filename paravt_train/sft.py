@@ -82,20 +82,26 @@ class SFTConfig(BaseModel):
 # --------------------------------------------------------------------------- examples
 
 
-def assistant_labels(input_ids: list[int], tokenizer) -> list[int]:
-    """Labels: the ids of assistant turns (through their ``<|im_end|>``), -100 elsewhere."""
+def assistant_labels(input_ids: list[int], tokenizer, keep: list[bool] | None = None) -> list[int]:
+    """Labels: the ids of assistant turns (through their ``<|im_end|>``), -100 elsewhere.
+
+    ``keep[k]`` False leaves the k-th assistant turn out of the loss (context only).
+    """
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     header = tokenizer("assistant\n", add_special_tokens=False)["input_ids"]
     labels = [-100] * len(input_ids)
-    i, n = 0, len(input_ids)
+    i, n, turn = 0, len(input_ids), 0
     while i < n:
         if input_ids[i] == start and input_ids[i + 1 : i + 1 + len(header)] == header:
+            train = keep is None or turn >= len(keep) or keep[turn]
+            turn += 1
             j = i + 1 + len(header)
             while j < n and input_ids[j] != end:
-                labels[j] = input_ids[j]
+                if train:
+                    labels[j] = input_ids[j]
                 j += 1
-            if j < n:
+            if j < n and train:
                 labels[j] = end
             i = j
         i += 1
@@ -110,7 +116,8 @@ def build_example(messages: list[dict], processor) -> dict:
     text = processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
     enc = processor(text=[text], images=images or None, return_tensors="pt")
     ids = enc["input_ids"][0].tolist()
-    ex = {"input_ids": ids, "labels": assistant_labels(ids, processor.tokenizer)}
+    keep = [m.get("train", True) for m in messages if m["role"] == "assistant"]
+    ex = {"input_ids": ids, "labels": assistant_labels(ids, processor.tokenizer, keep)}
     for k in ("pixel_values", "image_grid_thw"):
         if k in enc:
             ex[k] = enc[k]
@@ -252,7 +259,10 @@ def _latest_checkpoint(out: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, extra: dict | None = None) -> None:
+def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, extra: dict | None = None,
+                    blobs: dict | None = None) -> None:
+    """Model + optimizer (DCP, sharded under FSDP), scheduler, RNG, ``extra`` (JSON) and ``blobs`` (pickled),
+    written to a temporary folder and renamed: a crash mid-save leaves the previous checkpoint whole."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -262,7 +272,8 @@ def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, extra: d
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     if rank == 0:
-        torch.save({"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}, tmp / "extra.pt")
+        torch.save({"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "blobs": blobs or {}},
+                   tmp / "extra.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **(extra or {})}))
     _barrier()
     if rank == 0:
@@ -288,6 +299,13 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> int:
     scheduler.load_state_dict(extra["scheduler"])
     torch.set_rng_state(extra["rng"])
     return json.loads((path / "trainer_state.json").read_text())["step"]
+
+
+def load_blobs(path: Path) -> dict:
+    """The ``blobs`` a checkpoint was saved with."""
+    import torch
+
+    return torch.load(path / "extra.pt", weights_only=False).get("blobs", {})
 
 
 def _barrier():

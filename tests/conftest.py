@@ -44,3 +44,23 @@ def tiny_model(tmp_path_factory):
 
     corpus = ["red green blue yellow purple orange window shows seconds answer question"] * 4
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", corpus, size="test"))
+
+
+@pytest.fixture(scope="session")
+def toy_policy_dir():
+    """The toy policy the repository ships (trained by `paravt-train toy`): it calls tools."""
+    from paravt_train.toy.quickstart import REPO_CHECKPOINT
+
+    return str(REPO_CHECKPOINT)
+
+
+@pytest.fixture(scope="session")
+def toy_rl(tmp_path_factory):
+    """Four toy worlds (real mp4s) and their RL Parquet file."""
+    from paravt_train.data import write_parquet
+    from paravt_train.toy.world import make_worlds, rl_rows
+
+    d = tmp_path_factory.mktemp("toyrl")
+    worlds = make_worlds(range(910_000, 910_004), d / "videos")
+    path = write_parquet(rl_rows(worlds, d / "videos"), d / "rl.parquet")
+    return {"dir": d, "worlds": worlds, "data": str(path), "video_root": str(d / "videos")}

@@ -60,7 +60,7 @@ def test_local_generation_is_token_in_token_out(local, media):
 
     ids = torch.tensor([gen.prompt_ids + gen.prefix_ids + gen.output_ids])
     inputs, _ = local.encode(msgs, "<think>\n")
-    full = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    full = {k: v for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw")}
     n_out = len(gen.output_ids)
     mm = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, n_out, dtype=torch.long)], 1)
     with torch.no_grad():

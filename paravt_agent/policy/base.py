@@ -10,7 +10,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, Field
 
-__all__ = ["Generation", "Policy", "Sampling", "encode_image", "map_images", "text_of"]
+__all__ = [
+    "Generation",
+    "Policy",
+    "Sampling",
+    "continuation_text",
+    "continued_ids",
+    "encode_image",
+    "last_token_turn",
+    "map_images",
+    "text_of",
+]
 
 
 class Sampling(BaseModel):
@@ -92,3 +102,48 @@ def encode_image(image: np.ndarray, fmt: str = "PNG") -> str:
     buf = io.BytesIO()
     Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format=fmt)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+# --------------------------------------------------------------------------- continuing from token ids
+#
+# A planner turn after the first is the previous turn's exact tokens (prompt, forced prefix, sampled
+# output) followed by the new messages rendered by the chat template. The graph puts the Generation on
+# the assistant message it produced ({"role": "assistant", "content": text, "generation": gen}); token
+# backends continue from it instead of re-tokenising the model's text, so what the trainer scores is
+# exactly what was sampled.
+
+
+def last_token_turn(messages: list[dict]) -> tuple[int | None, Generation | None]:
+    """Index and Generation of the last assistant message that carries token ids, or ``(None, None)``."""
+    for k in range(len(messages) - 1, -1, -1):
+        m = messages[k]
+        gen = m.get("generation") if m["role"] == "assistant" else None
+        if gen is not None and gen.prompt_ids is not None and gen.output_ids is not None:
+            return k, gen
+    return None, None
+
+
+def continued_ids(gen: Generation, eos_id: int) -> list[int]:
+    """The whole token sequence of a finished turn: prompt + forced prefix + sampled output (+ end of turn).
+
+    A turn cut by the token limit gets the end-of-turn token appended (not sampled: never trained).
+    """
+    ids = [*gen.prompt_ids, *(gen.prefix_ids or []), *gen.output_ids]
+    if not gen.output_ids or gen.output_ids[-1] != eos_id:
+        ids.append(eos_id)
+    return ids
+
+
+def continuation_text(render, messages: list[dict], k: int, end_token: str = "<|im_end|>") -> str | None:
+    """The text that follows the end-of-turn token of assistant message ``k``, up to the generation prompt.
+
+    ``render(messages, add_generation_prompt)`` is the chat template. Returns None when the template
+    is not prefix-stable (it re-renders earlier turns differently once later messages exist), in which
+    case the caller must fall back to a full render.
+    """
+    full = render(messages, True)
+    prev = render(messages[: k + 1], False)
+    cut = prev.rfind(end_token)
+    if not full.startswith(prev) or cut < 0:
+        return None
+    return prev[cut + len(end_token):] + full[len(prev):]

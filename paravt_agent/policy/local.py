@@ -19,7 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Generation, Policy, Sampling, map_images
+from paravt_agent.policy.base import (
+    Generation,
+    Policy,
+    Sampling,
+    continuation_text,
+    continued_ids,
+    last_token_turn,
+    map_images,
+)
 
 __all__ = ["LocalPolicy", "to_hf_messages"]
 
@@ -96,27 +104,64 @@ class LocalPolicy(Policy):
 
     # ------------------------------------------------------------------ encoding
 
+    def _render(self, chat: list[dict], add_generation_prompt: bool) -> str:
+        return self.processor.apply_chat_template(chat, add_generation_prompt=add_generation_prompt, tokenize=False)
+
     def encode(self, messages: list[dict], prefix: str = "") -> tuple[dict, list[int]]:
         """Model inputs for ``messages`` + generation prompt, with ``prefix`` appended as tokens.
 
-        Returns ``(inputs, prefix_ids)``; ``inputs["input_ids"]`` ends with ``prefix_ids``.
+        When an assistant message carries its Generation (the graph puts it there), the prompt is
+        that turn's exact token ids continued by the tokens of the messages after it: model output
+        is never decoded and re-encoded. Returns ``(inputs, prefix_ids)``; ``inputs["input_ids"]``
+        ends with ``prefix_ids``; ``inputs["images"]`` are the prompt's images in order and
+        ``inputs["retokenized"]`` says whether a full re-render was needed (a template that is not
+        prefix-stable).
         """
         import torch
 
         model, proc = self._load()
         chat, images = to_hf_messages(messages)
-        text = proc.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        inputs = proc(text=[text], images=images or None, return_tensors="pt")
+        k, prev = last_token_turn(messages)
+        tail = continuation_text(self._render, chat, k) if prev is not None else None
+        pixel, grid = [], []
+        if tail is None:
+            enc = proc(text=[self._render(chat, True)], images=images or None, return_tensors="pt")
+            ids = enc["input_ids"][0].tolist()
+        else:
+            before = sum(1 for m in messages[: k + 1] if not isinstance(m["content"], str)
+                         for p in m["content"] if p["type"] == "image")
+            if before:
+                old = proc.image_processor(images=images[:before], return_tensors="pt")
+                pixel.append(old["pixel_values"])
+                grid.append(old["image_grid_thw"])
+            enc = proc(text=[tail], images=images[before:] or None, return_tensors="pt")
+            ids = continued_ids(prev, self.eos_id) + enc["input_ids"][0].tolist()
+        if "pixel_values" in enc:
+            pixel.append(enc["pixel_values"])
+            grid.append(enc["image_grid_thw"])
         prefix_ids = proc.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-        if prefix_ids:
-            extra = torch.tensor([prefix_ids], dtype=inputs["input_ids"].dtype)
-            inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], dim=1)
-            inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(extra)], dim=1)
-            if "mm_token_type_ids" in inputs:
-                inputs["mm_token_type_ids"] = torch.cat(
-                    [inputs["mm_token_type_ids"], torch.zeros_like(extra)], dim=1
-                )
-        return {k: v.to(model.device) for k, v in inputs.items()}, prefix_ids
+        ids = ids + list(prefix_ids)
+        inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+        if pixel:
+            inputs["pixel_values"] = torch.cat(pixel)
+            inputs["image_grid_thw"] = torch.cat(grid)
+        if "mm_token_type_ids" in enc:
+            inputs["mm_token_type_ids"] = self.mm_token_types(inputs["input_ids"])
+        inputs = {k: v.to(model.device) for k, v in inputs.items()}
+        inputs["images"], inputs["retokenized"] = images, prev is not None and tail is None
+        return inputs, list(prefix_ids)
+
+    def mm_token_types(self, input_ids):
+        """Qwen3-VL's ``mm_token_type_ids``: 1 on image placeholder tokens, 0 elsewhere."""
+        image_id = self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_token)
+        return (input_ids == image_id).long()
+
+    def image_inputs(self, images: list) -> dict:
+        """``pixel_values`` and ``image_grid_thw`` of a list of images (what a forward pass needs)."""
+        if not images:
+            return {}
+        out = self.processor.image_processor(images=images, return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
     def count_tokens(self, messages: list[dict]) -> int:
         inputs, _ = self.encode(messages)
@@ -130,6 +175,7 @@ class LocalPolicy(Policy):
         t0 = time.perf_counter()
         model, proc = self._load()
         inputs, prefix_ids = self.encode(messages, prefix)
+        images, retokenized = inputs.pop("images"), inputs.pop("retokenized")
         n_prompt = int(inputs["input_ids"].shape[1])
         greedy = sampling.temperature <= 0
         kw = dict(
@@ -165,6 +211,7 @@ class LocalPolicy(Policy):
             text=text, prefix=prefix, finish_reason="stop" if stopped else "length",
             prompt_tokens=n_prompt, completion_tokens=len(ids), latency=time.perf_counter() - t0,
             prompt_ids=prompt_ids, prefix_ids=list(prefix_ids), output_ids=ids, logprobs=logprobs,
+            extra={"images": images, "retokenized": retokenized, "temperature": temp},
         )
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:

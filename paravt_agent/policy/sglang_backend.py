@@ -8,7 +8,8 @@ Request (SGLang ``GenerateReqInput``)::
 
 The prompt is the model's own chat template tokenised here (one
 ``<|image_pad|>`` per image; the server expands it), the forced prefix appended
-as token ids. Response: ``output_ids`` and ``meta_info.output_token_logprobs``
+as token ids; a later planner turn is the previous turn's exact ids continued by
+the new messages' tokens. Response: ``output_ids`` and ``meta_info.output_token_logprobs``
 (``[logprob, token_id, text]`` triples), ``finish_reason``, token counts.
 Needs a GPU server to run for real (``paravt serve``); verified here against
 recorded payloads of the documented shape only.
@@ -20,7 +21,15 @@ import asyncio
 import time
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Generation, Policy, Sampling, encode_image
+from paravt_agent.policy.base import (
+    Generation,
+    Policy,
+    Sampling,
+    continuation_text,
+    continued_ids,
+    encode_image,
+    last_token_turn,
+)
 
 __all__ = ["SGLangPolicy"]
 
@@ -74,8 +83,19 @@ class SGLangPolicy(Policy):
 
         chat, images = to_hf_messages(messages)
         tok = self.processor.tokenizer
-        text = self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
+
+        def render(msgs, add_generation_prompt):
+            return self.processor.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=False)
+
+        # later planner turns continue from the previous turn's exact ids (never re-tokenise model output)
+        k, prev = last_token_turn(messages)
+        tail = continuation_text(render, chat, k) if prev is not None else None
+        if tail is None:
+            prompt_ids = tok(render(chat, True), add_special_tokens=False)["input_ids"]
+        else:
+            eos = tok.convert_tokens_to_ids("<|im_end|>")
+            prompt_ids = continued_ids(prev, eos) + tok(tail, add_special_tokens=False)["input_ids"]
         prefix_ids = tok(prefix, add_special_tokens=False)["input_ids"] if prefix else []
         params = {
             "temperature": sampling.temperature,

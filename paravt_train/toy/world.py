@@ -19,7 +19,9 @@ overview frames the frame nearest to t usually shows another segment, and the
 unique segment is usually not in the overview at all; at n = 64 (≈1 frame per
 1-2 s) every segment is visible. Sub-agent summaries are per-second
 listings (run-length summaries did not learn in a tiny model; listings did). The planner's answer turn copies the entry it needs
-into its reasoning before answering ("97: blue."; "cyan: 21 22 23."). For a
+into its reasoning before answering ("97 blue."; "cyan at: 21 22 23.") with the
+tool response's own tokens, and each training question also appears once with
+only the answer turn in the loss (the answer step was the bottleneck). For a
 colour-at-t question the planner lists the window starting at t first, so the
 needed entry opens the tool response.
 
@@ -179,13 +181,19 @@ def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
 
 
 def answer_turn(w: World, q: Question) -> str:
-    """The planner's final turn: copy the needed entry, then answer."""
+    """The planner's final turn: copy the needed entry verbatim into the think, then answer with its words.
+
+    The copy repeats the tool response's own tokens ("32 red" → "32 red.", answer " red"), so each
+    step is a plain copy for a small model: the match-and-copy of an induction head, no re-spelling.
+    Grounding answers the first and last second seen (1 fps evidence cannot place the end more finely).
+    """
     if q.task == "tvg":
         a, b = q.span
-        secs = " ".join(str(s) for s in range(a, b))
-        return f"<think>\n{q.colour}: {secs}.</think>\n<answer>[{a}, {b}]</answer>"
+        secs = list(range(a, b))
+        return (f"<think>\n{q.colour} at: {' '.join(map(str, secs))}.</think>\n"
+                f"<answer>[{secs[0]}, {secs[-1]}]</answer>")
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
-    return f"<think>\n{q.t}: {q.colour}.</think>\n<answer>{q.colour}</answer>"
+    return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
 
 
 def planner_turn(q: Question, windows: list[tuple[int, int]]) -> str:
@@ -261,7 +269,7 @@ def direct_trace(w: World, q: Question, video: str, n: int) -> list[dict]:
     return [
         {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
         _user(video, n, q),
-        {"role": "assistant", "content": f"<think>\n{think}</think>\n<answer>{guess}</answer>"},
+        {"role": "assistant", "content": f"<think>\n{think}</think>\n<answer> {guess}</answer>"},
     ]
 
 
@@ -285,6 +293,10 @@ def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nfram
         for q in w.questions:
             n = rng.choice(nframes)
             rows.append({"id": f"{q.qid}-par", "messages": parallel_trace(w, q, video, n, tools_schema)})
+            # the answer step is the hard one: a second view of it with the planner turn as context only
+            answer_only = parallel_trace(w, q, video, rng.choice(nframes), tools_schema)
+            answer_only[2] = {**answer_only[2], "train": False}
+            rows.append({"id": f"{q.qid}-ans", "messages": answer_only})
             r = rng.random()
             if r < 0.25:
                 rows.append({"id": f"{q.qid}-seq", "messages": sequential_trace(w, q, video, rng.choice(nframes),

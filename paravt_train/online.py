@@ -1,0 +1,111 @@
+"""Online learning from the trajectory store: served traces + user feedback → PARA-GRPO updates.
+
+The serving agent writes traces (``Agent(store=...)``) and users attach feedback
+(``agent.feedback(trace_id, answer=...)``). :class:`OnlineLearner` polls the store
+for feedback newer than its cursor; each feedback row carrying a correct answer
+becomes an RL prompt (the trace's video, question and options; the task is MCQ
+with options, grounding when the answer is a span, else open-ended). Rows with
+only a reward or thumbs are counted and skipped: without a reference answer
+there is nothing to score fresh rollouts against.
+
+Each update runs fresh on-policy rollouts of up to ``prompts_per_step`` queued
+prompts (plus replayed sequences when ``replay.enabled``), then pushes the
+weights to the serving endpoint every ``sync_every`` updates.
+
+Crash safety: the cursor and the queue of not-yet-trained prompts are saved in
+the same atomic checkpoint as the weights and the optimizer, after every
+update. A restart resumes from that checkpoint: feedback read but not trained
+is read again, and an update that did not reach its checkpoint is redone, so no
+feedback is lost and none is trained on twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from paravt_agent.errors import ParaVTError
+from paravt_agent.protocol import parse_span
+from paravt_agent.store import TrajectoryStore
+from paravt_train.rl import GRPOConfig, GRPOTrainer, PromptItem
+
+__all__ = ["OnlineLearner", "prompt_from_feedback"]
+
+
+def prompt_from_feedback(row: dict, store: TrajectoryStore) -> PromptItem | None:
+    """An RL prompt from one feedback row, or None when the row has no correct answer."""
+    if not row.get("answer"):
+        return None
+    trace = store.get(row["trace_id"])
+    answer = row["answer"].strip()
+    if trace.options:
+        task, value = "mcq", answer
+    elif parse_span(answer) is not None and "[" in answer:
+        task, value = "tvg", list(parse_span(answer))
+    else:
+        task, value = "oe", answer
+    return PromptItem(f"feedback-{row['seq']}", trace.video, trace.question, trace.options, value, task)
+
+
+class OnlineLearner:
+    def __init__(self, cfg: GRPOConfig, store: str | Path, progress: bool = True, log=print):
+        self.trainer = GRPOTrainer(cfg, progress=progress, log=log)
+        self.store = TrajectoryStore(store)
+        self.log = log
+        self.consumed = 0
+
+    @property
+    def state(self) -> dict:
+        st = self.trainer.extra_state
+        st.setdefault("cursor", 0)
+        st.setdefault("queue", [])
+        st.setdefault("skipped", 0)
+        st.setdefault("trained", [])
+        return st
+
+    def poll(self) -> int:
+        """Queue the prompts of feedback newer than the cursor; returns how many were queued."""
+        st = self.state
+        added = 0
+        for row in self.store.feedback_since(st["cursor"]):
+            try:
+                item = prompt_from_feedback(row, self.store)
+            except ParaVTError as exc:  # the trace is gone: skip the row, say so
+                self.log(f"feedback {row['seq']}: {exc}; skipped")
+                item = None
+            if item is None:
+                st["skipped"] += 1
+            elif not Path(item.video).is_file():
+                self.log(f"feedback {row['seq']}: video {item.video} is not readable here; skipped")
+                st["skipped"] += 1
+            else:
+                st["queue"].append(asdict(item))
+                added += 1
+            st["cursor"] = row["seq"]
+            self.consumed += 1
+        return added
+
+    def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
+        """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``)."""
+        tr = self.trainer
+        tr.setup()
+        P = tr.cfg.prompts_per_step
+        steps = 0
+        while max_steps is None or steps < max_steps:
+            self.poll()
+            st = self.state
+            if not st["queue"]:
+                if once:
+                    break
+                time.sleep(poll)
+                continue
+            batch = [PromptItem(**d) for d in st["queue"][:P]]
+            rec = tr.train_step(batch)
+            st["queue"] = st["queue"][P:]
+            st["trained"].extend(p.id for p in batch)
+            tr.save()  # weights, optimizer, cursor and queue together
+            steps += 1
+            self.log(f"update {tr.step}: {len(batch)} prompts, reward {rec['reward']:.3f}, "
+                     f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}")
+        return steps

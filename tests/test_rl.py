@@ -1,0 +1,234 @@
+"""The PARA-GRPO trainer: presets, one real update, exact resume, sub-agent sequences, weight sync, online learning."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from paravt_agent.errors import PolicyError
+from paravt_agent.store import TrajectoryStore
+from paravt_agent.trajectory import Trace
+from paravt_train.rl import GRPOConfig, GRPOTrainer, SGLangWeightSync, plot
+
+
+def _cfg(toy_policy_dir, toy_rl, out, **kw) -> GRPOConfig:
+    base = dict(model=toy_policy_dir, data=toy_rl["data"], video_root=toy_rl["video_root"], output_dir=str(out),
+                steps=1, prompts_per_step=2, group_size=2, max_new_tokens=96, subagent_max_new_tokens=40,
+                temperature=0.7, lr=1e-3, save_every=1, concurrency=2)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def _weights(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_presets_and_overrides(tmp_path):
+    para = GRPOConfig(model="m")
+    assert (para.think_prefix, para.gating, para.reward.anchor, para.reward.reward_bias) == (True, True, True, -0.2)
+    van = GRPOConfig(model="m", preset="vanilla-grpo")
+    assert (van.think_prefix, van.gating, van.reward.anchor) == (False, False, False)
+    # every component switchable on top of a preset (the paper's ablations)
+    abl = GRPOConfig(model="m", preset="vanilla-grpo", gating=True)
+    assert abl.gating and not abl.reward.anchor
+    f = tmp_path / "c.yaml"
+    f.write_text("model: m\npreset: para-grpo\n")
+    assert GRPOConfig.from_yaml(f, ["preset=vanilla-grpo"]).think_prefix is False
+    assert GRPOConfig.from_yaml(f, ["reward.gamma=0"]).reward.gamma == 0
+    from paravt_agent.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        GRPOConfig.from_yaml(f, ["no_such_field=1"])
+
+
+def test_paper_config_loads():
+    root = Path(__file__).resolve().parents[1]
+    cfg = GRPOConfig.from_yaml(root / "examples" / "configs" / "paragrpo_qwen3vl_8b.yaml")
+    assert (cfg.lr, cfg.temperature, cfg.group_size, cfg.max_new_tokens, cfg.kl_coef, cfg.clip) == (
+        2e-6, 0.7, 8, 2048, 0.01, 0.2)
+    r = cfg.reward
+    assert (r.reward_bias, r.lambda_fmt, r.lambda_anchor, r.alpha, r.beta, r.gamma) == (-0.2, 1.0, 0.5, 0.4, 0.3, 0.3)
+    assert cfg.gating_choices == [4, 8, 16, 32, 64] and cfg.backend == "sglang"
+
+
+@pytest.mark.parametrize("subagents", [True, False])
+def test_one_update_changes_the_policy_and_logs(toy_policy_dir, toy_rl, tmp_path, subagents):
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "run", train_subagents=subagents, steps=2),
+                     progress=False)
+    tr.setup()
+    before = _weights(tr.model)
+    ref_before = _weights(tr.ref)
+    summary = tr.run()
+    after = _weights(tr.model)
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        for key in ("reward", "f_tau", "kappa", "closure/think", "closure/answer", "accuracy", "kl", "clip_fraction",
+                    "entropy", "rollout_seconds", "update_seconds", "reward/acc", "reward/fmt", "reward/tool"):
+            assert key in r, key
+        assert len(r["prompts"]) == 2 and 4 <= r["n_frames"] <= 64  # gated: n from {4, ..., 64} per prompt
+        assert r["logprob_mismatch"] < 1e-3  # the trainer scores exactly what was sampled
+    assert any(r["zero_std_groups"] < 2 for r in recs)  # some group's rewards differ: a gradient exists
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.equal(ref_before[k], v) for k, v in _weights(tr.ref).items())  # the reference stays frozen
+    seqs = [r["sequences"] for r in recs]
+    if subagents:
+        assert any(s > 4 for s in seqs)  # planner + sub-agent sequences (the toy planner calls crop_video)
+    else:
+        assert seqs == [4, 4]  # planner sequences only: 2 prompts x G=2
+    assert Path(summary["final_model"], "model.safetensors").is_file()
+    assert Path(summary["final_model"], "agent_config.yaml").is_file()
+    png = plot(str(tmp_path / "run"))
+    assert png.stat().st_size > 10_000
+
+
+def test_resume_is_exact(toy_policy_dir, toy_rl, tmp_path):
+    full = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "a", steps=2), progress=False)
+    full.run()
+    w_full = _weights(full.model)
+    first = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "b", steps=1), progress=False)
+    first.run()
+    # a line from an update that never reached its checkpoint must not survive the restart
+    with (tmp_path / "b" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 2, "reward": 123.0}) + "\n")
+    resumed = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "b", steps=2), progress=False)
+    resumed.run()
+    assert resumed.step == 2
+    for k, v in _weights(resumed.model).items():
+        torch.testing.assert_close(v, w_full[k], rtol=0, atol=1e-6)
+    a = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in a] == [r["reward"] for r in b]
+    assert [r["prompts"] for r in a] == [r["prompts"] for r in b]
+
+
+def test_replay_and_tas_run(toy_policy_dir, toy_rl, tmp_path):
+    cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "r", steps=2, tas_lambda=0.3,
+               replay={"enabled": True, "per_step": 3, "capacity": 50})
+    tr = GRPOTrainer(cfg, progress=False)
+    tr.run()
+    recs = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0]["replayed"] == 0 and recs[1]["replayed"] == 3  # the buffer fills after the first step
+    assert len(tr.replay) > 0
+
+
+# --------------------------------------------------------------------------- SGLang weight sync
+
+
+class _SGLang(BaseHTTPRequestHandler):
+    """The three documented SGLang endpoints of a weight swap; /update_weights_from_disk really loads the files."""
+
+    calls: list = []
+    loaded: dict = {}
+    refuse = False
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        _SGLang.calls.append((self.path, body))
+        if self.path == "/update_weights_from_disk":
+            if _SGLang.refuse:
+                data = {"success": False, "message": "Failed to load: shape mismatch", "num_paused_requests": 0}
+            else:
+                _SGLang.loaded = load_file(str(Path(body["model_path"]) / "model.safetensors"))
+                data = {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+            status = 200 if data["success"] else 400
+        elif self.path in ("/pause_generation", "/continue_generation"):
+            data, status = {"message": "ok", "status": "ok"}, 200
+        else:
+            data, status = {"error": "not found"}, 404
+        raw = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def sglang_admin():
+    _SGLang.calls, _SGLang.loaded, _SGLang.refuse = [], {}, False
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _SGLang)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_sglang_weight_sync(toy_policy_dir, toy_rl, tmp_path, sglang_admin):
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "s"), progress=False)
+    tr.setup()
+    with torch.no_grad():
+        next(iter(tr.model.parameters())).add_(0.5)  # weights the server does not have yet
+    path = tr.save_model(tmp_path / "s" / "weights" / "current")
+    sync = SGLangWeightSync(sglang_admin + "/v1", tmp_path / "s" / "weights")
+    assert sync.push(path)["success"]
+    assert [c[0] for c in _SGLang.calls] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+    assert _SGLang.calls[1][1]["model_path"] == str(path.resolve())
+    for k, v in tr.model.state_dict().items():
+        if k in _SGLang.loaded:
+            assert torch.equal(_SGLang.loaded[k], v.detach().cpu()), k
+    _SGLang.refuse = True
+    _SGLang.calls = []
+    with pytest.raises(PolicyError, match="shape mismatch"):
+        sync.push(path)
+    assert _SGLang.calls[-1][0] == "/continue_generation"  # generation resumes even when the swap fails
+    with pytest.raises(PolicyError, match="weight sync"):
+        SGLangWeightSync("http://127.0.0.1:9", tmp_path).push(path)
+
+
+# --------------------------------------------------------------------------- online learning
+
+
+def test_online_learning_neither_loses_nor_repeats_feedback(toy_policy_dir, toy_rl, tmp_path):
+    from paravt_train.online import OnlineLearner
+
+    store = TrajectoryStore(tmp_path / "traces.db")
+    ids = []
+    for w in toy_rl["worlds"]:
+        for q in w.questions[:2]:  # mcq, oe
+            t = Trace(video=w.video, question=q.question, options=q.options)
+            store.add(t)
+            ids.append((t.id, q))
+    for tid, q in ids[:5]:
+        store.feedback(tid, answer=q.answer)
+    store.feedback(ids[5][0], thumbs=True)  # no reference answer: skipped, counted
+    cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "online", data=None)
+
+    first = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+    assert first.run(max_steps=1, once=True) == 1  # 2 prompts trained, checkpointed
+
+    class Crash(Exception):
+        pass
+
+    second = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+    second.trainer.setup()
+    orig = second.trainer.save
+
+    def crash():
+        raise Crash  # the update ran but never reached its checkpoint
+
+    second.trainer.save = crash
+    with pytest.raises(Crash):
+        second.run(max_steps=1, once=True)
+    second.trainer.save = orig
+
+    # more feedback arrives while the learner is down
+    store.feedback(ids[6][0], answer=ids[6][1].answer)
+    third = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+    third.run(once=True)
+    st = third.state
+    trained = st["trained"]
+    assert sorted(trained) == sorted(set(trained))  # nothing twice
+    assert len(trained) == 6 and st["queue"] == [] and st["skipped"] == 1  # nothing lost
+    recs = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
+    logged = [p for r in recs for p in r["prompts"]]
+    assert sorted(logged) == sorted(trained)
+    assert [r["step"] for r in recs] == list(range(1, len(recs) + 1))

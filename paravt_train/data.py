@@ -11,6 +11,9 @@ Message content is a string or a list of parts::
     {"type": "video", "video": "...", "start": 12.0, "end": 20.0}      # a crop (sub-agent input)
     {"type": "video", "video": "...", "n_frames": 8}                   # an overview of exactly n frames
 
+An assistant message may carry ``"train": false``: it stays in the context and
+out of the loss (e.g. the planner turn of an answer-step-only sample).
+
 Video parts are turned into ``<t seconds>`` labelled frames by the same code the
 agent runs (:mod:`paravt_agent.prompts`, :mod:`paravt_agent.video`), so training
 and serving see identical inputs. Videos are resolved against ``video_root``.
@@ -100,6 +103,8 @@ class SFTSample(BaseModel):
             raise ValueError("no assistant turn to train on")
         if roles[-1] != "assistant":
             raise ValueError("the last turn must be the assistant's")
+        if not any(m.train for m in self.messages if m.role == "assistant"):
+            raise ValueError("every assistant turn has train: false; nothing to train on")
         return self
 
 

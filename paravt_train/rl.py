@@ -376,10 +376,12 @@ class GRPOTrainer:
         """Push the current weights to the rollout server (no-op for the local backend)."""
         if self.syncer is None:
             return None
+        from paravt_train.sft import _barrier
+
         path = self.save_model(self.out / "weights" / "current")
-        if self.rank == 0:
-            return self.syncer.push(path)
-        return None
+        result = self.syncer.push(path) if self.rank == 0 else None
+        _barrier()  # no rank rolls out again before the server holds the new weights
+        return result
 
     # ------------------------------------------------------------------ rollouts
 

@@ -61,6 +61,29 @@ def test_assistant_tokens_only(tiny_model, sft_data):
         assert ex["pixel_values"].shape[0] > 0
 
 
+def test_context_only_assistant_turns(tiny_model):
+    """``train: false`` keeps an assistant turn in the context and out of the loss (mask history)."""
+    from transformers import AutoProcessor
+
+    from paravt_train.data import SFTSample
+
+    proc = AutoProcessor.from_pretrained(tiny_model)
+    msgs = [
+        {"role": "user", "content": "question"},
+        {"role": "assistant", "content": "<think>\nfirst turn</think>\n<tool_call>x</tool_call>", "train": False},
+        {"role": "user", "content": "<tool_response>\n[1] summary\n</tool_response>"},
+        {"role": "assistant", "content": "<think>\nsecond</think>\n<answer>B</answer>"},
+    ]
+    sample = SFTSample.model_validate({"messages": json.dumps(msgs)})
+    ex = build_example(render_messages(sample.messages), proc)
+    labelled = proc.tokenizer.decode([t for t in ex["labels"] if t != -100])
+    assert labelled == msgs[-1]["content"] + "<|im_end|>"
+    assert "first turn" in proc.tokenizer.decode(ex["input_ids"])  # still in the context
+    everything = build_example(render_messages(SFTSample.model_validate(
+        {"messages": [{**m, "train": True} if m["role"] == "assistant" else m for m in msgs]}).messages), proc)
+    assert "first turn" in proc.tokenizer.decode([t for t in everything["labels"] if t != -100])
+
+
 def test_learns_and_resumes_exactly(tiny_model, sft_data, tmp_path):
     full = train(cfg_for(tiny_model, sft_data, tmp_path / "a", resume=False), progress=False)
     assert len(full["losses"]) == 6

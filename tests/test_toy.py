@@ -69,8 +69,14 @@ def test_sft_rows_mix():
         w.video = f"/v/{w.wid}.mp4"
     rows = sft_rows(worlds, SCHEMA, video_root="/v")
     kinds = {r["id"].rsplit("-", 1)[1][:3] for r in rows}
-    assert kinds == {"par", "seq", "dir", "sub"}
+    assert kinds == {"par", "ans", "seq", "dir", "sub"}
     assert sum(r["id"].endswith("-par") for r in rows) == 30
+    # the answer-focused copy: the planner turn is context, only the answer turn is trained
+    ans = [r for r in rows if r["id"].endswith("-ans")]
+    assert len(ans) == 30
+    for r in ans:
+        turns = [m for m in r["messages"] if m["role"] == "assistant"]
+        assert [m.get("train", True) for m in turns] == [False, True] and "<answer>" in turns[-1]["content"]
 
 
 def test_build_is_cached_and_quickstart_runs(tmp_path):

@@ -42,6 +42,7 @@ demo: install
 bench: install
 	$(BIN)/python benchmarks/bench_video.py
 	$(BIN)/python benchmarks/bench_fanout.py
+	$(BIN)/python benchmarks/bench_local_batching.py
 	$(BIN)/python benchmarks/bench_sft.py
 
 clean:

@@ -51,8 +51,9 @@ def main() -> None:
         cfg = GRPOConfig(
             preset=preset, model=args.model, data=str(train), eval_data=str(held), eval_n_frames=8,
             video_root=str(vids), output_dir=str(out / preset), steps=args.steps,
-            prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr, max_new_tokens=160,
-            subagent_max_new_tokens=64, micro_batch_size=8, save_every=10, concurrency=2,
+            prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr,
+            max_new_tokens=448,  # a grounding scan of a 3-minute video is 12 calls (~350 tokens)
+            subagent_max_new_tokens=64, micro_batch_size=1, save_every=10, concurrency=args.prompts_per_step,
         )
         summary = GRPOTrainer(cfg).run()
         recs = [json.loads(x) for x in (out / preset / "metrics.jsonl").read_text().splitlines()]

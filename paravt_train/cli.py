@@ -121,18 +121,26 @@ def sft_cmd(
 @app.command("toy")
 def toy_cmd(
     out: Path = typer.Option(None, "--out", help="Output folder (default: $PARAVT_HOME/toy, i.e. ~/.cache/paravt/toy)."),
-    train_worlds: int = typer.Option(400, help="Training videos."),
-    test_worlds: int = typer.Option(60, help="Held-out videos (disjoint seeds)."),
-    steps: int = typer.Option(1000, help="SFT steps (batch 16)."),
-    size: str = typer.Option("toy", help="Tiny model size: toy or test."),
-    seed: int = typer.Option(0, help="World and training seed."),
+    train_worlds: int = typer.Option(None, help="Training videos (default 400)."),
+    test_worlds: int = typer.Option(None, help="Held-out videos (disjoint seeds; default 60)."),
+    steps: int = typer.Option(None, help="SFT steps of batch 16 (default 2000)."),
+    size: str = typer.Option(None, help="Tiny model size: toy (default, 1.2 M parameters) or test."),
+    seed: int = typer.Option(None, help="World and training seed (default 0)."),
+    set_: list[str] = typer.Option(None, "--set", help="Any other ToyConfig field as key=value (lr, batch_size, "
+                                                       "mcq, oe, tvg, vocab_size, ...)."),
 ) -> None:
     """Build the toy world (videos, SFT/RL data, held-out split) and train the tiny policy; cached."""
+    from paravt_agent.config import apply_overrides
     from paravt_agent.defaults import paravt_home
+    from paravt_agent.errors import ConfigError
     from paravt_train.toy.build import ToyConfig, build
 
-    cfg = ToyConfig(out=str(out or paravt_home() / "toy"), train_worlds=train_worlds, test_worlds=test_worlds,
-                    steps=steps, size=size, seed=seed)
+    given = {"train_worlds": train_worlds, "test_worlds": test_worlds, "steps": steps, "size": size, "seed": seed}
+    try:
+        cfg = ToyConfig(out=str(out or paravt_home() / "toy"), **{k: v for k, v in given.items() if v is not None})
+        cfg = apply_overrides(cfg, set_)
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
     build(cfg, log=lambda m: typer.echo(m, err=True))
 
 
@@ -188,21 +196,22 @@ def eval_cmd(
 @app.command("quickstart")
 def quickstart_cmd(
     model: Path = typer.Option(None, help="Toy policy directory (default: the checkpoint shipped in checkpoints/toy)."),
-    worlds: int = typer.Option(20, help="Held-out videos to evaluate (3 questions each)."),
+    worlds: int = typer.Option(16, help="Held-out videos to evaluate (5 questions each: 3 MCQ, 1 open-ended, "
+                                        "1 grounding)."),
     n: list[int] = typer.Option([4, 8, 64], "--n", help="Overview sizes to evaluate."),
     mode: list[str] = typer.Option(["parallel", "sequential", "none"], "--mode", help="Dispatch modes to evaluate."),
+    roles: int = typer.Option(8, help="Score each role alone (planner, sub-agent, answer step) on this many "
+                                      "held-out videos; 0 skips it."),
+    out: Path = typer.Option(None, "--out", help="Videos and results.json (default: $PARAVT_HOME/quickstart)."),
 ) -> None:
-    """Run the real agent on held-out toy videos: one full trace and a results table."""
+    """Run the real agent on held-out toy videos: one full trace, per-role accuracy and a results table."""
     from paravt_train.toy.quickstart import run
 
     try:
-        run(model, worlds=worlds, modes=tuple(mode), ns=tuple(n), log=typer.echo)
+        run(model, out=out, worlds=worlds, modes=tuple(mode), ns=tuple(n), log=typer.echo, roles=roles)
     except FileNotFoundError as exc:
         _fail(str(exc))
 
-
-if __name__ == "__main__":
-    app()
 
 
 @app.command("grpo")
@@ -272,3 +281,7 @@ def online_cmd(
     except ConfigError as exc:
         _fail(str(exc))
     typer.echo(f"{n} updates; {learner.consumed} feedback rows consumed; checkpoints in {cfg.output_dir}")
+
+
+if __name__ == "__main__":
+    app()

@@ -8,12 +8,12 @@ One step (``prompts_per_step`` prompts × ``group_size`` rollouts)::
             ──► sequences (planner + sub-agents, sampled tokens only in the loss)
             ──► [replayed sequences from the AVATAR buffer, weight α]
             ──► ppo_epochs × micro-batches: clipped ratio + KL(ref) ──► AdamW step
-            ──► weight sync (in process | SGLang /update_weights_from_disk) ──► metrics.jsonl
+            ──► weight sync (in process | SGLang, from disk or as tensors) ──► metrics.jsonl
 
 Backends: ``local`` (CPU or one GPU; the rollout policy shares the trained
 parameters, so the sync is a no-op) and ``sglang`` (rollouts on an SGLang server,
-the actor under ``torchrun`` + FSDP2; after each update rank 0 writes the full
-weights and the server reloads them, generation paused around the swap).
+the actor under ``torchrun`` + FSDP2; after each update rank 0 sends the full
+weights to the server, generation paused around the swap: :mod:`paravt_train.weight_sync`).
 
 Presets: ``para-grpo`` (anchor reward, think prefix, nFrames gating on) and
 ``vanilla-grpo`` (all three off); every component is its own field, so the
@@ -23,144 +23,29 @@ paper's ablations (Table 2, Block B) are config overrides.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from paravt_agent.config import AgentConfig, load_yaml_model
+from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
-from paravt_train.rewards import RewardConfig, rollout_metrics
+from paravt_train.grpo_config import PRESETS, GRPOConfig, PromptItem, ReplaySettings, prompts_from_rl
+from paravt_train.plot import plot
+from paravt_train.rewards import rollout_metrics
+from paravt_train.weight_sync import SGLangTensorSync, SGLangWeightSync
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "PromptItem", "ReplaySettings", "prompts_from_rl"]
-
-PRESETS = {
-    "para-grpo": {"think_prefix": True, "gating": True, "reward": {"anchor": True}},
-    "vanilla-grpo": {"think_prefix": False, "gating": False, "reward": {"anchor": False}},
-}
-
-
-class ReplaySettings(BaseModel):
-    """AVATAR's stratified replay buffer (off by default)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = False
-    capacity: int = Field(512, ge=1, description="Sequences kept.")
-    per_step: int = Field(8, ge=0, description="Replayed sequences mixed into each update.")
-    alpha: float = Field(0.6, ge=0, description="Weight of the off-policy (replayed) term.")
-    tiers: tuple[float, float, float] = Field((0.40, 0.35, 0.25), description="Hard / Medium / Easy shares.")
-    baseline_window: int = Field(20, ge=1, description="A prompt's baseline: mean of its last N rewards.")
-
-
-class GRPOConfig(BaseModel):
-    """PARA-GRPO settings. Defaults follow the paper's Table 4 where it gives a value."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    preset: Literal["para-grpo", "vanilla-grpo", "custom"] = Field(
-        "para-grpo", description="Defaults for think_prefix / gating / reward.anchor; explicit fields win.")
-    model: str = Field(description="Initial policy: a model directory (e.g. the SFT cold start).")
-    data: str | None = Field(None, description="RL Parquet file or dataset directory (None for `online`).")
-    video_root: str | None = None
-    eval_data: str | None = Field(None, description="Held-out RL Parquet scored greedily before and after.")
-    eval_n_frames: int | None = Field(8, description="Overview frames for the held-out evaluation.")
-    eval_limit: int | None = Field(None, description="At most this many held-out prompts.")
-    output_dir: str = "runs/grpo"
-    backend: Literal["local", "sglang"] = "local"
-    endpoint: str | None = Field(None, description="SGLang server URL (backend sglang).")
-    agent_config: str | None = Field(None, description="Agent YAML; default: the model's agent_config.yaml.")
-    # rollouts
-    steps: int = Field(100, ge=1)
-    prompts_per_step: int = Field(4, ge=1)
-    group_size: int = Field(8, ge=2, description="G rollouts per prompt.")
-    temperature: float = Field(0.7, gt=0, description="Sampling temperature τ of every rollout call.")
-    top_p: float = 1.0
-    max_new_tokens: int = Field(2048, ge=1, description="Planner tokens per turn.")
-    subagent_max_new_tokens: int = Field(256, ge=1)
-    think_prefix: bool = Field(True, description="Pin every planner response to start with <think>\\n.")
-    gating: bool = Field(True, description="nFrames gating: n per prompt from gating_choices.")
-    gating_choices: list[int] = Field(default_factory=lambda: [4, 8, 16, 32, 64])
-    train_subagents: bool = Field(True, description="Sub-agent summaries share the episode's advantage and "
-                                                    "enter the loss (end-to-end, as in the paper).")
-    concurrency: int = Field(4, ge=1, description="Prompts rolled out at once (each runs G rollouts).")
-    # objective
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward weights (reward_bias -0.2 "
-                                                                          "unless set).")
-    lr: float = 2e-6
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip: float = Field(0.2, description="PPO ratio clip ε.")
-    kl_coef: float = Field(0.01, ge=0, description="KL to the frozen initial policy; 0 = no reference model.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["seq-mean", "token-mean", "constant"] = "seq-mean"
-    advantage_scale: Literal["std", "none"] = Field("std", description="none = Dr. GRPO (no std division).")
-    advantage_eps: float = 1e-6
-    ppo_epochs: int = Field(1, ge=1, description="Updates per batch of rollouts (1 = on-policy).")
-    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
-    tas_lambda: float = Field(0.0, ge=0, description="AVATAR Temporal Advantage Shaping λ (0 = off).")
-    replay: ReplaySettings = Field(default_factory=ReplaySettings)
-    # bookkeeping
-    save_every: int = Field(10, ge=1)
-    sync_every: int = Field(1, ge=1, description="Steps between weight syncs to the rollout server.")
-    seed: int = 0
-    resume: bool = True
-    gradient_checkpointing: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _preset(cls, data):
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        reward = data.get("reward")
-        if reward is None or isinstance(reward, dict):
-            reward = dict(reward or {})
-            reward.setdefault("reward_bias", -0.2)  # the paper's RL reward bias
-        preset = PRESETS.get(data.get("preset", "para-grpo"), {})
-        for key, value in preset.items():
-            if key == "reward":
-                if isinstance(reward, dict):
-                    for k, v in value.items():
-                        reward.setdefault(k, v)
-            else:
-                data.setdefault(key, value)
-        data["reward"] = reward
-        return data
-
-    @classmethod
-    def from_yaml(cls, path, overrides=None) -> GRPOConfig:
-        return load_yaml_model(cls, path, overrides)
-
-
-@dataclass
-class PromptItem:
-    """One RL prompt: what the agent is asked and what the reward checks against."""
-
-    id: str
-    video: str
-    question: str
-    options: list[str] | None
-    answer: object  # a letter / text, or [start, end] for tvg
-    task: str
-
-
-def prompts_from_rl(path: str, video_root: str | None = None, limit: int | None = None) -> list[PromptItem]:
-    """RL Parquet rows → prompts (the first video of each row; ids default to the row number)."""
-    from paravt_train.data import load_rl, resolve_video
-
-    out = []
-    for i, s in enumerate(load_rl(path, video_root)):
-        if not s.videos:
-            raise ConfigError(f"{path}: row {i} has no video")
-        out.append(PromptItem(s.id or f"row{i}", str(resolve_video(s.videos[0], video_root)), s.question_text(),
-                              s.options, s.answer_value, s.question_type))
-    return out[:limit] if limit else out
+__all__ = [
+    "PRESETS",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "PromptItem",
+    "ReplaySettings",
+    "SGLangTensorSync",
+    "SGLangWeightSync",
+    "plot",
+    "prompts_from_rl",
+    "token_logprobs",
+]
 
 
 # --------------------------------------------------------------------------- tensors
@@ -193,15 +78,28 @@ def _collate(seqs, processor, pad_id: int, image_id: int) -> dict:
 
 
 def token_logprobs(model, batch: dict, temperature: float, entropy: bool = False):
-    """Log-probabilities (under temperature τ, as sampled) of tokens 1..T given their prefixes: (B, T-1)."""
+    """Log-probabilities (under temperature τ, as sampled) of tokens 1..T given their prefixes: (B, T-1).
+
+    Logits are computed only at the positions that predict a trained token (``logits_to_keep``):
+    a 64-frame prompt is ~17K tokens, a response ~2K, and full-vocabulary logits over the prompt
+    would dominate memory. Other positions are 0.
+    """
     import torch
 
+    mask = batch["loss_mask"][:, 1:]
+    keep = torch.nonzero(mask.any(0)).flatten()  # positions t whose logits predict token t+1
     keys = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
-    out = model(**{k: batch[k] for k in keys if k in batch}, use_cache=False)
-    logits = out.logits[:, :-1].float() / temperature
+    out = model(**{k: batch[k] for k in keys if k in batch}, use_cache=False, logits_to_keep=keep)
+    logits = out.logits.float() / temperature  # (B, K, V)
     logp_all = torch.log_softmax(logits, dim=-1)
-    lp = logp_all.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+    target = batch["input_ids"][:, keep + 1]
+    B, T = mask.shape
+    lp = torch.zeros((B, T), dtype=logits.dtype, device=logits.device)
+    lp[:, keep] = logp_all.gather(-1, target[..., None])[..., 0]
+    ent = None
+    if entropy:
+        ent = torch.zeros((B, T), dtype=logits.dtype, device=logits.device)
+        ent[:, keep] = -(logp_all.exp() * logp_all).sum(-1)
     return lp, ent
 
 
@@ -255,6 +153,9 @@ class GRPOTrainer:
         if self.world > 1 and cfg.backend == "local":
             raise ConfigError("multi-process training needs backend: sglang (the local backend generates with "
                               "the trained parameters in this process)")
+        if self.world > 1 and cfg.prompts_per_step % self.world:
+            raise ConfigError(f"prompts_per_step ({cfg.prompts_per_step}) must divide by the {self.world} training "
+                              "processes: each one rolls out and trains on its share of the prompts")
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -280,13 +181,16 @@ class GRPOTrainer:
         if cfg.backend == "local":
             from paravt_agent.policy.local import LocalPolicy
 
-            policy = LocalPolicy(cfg.model, model_obj=self.model, processor=self.processor)
+            policy = LocalPolicy(cfg.model, model_obj=self.model, processor=self.processor,
+                                 max_batch=cfg.rollout_batch)
             self.syncer = None  # the policy generates with the trained parameters themselves
         else:
             from paravt_agent.policy.sglang_backend import SGLangPolicy
 
             policy = SGLangPolicy(model=cfg.model, endpoint=cfg.endpoint, processor=self.processor)
-            self.syncer = SGLangWeightSync(cfg.endpoint or "http://127.0.0.1:30000", self.out / "weights")
+            url = cfg.endpoint or "http://127.0.0.1:30000"
+            self.syncer = (SGLangTensorSync(url, tp_size=cfg.sglang_tp_size) if cfg.weight_sync == "tensor"
+                           else SGLangWeightSync(url, self.out / "weights"))
         self.agent = Agent(policy=policy, config=self.agent_config())
         self.cache = PromptCache(self.agent)
         self.replay = ReplayBuffer(capacity=cfg.replay.capacity, tiers=cfg.replay.tiers, alpha=cfg.replay.alpha,
@@ -339,6 +243,14 @@ class GRPOTrainer:
                 shutil.rmtree(old, ignore_errors=True)
         return path
 
+    def full_state_dict(self) -> dict:
+        """The whole model's parameters by their Hugging Face names (gathered from every rank under FSDP2)."""
+        if self.world > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return self.model.state_dict()
+
     def save_model(self, path: Path) -> Path:
         """A plain model directory (+ the agent config it was trained with) that the agent loads."""
         from paravt_train.sft import _dist
@@ -378,8 +290,12 @@ class GRPOTrainer:
             return None
         from paravt_train.sft import _barrier
 
-        path = self.save_model(self.out / "weights" / "current")
-        result = self.syncer.push(path) if self.rank == 0 else None
+        if isinstance(self.syncer, SGLangTensorSync):
+            state = self.full_state_dict()
+            result = self.syncer.push(state.items()) if self.rank == 0 else None
+        else:
+            path = self.save_model(self.out / "weights" / "current")
+            result = self.syncer.push(path) if self.rank == 0 else None
         _barrier()  # no rank rolls out again before the server holds the new weights
         return result
 
@@ -426,8 +342,23 @@ class GRPOTrainer:
             return {"kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "loss": 0.0}
         items = sorted(items, key=lambda x: -len(x[0].input_ids))
         micro = [items[i : i + cfg.micro_batch_size] for i in range(0, len(items), cfg.micro_batch_size)]
+        # Under FSDP every rank must run the same number of forward/backward passes (each one is a
+        # collective) and gradients are AVERAGED over ranks: ranks share the global counts, a rank with
+        # fewer micro-batches repeats its last one with weight 0, and each rank's loss is its share of the
+        # global mean times the world size.
+        counts = [len(items), sum(sum(s.loss_mask[1:]) for s, *_ in items), len(micro)]
+        if self.world > 1:
+            import torch.distributed as dist
+
+            t = torch.tensor(counts[:2], dtype=torch.float64)
+            dist.all_reduce(t)
+            m = torch.tensor([counts[2]])
+            dist.all_reduce(m, op=dist.ReduceOp.MAX)
+            counts = [int(t[0]), float(t[1]), int(m)]
+        n_seq, n_tok, n_micro = counts[0], float(counts[1]), counts[2]
         batches = []
-        for chunk in micro:
+        for j in range(n_micro):
+            chunk = micro[min(j, len(micro) - 1)]
             b = _collate([c[0] for c in chunk], self.processor, self.pad_id, self.image_id)
             b = {k: v.to(self.device) for k, v in b.items()}
             b["adv"] = torch.tensor([c[1] for c in chunk], dtype=torch.float32, device=self.device)
@@ -448,10 +379,10 @@ class GRPOTrainer:
             # replayed samples: importance ratio against the stored behaviour logprobs
             b["old_logp"] = torch.where(use_beh, behaviour, recomputed)
             b["mismatch"] = float(((recomputed - behaviour).abs() * mask).sum() / mask.sum().clamp(min=1))
+            b["dummy"] = j >= len(micro)
             batches.append(b)
-        n_seq = len(items)
-        n_tok = float(sum(float(b["loss_mask"][:, 1:].sum()) for b in batches))
         stats = {"kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "loss": 0.0}
+        local_tok = float(sum(float(b["loss_mask"][:, 1:].sum()) for b in batches if not b["dummy"]))
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -466,19 +397,23 @@ class GRPOTrainer:
                 )
                 toks = float(mask.sum())
                 share = toks / max(n_tok, 1.0) if cfg.aggregation == "token-mean" else len(b["adv"]) / n_seq
-                (out.loss * share).backward()
-                frac = toks / max(n_tok, 1.0)
+                if b["dummy"]:
+                    (out.loss * 0.0).backward()
+                    continue
+                (out.loss * share * self.world).backward()
+                frac = toks / max(local_tok, 1.0)
                 stats["kl"] += out.kl * frac
                 stats["clip_fraction"] += out.clip_fraction * frac
-                stats["entropy"] += float((ent.detach() * mask).sum()) / max(n_tok, 1.0)
-                stats["loss"] += float(out.loss.detach()) * share
+                stats["entropy"] += float((ent.detach() * mask).sum()) / max(local_tok, 1.0)
+                stats["loss"] += float(out.loss.detach()) * share * self.world
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
             self.optimizer.step()
         self.scheduler.step()
         k = cfg.ppo_epochs
         stats = {key: v / k for key, v in stats.items()}
         stats["grad_norm"] = float(grad_norm)
-        stats["logprob_mismatch"] = sum(b["mismatch"] for b in batches) / len(batches)
+        real = [b for b in batches if not b["dummy"]]
+        stats["logprob_mismatch"] = sum(b["mismatch"] for b in real) / max(len(real), 1)
         stats["sequences"], stats["trained_tokens"] = n_seq, int(n_tok)
         return stats
 
@@ -624,83 +559,3 @@ def _mean(xs) -> float:
 
 def _fmt(d: dict) -> str:
     return "  ".join(f"{k.split('/', 1)[-1]} {v:.3f}" for k, v in d.items())
-
-
-# --------------------------------------------------------------------------- weight sync
-
-
-class SGLangWeightSync:
-    """Pushes weights to an SGLang server with its documented HTTP API:
-
-    ``POST /pause_generation {"mode": "in_place"}`` → ``POST /update_weights_from_disk
-    {"model_path": DIR}`` (answer ``{"success", "message", ...}``) → ``POST /continue_generation``.
-    The directory must be readable by the server (same machine or a shared filesystem).
-    """
-
-    def __init__(self, endpoint: str, folder: Path, timeout: float = 600.0):
-        url = endpoint.rstrip("/")
-        self.url = url[: -len("/v1")] if url.endswith("/v1") else url
-        self.folder = Path(folder)
-        self.timeout = timeout
-
-    def push(self, model_dir: Path) -> dict:
-        import httpx
-
-        from paravt_agent.errors import PolicyError
-
-        with httpx.Client(timeout=self.timeout) as client:
-            try:
-                client.post(f"{self.url}/pause_generation", json={"mode": "in_place"}).raise_for_status()
-                try:
-                    resp = client.post(f"{self.url}/update_weights_from_disk",
-                                       json={"model_path": str(Path(model_dir).resolve())})
-                finally:
-                    client.post(f"{self.url}/continue_generation", json={}).raise_for_status()
-            except httpx.HTTPError as exc:
-                raise PolicyError(f"weight sync to {self.url} failed: {exc}", transient=True) from exc
-        data = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
-        if resp.status_code != 200 or not data.get("success", False):
-            raise PolicyError(f"{self.url}/update_weights_from_disk refused {model_dir}: "
-                              f"{data.get('message') or resp.text[:300]}")
-        return data
-
-
-def plot(run: str | Path, out: str | Path | None = None) -> Path:
-    """Curves of a run's metrics.jsonl (reward, f_τ, κ, accuracy, KL, entropy, clip fraction) as one PNG.
-
-    Several runs can be overlaid: pass a folder holding runs, or a comma-separated list of runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = []
-    for r in str(run).split(","):
-        p = Path(r)
-        if (p / "metrics.jsonl").is_file():
-            runs.append(p)
-        elif p.is_dir():
-            runs.extend(sorted(q.parent for q in p.glob("*/metrics.jsonl")))
-    if not runs:
-        raise ConfigError(f"no metrics.jsonl under {run}")
-    keys = [("reward", "reward"), ("f_tau", "f_τ (format)"), ("kappa", "κ (tool calls / rollout)"),
-            ("accuracy", "accuracy"), ("kl", "KL to reference"), ("entropy", "entropy"),
-            ("clip_fraction", "clip fraction"), ("reward/tool", "R_tool")]
-    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
-    for r in runs:
-        recs = [json.loads(ln) for ln in (r / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-        steps = [x["step"] for x in recs]
-        for ax, (k, title) in zip(axes.flat, keys, strict=True):
-            ax.plot(steps, [x.get(k, math.nan) for x in recs], label=r.name)
-            ax.set_title(title)
-            ax.set_xlabel("step")
-    axes.flat[0].legend()
-    fig.tight_layout()
-    out = Path(out) if out else (runs[0] if len(runs) == 1 else Path(run.split(",")[0]) if "," in str(run)
-                                 else Path(run)) / "curves.png"
-    if out.is_dir():
-        out = out / "curves.png"
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
-

@@ -108,8 +108,14 @@ def assistant_labels(input_ids: list[int], tokenizer, keep: list[bool] | None = 
     return labels
 
 
-def build_example(messages: list[dict], processor) -> dict:
-    """Tokenised inputs + labels of one conversation (neutral message layout, frames included)."""
+def build_example(messages: list[dict], processor, keep_frames: bool = False) -> dict:
+    """Tokenised inputs + labels of one conversation (neutral message layout, frames included).
+
+    ``keep_frames`` keeps the 8-bit frames instead of their pixel values (8x smaller in float32
+    terms); :func:`collate` runs the image processor on them, giving identical pixel values.
+    """
+    import numpy as np
+
     from paravt_agent.policy.local import to_hf_messages
 
     chat, images = to_hf_messages(messages)
@@ -118,16 +124,20 @@ def build_example(messages: list[dict], processor) -> dict:
     ids = enc["input_ids"][0].tolist()
     keep = [m.get("train", True) for m in messages if m["role"] == "assistant"]
     ex = {"input_ids": ids, "labels": assistant_labels(ids, processor.tokenizer, keep)}
-    for k in ("pixel_values", "image_grid_thw"):
-        if k in enc:
-            ex[k] = enc[k]
+    if keep_frames and images:
+        ex["frames"] = [np.asarray(img) for img in images]
+    else:
+        for k in ("pixel_values", "image_grid_thw"):
+            if k in enc:
+                ex[k] = enc[k]
     if "mm_token_type_ids" in enc:
         ex["mm_token_type_ids"] = enc["mm_token_type_ids"][0].tolist()
     return ex
 
 
-def collate(examples: list[dict], pad_id: int) -> dict:
-    """Right-pad a micro-batch; images concatenate in order."""
+def collate(examples: list[dict], pad_id: int, image_processor=None) -> dict:
+    """Right-pad a micro-batch; images concatenate in order (frames kept by ``build_example`` are
+    turned into pixel values here by ``image_processor``)."""
     import torch
 
     n = max(len(e["input_ids"]) for e in examples)
@@ -146,6 +156,15 @@ def collate(examples: list[dict], pad_id: int) -> dict:
         batch["labels"][i, :L] = torch.tensor(e["labels"])
         if has_mm and "mm_token_type_ids" in e:
             batch["mm_token_type_ids"][i, :L] = torch.tensor(e["mm_token_type_ids"])
+    frames = [f for e in examples for f in e.get("frames", ())]
+    if frames:
+        if image_processor is None:
+            raise ValueError("examples keep frames: collate needs the image processor")
+        if any("pixel_values" in e for e in examples):
+            raise ValueError("a micro-batch mixes kept frames and pixel values")
+        enc = image_processor(images=frames, return_tensors="pt")
+        batch["pixel_values"], batch["image_grid_thw"] = enc["pixel_values"], enc["image_grid_thw"]
+        return batch
     pix = [e["pixel_values"] for e in examples if "pixel_values" in e]
     if pix:
         batch["pixel_values"] = torch.cat(pix)
@@ -371,7 +390,7 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
     def example(i: int) -> dict:
         if i not in cache:
             msgs = render_messages(samples[i].messages, cfg.video_root, cfg.frames)
-            cache[i] = build_example(msgs, processor)
+            cache[i] = build_example(msgs, processor, keep_frames=True)
         return cache[i]
 
     pad = processor.tokenizer.pad_token_id
@@ -394,7 +413,8 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
         total_loss = 0.0
         optimizer.zero_grad(set_to_none=True)
         for k in range(0, len(exs), cfg.micro_batch_size):
-            batch = {key: v.to(device) for key, v in collate(exs[k : k + cfg.micro_batch_size], pad).items()}
+            mb = collate(exs[k : k + cfg.micro_batch_size], pad, processor.image_processor)
+            batch = {key: v.to(device) for key, v in mb.items()}
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
                 keep = _vision_keepalive(model, device) if "pixel_values" not in batch and world > 1 else 0.0
                 loss_sum, _ = token_loss_sum(model, batch)

@@ -83,6 +83,48 @@ def test_local_sampling_seed_and_concurrency(local, media):
     assert len({tuple(o.output_ids) for o in outs}) == 1  # concurrent greedy calls agree
 
 
+def test_local_batches_concurrent_calls_and_each_row_is_its_own(tiny_model, media):
+    """Concurrent calls run as one left-padded batch; every row equals the same request run alone
+    (tokens and logprobs), greedy or sampled with its own seed; other limits wait for their own batch."""
+    policy = LocalPolicy(tiny_model, max_batch=8, batch_wait=0.05)
+    reqs = [(overview_messages(media, n), Sampling(max_new_tokens=14, temperature=t, seed=s), p)
+            for n, t, s, p in [(2, 0.0, None, "<think>\n"), (4, 0.0, None, ""), (6, 1.0, 11, "<think>\n"),
+                               (3, 1.0, 12, "")]]
+    other = (overview_messages(media, 5), Sampling(max_new_tokens=6), "")
+
+    async def together():
+        return await asyncio.gather(*(policy.generate(*r) for r in [*reqs, other]))
+
+    outs = asyncio.run(together())
+    assert [o.extra["batch"] for o in outs] == [4, 4, 4, 4, 1]
+    for (msgs, s, p), got in zip(reqs + [other], outs, strict=True):
+        alone = policy.generate_sync(msgs, s, p)
+        assert alone.extra["batch"] == 1
+        assert got.output_ids == alone.output_ids and got.text == alone.text
+        assert got.prompt_ids == alone.prompt_ids and got.prefix_ids == alone.prefix_ids
+        assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    assert outs[4].completion_tokens <= 6
+    # the two seeded rows differ from greedy decoding of the same prompt (they really sampled)
+    greedy = policy.generate_sync(reqs[2][0], Sampling(max_new_tokens=14), "<think>\n")
+    assert greedy.output_ids != outs[2].output_ids
+
+
+def test_local_batch_a_bad_request_fails_alone(tiny_model, media):
+    policy = LocalPolicy(tiny_model, max_batch=4, batch_wait=0.05)
+    bad = [{"role": "user", "content": [{"type": "image", "image": None, "timestamp": 0.0}]}]
+
+    async def run():
+        return await asyncio.gather(policy.generate(bad, Sampling(max_new_tokens=4)),
+                                    policy.generate(overview_messages(media), Sampling(max_new_tokens=4)),
+                                    return_exceptions=True)
+
+    bad_out, good_out = asyncio.run(run())
+    assert isinstance(bad_out, Exception) and good_out.completion_tokens > 0  # only the bad request fails
+    # the batcher survives: the next call works
+    ok = asyncio.run(policy.generate(overview_messages(media), Sampling(max_new_tokens=4)))
+    assert ok.completion_tokens > 0
+
+
 def test_local_backend_end_to_end(tiny_model, media):
     agent = Agent(model=tiny_model, config=SHORT)
     ans = agent.answer(media["video"], "Which colour is shown at 5 seconds?", ["red", "green"], n_frames=4)

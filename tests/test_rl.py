@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from paravt_agent.errors import PolicyError
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.trajectory import Trace
-from paravt_train.rl import GRPOConfig, GRPOTrainer, SGLangWeightSync, plot
+from paravt_train.rl import GRPOConfig, GRPOTrainer, SGLangTensorSync, SGLangWeightSync, plot, prompts_from_rl
 
 
 def _cfg(toy_policy_dir, toy_rl, out, **kw) -> GRPOConfig:
@@ -59,8 +59,9 @@ def test_paper_config_loads():
 
 @pytest.mark.parametrize("subagents", [True, False])
 def test_one_update_changes_the_policy_and_logs(toy_policy_dir, toy_rl, tmp_path, subagents):
-    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "run", train_subagents=subagents, steps=2),
-                     progress=False)
+    # G = 4 at tau = 1: rollouts of a prompt differ in reward (a gradient exists) whatever the seed
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "run", train_subagents=subagents, steps=2,
+                          group_size=4, temperature=1.0), progress=False)
     tr.setup()
     before = _weights(tr.model)
     ref_before = _weights(tr.ref)
@@ -79,9 +80,9 @@ def test_one_update_changes_the_policy_and_logs(toy_policy_dir, toy_rl, tmp_path
     assert all(torch.equal(ref_before[k], v) for k, v in _weights(tr.ref).items())  # the reference stays frozen
     seqs = [r["sequences"] for r in recs]
     if subagents:
-        assert any(s > 4 for s in seqs)  # planner + sub-agent sequences (the toy planner calls crop_video)
+        assert any(s > 8 for s in seqs)  # planner + sub-agent sequences (the toy planner calls crop_video)
     else:
-        assert seqs == [4, 4]  # planner sequences only: 2 prompts x G=2
+        assert seqs == [8, 8]  # planner sequences only: 2 prompts x G=4
     assert Path(summary["final_model"], "model.safetensors").is_file()
     assert Path(summary["final_model"], "agent_config.yaml").is_file()
     png = plot(str(tmp_path / "run"))
@@ -118,6 +119,55 @@ def test_replay_and_tas_run(toy_policy_dir, toy_rl, tmp_path):
     assert len(tr.replay) > 0
 
 
+def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_path):
+    """The actor under torchrun + FSDP2 (2 gloo ranks, uneven shares of real rollouts) takes the same step
+    as one process on all of them: global loss normalisation, matched collectives."""
+    import os
+    import pickle
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+
+    from paravt_train.grpo import group_advantages
+
+    cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "one", micro_batch_size=1, lr=1e-3, prompts_per_step=2)
+    tr = GRPOTrainer(cfg, progress=False)
+    tr.setup()
+    groups = tr.rollout(tr.prompts_for(0, prompts_from_rl(toy_rl["data"], toy_rl["video_root"])))
+    eps = [e for g in groups for e in g]
+    adv = group_advantages(torch.tensor([e.reward.total for e in eps]), cfg.group_size)
+    adv = adv + torch.linspace(-0.5, 0.5, len(adv))  # a gradient even if a group's rewards tie
+    items = [(s, float(a), 1.0, False) for e, a in zip(eps, adv.tolist(), strict=True) for s in e.sequences][:5]
+    assert len(items) == 5  # ranks get 3 and 2: the short rank pads with a zero-weight pass
+    path = tmp_path / "items.pkl"
+    path.write_bytes(pickle.dumps(items))
+    one = GRPOTrainer(cfg, progress=False)
+    one.setup()
+    one_stats = one._update(items)
+    want = {k: v.detach().clone() for k, v in one.model.state_dict().items()}
+    two_cfg = cfg.model_copy(update={"backend": "sglang", "endpoint": "http://127.0.0.1:9",
+                                     "output_dir": str(tmp_path / "two")}).model_dump(mode="json")
+    cfg_path = tmp_path / "two.yaml"
+    cfg_path.write_text(yaml.safe_dump(two_cfg))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    worker = Path(__file__).with_name("rl_dist_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+                          str(worker), str(cfg_path), str(path), str(tmp_path / "two.pt")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = torch.load(tmp_path / "two.pt", weights_only=False)
+    assert got["stats"]["sequences"] == 5 and got["stats"]["trained_tokens"] == one_stats["trained_tokens"]
+    moved = max(float((want[k] - v).abs().max()) for k, v in tr.model.state_dict().items())
+    assert moved > 1e-4  # the step really changed the weights
+    diff = max(float((want[k] - got["state"][k]).abs().max()) for k in want)
+    assert diff < 2e-5
+
+
 # --------------------------------------------------------------------------- SGLang weight sync
 
 
@@ -127,6 +177,8 @@ class _SGLang(BaseHTTPRequestHandler):
     calls: list = []
     loaded: dict = {}
     refuse = False
+    tp_size = 1
+    flushes: list = []
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
@@ -138,6 +190,16 @@ class _SGLang(BaseHTTPRequestHandler):
                 _SGLang.loaded = load_file(str(Path(body["model_path"]) / "model.safetensors"))
                 data = {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
             status = 200 if data["success"] else 400
+        elif self.path == "/update_weights_from_tensor":
+            import base64
+            from multiprocessing.reduction import ForkingPickler
+
+            payloads = body["serialized_named_tensors"]
+            assert len(payloads) == _SGLang.tp_size  # one copy per tensor-parallel rank
+            named = ForkingPickler.loads(base64.b64decode(payloads[0]))
+            _SGLang.loaded.update({k: v.clone() for k, v in named})
+            _SGLang.flushes.append(body.get("flush_cache"))
+            data, status = {"success": True, "message": "Succeeded to update model weights."}, 200
         elif self.path in ("/pause_generation", "/continue_generation"):
             data, status = {"message": "ok", "status": "ok"}, 200
         else:
@@ -155,7 +217,7 @@ class _SGLang(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def sglang_admin():
-    _SGLang.calls, _SGLang.loaded, _SGLang.refuse = [], {}, False
+    _SGLang.calls, _SGLang.loaded, _SGLang.refuse, _SGLang.flushes, _SGLang.tp_size = [], {}, False, [], 1
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _SGLang)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
@@ -182,6 +244,28 @@ def test_sglang_weight_sync(toy_policy_dir, toy_rl, tmp_path, sglang_admin):
     assert _SGLang.calls[-1][0] == "/continue_generation"  # generation resumes even when the swap fails
     with pytest.raises(PolicyError, match="weight sync"):
         SGLangWeightSync("http://127.0.0.1:9", tmp_path).push(path)
+
+
+def test_sglang_tensor_sync(toy_policy_dir, toy_rl, tmp_path, sglang_admin):
+    """weight_sync: tensor — SGLang's /update_weights_from_tensor payload, in buckets, decoded for real."""
+    _SGLang.tp_size = 2
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "t", backend="sglang", endpoint=sglang_admin,
+                          weight_sync="tensor", sglang_tp_size=2), progress=False)
+    tr.setup()
+    assert isinstance(tr.syncer, SGLangTensorSync)
+    tr.syncer.bucket_bytes = 1 << 20  # several buckets for a 5 MB model
+    with torch.no_grad():
+        next(iter(tr.model.parameters())).add_(0.25)
+    result = tr.sync()
+    state = tr.model.state_dict()
+    assert result["tensors"] == len(state) and result["buckets"] > 1
+    assert set(_SGLang.loaded) == set(state)
+    for k, v in state.items():
+        assert torch.equal(_SGLang.loaded[k], v.detach().cpu()), k
+    paths = [c[0] for c in _SGLang.calls]
+    assert paths[0] == "/pause_generation" and paths[-1] == "/continue_generation"
+    assert paths.count("/update_weights_from_tensor") == result["buckets"]
+    assert _SGLang.flushes == [False] * (result["buckets"] - 1) + [True]  # the cache is flushed once, at the end
 
 
 # --------------------------------------------------------------------------- online learning

@@ -3,10 +3,29 @@
 import numpy as np
 import pytest
 
+from paravt_agent.agent import Agent
+from paravt_agent.policy.base import Generation, Policy, text_of
+from paravt_agent.policy.scripted import role_of
 from paravt_agent.protocol import parse_tool_calls
 from paravt_agent.video import VideoReader
+from paravt_train.data import SFTSample, render_messages
+from paravt_train.sft import build_example
+from paravt_train.toy.build import toy_agent_config
 from paravt_train.toy.quickstart import shortcut
-from paravt_train.toy.world import COLOURS, make_world, make_worlds, parallel_trace, sft_rows
+from paravt_train.toy.world import (
+    COLOURS,
+    answer_turn,
+    direct_trace,
+    make_world,
+    make_worlds,
+    parallel_trace,
+    planner_turn,
+    segment_lengths,
+    sequential_trace,
+    sft_rows,
+    subagent_sample,
+    windows_for,
+)
 from tools import ToolRegistry
 
 SCHEMA = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
@@ -18,21 +37,29 @@ def nearest_colour(rgb):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_world_timeline(seed):
-    w = make_world(seed)
-    assert 60 <= w.duration <= 90
+    w = make_world(seed, mcq=3, oe=2, tvg=2)
+    assert w.duration in (60, 75, 90, 105, 120)
     assert w.segments[0][1] == 0 and w.segments[-1][2] == w.duration
+    lo, hi = segment_lengths(w.duration)
     for (c1, _, b1), (c2, a2, _) in zip(w.segments, w.segments[1:], strict=False):
         assert b1 == a2 and c1 != c2
-    assert all(2 <= b - a <= 5 for _, a, b in w.segments)
-    assert [c for c, _, _ in w.segments].count(w.unique) == 1
-    tasks = [q.task for q in w.questions]
-    assert tasks == ["mcq", "oe", "tvg"]
-    mcq = w.questions[0]
-    assert mcq.options[" ABCD".index(mcq.answer) - 1].endswith(w.colour_at(mcq.t))
+    # every segment is longer than the spacing of a 64-frame overview, the last may absorb a short tail
+    assert all(lo <= b - a <= hi for _, a, b in w.segments[:-1]) and w.segments[-1][2] - w.segments[-1][1] >= lo
+    assert lo > w.duration / 64
+    for u in w.uniques:
+        assert [c for c, _, _ in w.segments].count(u) == 1
+    assert [q.task for q in w.questions] == ["mcq"] * 3 + ["oe"] * 2 + ["tvg"] * 2
+    for q in w.questions:
+        if q.task == "mcq":
+            assert q.options["ABCD".index(q.answer)].endswith(w.colour_at(q.t))
+        if q.task == "tvg":
+            assert list(q.span) == list(w.span_of(q.colour))
+    # a world's first questions do not depend on how many are asked
+    assert make_world(seed).questions == [w.questions[0], w.questions[3], w.questions[5]]
 
 
 def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
-    [w] = make_worlds([7], tmp_path)
+    [w] = make_worlds([7], tmp_path, mcq=1, oe=1, tvg=2)
     r = VideoReader(w.video)
     assert r.info.duration == pytest.approx(w.duration, abs=0.01)
     ov = r.overview(max_pixels=1024)
@@ -45,38 +72,129 @@ def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
         calls = parse_tool_calls(msgs[2]["content"])
         assert calls and all(c.ok for c in calls)
         for c in calls:
-            a, b = c.arguments["start_time"], c.arguments["end_time"]
+            a, b = c.arguments["start_time"], min(c.arguments["end_time"], w.duration)
             clip = r.crop(a, b, fps=1.0, max_pixels=1024)
             seen = [f"{round(t)} {nearest_colour(f.reshape(-1, 3).mean(0))}" for f, t in zip(clip.frames, clip.timestamps, strict=True)]
             if q.task == "tvg":
                 hits = [s.split()[0] for s in seen if s.endswith(q.colour)]
-                assert w.sightings(q.colour, a, b) == f"{q.colour} at: {' '.join(hits) if hits else 'none'}"
+                assert w.sightings(q.colour, a, b) == f"colour {q.colour} at: {' '.join(hits) if hits else 'none'}"
             else:
                 assert w.listing(a, b) == "; ".join(seen)
+        if q.task == "tvg":  # the scan covers every frame of the video
+            covered = {s for a, b in windows_for(w, q) for s in w.seconds(a, b)}
+            assert covered == set(range(w.duration))
 
 
-def test_evidence_is_not_in_a_sparse_overview_but_is_in_a_dense_one(tmp_path):
-    worlds = [make_world(s) for s in range(200)]
+def test_evidence_is_not_in_a_sparse_overview_but_is_in_a_dense_one():
+    worlds = [make_world(s, mcq=2, tvg=2) for s in range(200)]
     base = shortcut(worlds, (4, 8, 64))
     assert base[8]["mcq"] < 0.55 and base[4]["mcq"] < 0.45  # reading the nearest frame is a weak shortcut
     assert base[64]["mcq"] > 0.85  # with 64 frames every segment is visible
-    assert base[8]["tvg"] < 0.3 and base[64]["tvg"] > 0.5
+    assert base[8]["tvg"] < 0.2 and base[64]["tvg"] > 0.7
 
 
 def test_sft_rows_mix():
-    worlds = [make_world(s) for s in range(10)]
+    worlds = [make_world(s, mcq=2, oe=1, tvg=2) for s in range(10)]
     for w in worlds:
         w.video = f"/v/{w.wid}.mp4"
     rows = sft_rows(worlds, SCHEMA, video_root="/v")
     kinds = {r["id"].rsplit("-", 1)[1][:3] for r in rows}
-    assert kinds == {"par", "ans", "seq", "dir", "sub"}
-    assert sum(r["id"].endswith("-par") for r in rows) == 30
-    # the answer-focused copy: the planner turn is context, only the answer turn is trained
+    assert kinds == {"par", "ans", "seq", "dir", "sub", "xsu"}
+    assert sum(r["id"].endswith("-par") for r in rows) == 50
+    # the answer-focused copy (every grounding question, half the colour-at-t ones): the planner turn is
+    # context, only the answer is trained
     ans = [r for r in rows if r["id"].endswith("-ans")]
-    assert len(ans) == 30
+    assert sum("-tvg" in r["id"] for r in ans) == 20 and 20 < len(ans) < 50
     for r in ans:
         turns = [m for m in r["messages"] if m["role"] == "assistant"]
         assert [m.get("train", True) for m in turns] == [False, True] and "<answer>" in turns[-1]["content"]
+    # no-tool traces: the short system prompt, one assistant turn that answers
+    direct = [r for r in rows if r["id"].endswith("-dir")]
+    assert len(direct) > 15 and all(len(r["messages"]) == 3 and "<tool_call>" not in r["messages"][-1]["content"]
+                                    for r in direct)
+    # grounding sub-agent samples: windows that see the colour, and some that do not
+    subs = [r for r in rows if "-tvg" in r["id"] and "-sub" in r["id"]]
+    assert any(r["messages"][-1]["content"].endswith("none") for r in subs)
+    assert any(not r["messages"][-1]["content"].endswith("none") for r in subs)
+    # the extra random-window sub-agent samples: per world two listings and six grounding windows, half of
+    # which catch a unique colour
+    extra = [r["messages"][-1]["content"] for r in rows if "-xsub" in r["id"]]
+    assert len(extra) == 80 and sum(x.startswith("colour ") for x in extra) == 60
+    assert sum(x.startswith("colour ") and not x.endswith("none") for x in extra) >= 30  # the unique-colour half
+    # the no-tool think has its own shape: the colour comes from an image, not from a tool response
+    assert all(r["messages"][-1]["content"].startswith(("<think>\nframe ", "<think>\nframes at:")) for r in direct)
+
+
+def test_grounding_answer_covers_the_segment():
+    """[first second seen, last + 1] is the segment itself when the scan is read correctly."""
+    for seed in range(30):
+        w = make_world(seed, mcq=0, oe=0, tvg=2)
+        for q in w.questions:
+            text = answer_turn(w, q)
+            assert text.endswith(f"<answer>[{q.span[0]}, {q.span[1]}]</answer>")
+
+
+class Replay(Policy):
+    """Answers with a trace's own turns and records every request the graph makes."""
+
+    def __init__(self, planner_turns, summaries):
+        self.planner_turns, self.summaries, self.calls = list(planner_turns), summaries, []
+
+    async def generate(self, messages, sampling, prefix=""):
+        role = role_of(messages)
+        self.calls.append((role, messages))
+        if role == "planner":
+            return Generation(text=self.planner_turns.pop(0))
+        head = text_of(messages[1]["content"])  # "Window a-b seconds, ..."
+        a = float(head.split()[1].split("-")[0])
+        return Generation(text=self.summaries[a])
+
+
+def _ids(messages, video_root, processor):
+    sample = SFTSample.model_validate({"messages": messages})
+    ex = build_example(render_messages(sample.messages, video_root, toy_agent_config().frames), processor)
+    return ex["input_ids"], ex.get("pixel_values")
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential", "none"])
+def test_training_traces_are_what_the_agent_sends(tmp_path, tiny_model, mode):
+    """Train/serve parity: an SFT trace renders to exactly the tokens and pixels the agent sends the
+    policy when it runs the same turns (planner, the one <tool_response> turn, sub-agents)."""
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(tiny_model)
+    [w] = make_worlds([3], tmp_path, mcq=1, oe=0, tvg=1)
+    for q in w.questions:
+        wins = windows_for(w, q)
+        n = 8
+        if mode == "parallel":
+            trace = parallel_trace(w, q, w.video, n, SCHEMA)
+            turns = [planner_turn(q, wins), answer_turn(w, q)]
+        elif mode == "sequential":
+            trace = sequential_trace(w, q, w.video, n, SCHEMA)
+            turns = [planner_turn(q, [x]) for x in wins] + [answer_turn(w, q)]
+        else:
+            trace = direct_trace(w, q, w.video, n)
+            turns = [trace[-1]["content"]]
+        policy = Replay(turns, {float(a): w.summary(q, a, b) for a, b in wins})
+        agent = Agent(policy=policy, config=toy_agent_config(mode=mode))
+        ans = agent.answer(w.video, q.question, q.options, n_frames=n)
+        assert ans.trace.response == turns[-1]
+        runtime = [{k: v for k, v in m.items() if k != "generation"} for m in ans.messages]
+        want_ids, want_pix = _ids(trace, None, proc)
+        got = build_example(runtime, proc)
+        assert got["input_ids"] == want_ids
+        assert (got.get("pixel_values") is None) == (want_pix is None)
+        if want_pix is not None:
+            assert got["pixel_values"].equal(want_pix)
+        subs = [m for role, m in policy.calls if role == "subagent"]
+        assert len(subs) == (len(wins) if mode != "none" else 0)
+        for msgs in subs:
+            a = float(text_of(msgs[1]["content"]).split()[1].split("-")[0])
+            b = next(y for x, y in wins if x == a)
+            sub_ids, sub_pix = _ids(subagent_sample(w, q, w.video, (int(a), b)), None, proc)
+            got = build_example([*msgs, {"role": "assistant", "content": w.summary(q, a, b)}], proc)
+            assert got["input_ids"] == sub_ids and got["pixel_values"].equal(sub_pix)
 
 
 def test_build_is_cached_and_quickstart_runs(tmp_path):

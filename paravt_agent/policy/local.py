@@ -5,15 +5,23 @@ and chat template, the forced prefix (the think prefix) is appended as tokens,
 and the sampled token ids come back with their log-probabilities, so training
 never re-tokenises model output.
 
-Calls are serialised on one lock (one model, one forward at a time) and run in a
-worker thread, so concurrent ``generate`` calls from the agent graph are safe.
+Concurrent ``generate`` calls (the K sub-agents of a turn, the G rollouts of a
+prompt) are batched: a worker thread takes every pending request that shares
+``max_new_tokens`` and stop strings, up to ``max_batch``, and runs them as one
+left-padded ``generate`` call. On 2 CPU cores a batch of 8 produces about four
+times the tokens per second of one request. Each row samples with its own
+temperature, top-p/top-k and seed (:class:`RowSampler`), and gets its own token
+ids and logprobs back. Model calls hold one lock, so direct ``generate_sync``
+calls from other threads are safe too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +37,7 @@ from paravt_agent.policy.base import (
     map_images,
 )
 
-__all__ = ["LocalPolicy", "to_hf_messages"]
+__all__ = ["LocalPolicy", "RowSampler", "to_hf_messages"]
 
 
 def to_hf_messages(messages: list[dict]) -> tuple[list[dict], list]:
@@ -50,8 +58,14 @@ class LocalPolicy(Policy):
 
     name = "local"
 
-    def __init__(self, model: str | Path, device: str = "auto", dtype: str = "auto", model_obj=None, processor=None):
+    def __init__(self, model: str | Path, device: str = "auto", dtype: str = "auto", model_obj=None, processor=None,
+                 max_batch: int = 8, batch_wait: float = 0.005):
         self.path = str(model)
+        self.max_batch = max_batch
+        self.batch_wait = batch_wait
+        self._cv = threading.Condition()
+        self._pending: list[_Request] = []
+        self._worker: threading.Thread | None = None
         if model_obj is None and not Path(self.path).is_dir():
             raise PolicyError(
                 f"model directory {self.path} does not exist; build the toy policy with `paravt-train toy` "
@@ -170,49 +184,187 @@ class LocalPolicy(Policy):
     # ------------------------------------------------------------------ generation
 
     def generate_sync(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:
+        """One request, run at once in the calling thread."""
+        return self.generate_batch([(messages, sampling, prefix)])[0]
+
+    def generate_batch(self, requests: list[tuple[list[dict], Sampling, str]],
+                       return_exceptions: bool = False) -> list[Generation | Exception]:
+        """Several requests as ONE left-padded ``generate`` call (they must share ``max_new_tokens`` and
+        ``stop``). Each row keeps its own temperature, top-p/top-k and seed (:class:`RowSampler`), so a
+        row samples the same tokens whatever else is in the batch (up to float rounding of padding).
+        With ``return_exceptions`` a request that cannot be encoded gets its exception in its place
+        and the others still run."""
+        if not requests:
+            return []
+        keys = {_batch_key(s) for _, s, _ in requests}
+        if len(keys) > 1:
+            raise ValueError("requests in one batch must share max_new_tokens and stop strings")
+        results: list = [None] * len(requests)
+        rows, where = [], []
+        for i, (m, s, prefix) in enumerate(requests):
+            try:
+                rows.append((*self.encode(m, prefix), s, prefix))
+                where.append(i)
+            except Exception as exc:  # handed back to that request's caller
+                if not return_exceptions:
+                    raise
+                results[i] = exc
+        for i, g in zip(where, self._run_rows(rows) if rows else [], strict=True):
+            results[i] = g
+        return results
+
+    def _run_rows(self, rows: list[tuple]) -> list[Generation]:
         import torch
+        from transformers import LogitsProcessorList
 
         t0 = time.perf_counter()
         model, proc = self._load()
-        inputs, prefix_ids = self.encode(messages, prefix)
-        images, retokenized = inputs.pop("images"), inputs.pop("retokenized")
-        n_prompt = int(inputs["input_ids"].shape[1])
-        greedy = sampling.temperature <= 0
-        kw = dict(
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy,
-            eos_token_id=self.eos_id,
-            pad_token_id=proc.tokenizer.pad_token_id,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        if not greedy:
-            kw.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
-        if sampling.stop:
-            kw.update(stop_strings=list(sampling.stop), tokenizer=proc.tokenizer)
+        width = max(int(inp["input_ids"].shape[1]) for inp, *_ in rows)
+        pad = proc.tokenizer.pad_token_id if proc.tokenizer.pad_token_id is not None else self.eos_id
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        att = torch.zeros((len(rows), width), dtype=torch.long)
+        pixel, grid = [], []
+        for i, (inp, *_rest) in enumerate(rows):
+            n = int(inp["input_ids"].shape[1])
+            ids[i, width - n:] = inp["input_ids"][0].cpu()  # left padding: every row ends where generation starts
+            att[i, width - n:] = 1
+            if "pixel_values" in inp:
+                pixel.append(inp["pixel_values"])
+                grid.append(inp["image_grid_thw"])
+        inputs = {"input_ids": ids, "attention_mask": att}
+        if pixel:
+            inputs["pixel_values"] = torch.cat(pixel)
+            inputs["image_grid_thw"] = torch.cat(grid)
+        if any("mm_token_type_ids" in inp for inp, *_ in rows):
+            inputs["mm_token_type_ids"] = self.mm_token_types(ids)
+        inputs = {k: v.to(model.device) for k, v in inputs.items()}
+        first = rows[0][2]
+        sampler = RowSampler([s for *_, s, _ in rows])
+        kw = dict(max_new_tokens=first.max_new_tokens, do_sample=False, eos_token_id=self.eos_id, pad_token_id=pad,
+                  output_logits=True, return_dict_in_generate=True, logits_processor=LogitsProcessorList([sampler]))
+        if first.stop:
+            kw.update(stop_strings=list(first.stop), tokenizer=proc.tokenizer)
         with self._lock, torch.inference_mode():
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
             out = model.generate(**inputs, **kw)
-        ids = out.sequences[0, n_prompt:].tolist()
-        temp = sampling.temperature if not greedy else 1.0
-        logits = torch.stack(out.logits, dim=1)[0].float() / temp  # (new, vocab), before top-p/top-k
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids, device=logits.device)[:, None])
-        logprobs = logprobs[:, 0].tolist()
-        pad = proc.tokenizer.pad_token_id
-        while ids and ids[-1] == pad and pad != self.eos_id:  # right padding after eos, if any
-            ids.pop()
-            logprobs.pop()
-        stopped = bool(ids) and ids[-1] == self.eos_id
-        body = ids[:-1] if stopped else ids
-        text = prefix + proc.tokenizer.decode(body, skip_special_tokens=False)
-        prompt_ids = inputs["input_ids"][0, : n_prompt - len(prefix_ids)].tolist()
-        return Generation(
-            text=text, prefix=prefix, finish_reason="stop" if stopped else "length",
-            prompt_tokens=n_prompt, completion_tokens=len(ids), latency=time.perf_counter() - t0,
-            prompt_ids=prompt_ids, prefix_ids=list(prefix_ids), output_ids=ids, logprobs=logprobs,
-            extra={"images": images, "retokenized": retokenized, "temperature": temp},
-        )
+        logits = torch.stack(out.logits, dim=1).float()  # (B, new, vocab): raw, before the sampler
+        latency = time.perf_counter() - t0
+        gens = []
+        for i, (inp, prefix_ids, s, prefix) in enumerate(rows):
+            n_prompt = int(inp["input_ids"].shape[1])
+            new = out.sequences[i, width:].tolist()
+            if self.eos_id in new:  # the row's own end; the batch pads finished rows after it
+                new = new[: new.index(self.eos_id) + 1]
+            temp = s.temperature if s.temperature > 0 else 1.0
+            lp = torch.log_softmax(logits[i, : len(new)] / temp, dim=-1)
+            logprobs = lp.gather(1, torch.tensor(new, device=lp.device)[:, None])[:, 0].tolist() if new else []
+            stopped = bool(new) and new[-1] == self.eos_id
+            body = new[:-1] if stopped else new
+            text = prefix + proc.tokenizer.decode(body, skip_special_tokens=False)
+            if s.stop and not stopped:
+                cut = min((text.find(x, len(prefix)) for x in s.stop if text.find(x, len(prefix)) >= 0), default=-1)
+                stopped = cut >= 0
+            gens.append(Generation(
+                text=text, prefix=prefix, finish_reason="stop" if stopped else "length",
+                prompt_tokens=n_prompt, completion_tokens=len(new), latency=latency,
+                prompt_ids=inp["input_ids"][0, : n_prompt - len(prefix_ids)].tolist(), prefix_ids=list(prefix_ids),
+                output_ids=new, logprobs=logprobs,
+                extra={"images": inp["images"], "retokenized": inp["retokenized"], "temperature": temp,
+                       "batch": len(rows)},
+            ))
+        return gens
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:
-        return await asyncio.to_thread(self.generate_sync, messages, sampling, prefix)
+        """Queued: concurrent calls that arrive together run as one batch (up to ``max_batch``)."""
+        if self.max_batch <= 1:
+            return await asyncio.to_thread(self.generate_sync, messages, sampling, prefix)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            self._pending.append(_Request(messages, sampling, prefix, fut))
+            self._cv.notify()
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._serve, name="paravt-local-batcher", daemon=True)
+                self._worker.start()
+        return await asyncio.wrap_future(fut)
+
+    def _serve(self) -> None:
+        """The batcher: take the oldest request and every pending one that can share its batch."""
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+                t0 = time.monotonic()
+                while len(self._pending) < self.max_batch and (left := self.batch_wait - (time.monotonic() - t0)) > 0:
+                    self._cv.wait(left)
+                key = _batch_key(self._pending[0].sampling)
+                batch = [r for r in self._pending if _batch_key(r.sampling) == key][: self.max_batch]
+                for r in batch:
+                    self._pending.remove(r)
+            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            try:
+                gens = self.generate_batch([(r.messages, r.sampling, r.prefix) for r in live], return_exceptions=True)
+            except BaseException as exc:  # the model call itself failed: every waiting caller gets the error
+                for r in live:
+                    r.future.set_exception(exc)
+            else:
+                for r, g in zip(live, gens, strict=True):
+                    if isinstance(g, BaseException):
+                        r.future.set_exception(g)
+                    else:
+                        r.future.set_result(g)
+
+
+@dataclass
+class _Request:
+    messages: list[dict]
+    sampling: Sampling
+    prefix: str
+    future: concurrent.futures.Future
+
+
+def _batch_key(s: Sampling) -> tuple:
+    return (s.max_new_tokens, tuple(s.stop))
+
+
+class RowSampler:
+    """A logits processor that samples each row with its own settings and generator.
+
+    Returns scores that are 0 at the chosen token and -inf elsewhere, so ``generate`` run greedily
+    takes exactly that token. Temperature 0 is greedy (argmax of the raw scores).
+    """
+
+    def __init__(self, samplings: list[Sampling]):
+        import torch
+
+        self.samplings = samplings
+        self.generators = []
+        for s in samplings:
+            g = None
+            if s.temperature > 0:
+                g = torch.Generator()
+                g.manual_seed(s.seed if s.seed is not None else int(torch.randint(0, 2**62, (1,))))
+            self.generators.append(g)
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        chosen = torch.empty(scores.shape[0], dtype=torch.long)
+        for i, s in enumerate(self.samplings):
+            row = scores[i].float()
+            if s.temperature <= 0:
+                chosen[i] = int(row.argmax())
+                continue
+            row = row / s.temperature
+            if s.top_k:
+                kth = torch.topk(row, min(s.top_k, row.numel())).values[-1]
+                row = row.masked_fill(row < kth, float("-inf"))
+            probs = torch.softmax(row, dim=-1)
+            if s.top_p < 1.0:
+                sp, order = probs.sort(descending=True)
+                drop = sp.cumsum(0) - sp > s.top_p  # keep the smallest set whose mass reaches top_p
+                probs = probs.scatter(0, order, sp.masked_fill(drop, 0.0))
+            chosen[i] = int(torch.multinomial(probs.cpu(), 1, generator=self.generators[i]))
+        out = torch.full_like(scores, float("-inf"))
+        out[torch.arange(scores.shape[0]), chosen.to(scores.device)] = 0.0
+        return out

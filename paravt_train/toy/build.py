@@ -27,26 +27,36 @@ class ToyConfig(BaseModel):
     out: str = Field(description="Output folder (data, videos, model).")
     train_worlds: int = 400
     test_worlds: int = 60
+    mcq: int = Field(4, description="Colour-at-t multiple-choice questions per training video.")
+    oe: int = Field(2, description="Colour-at-t open-ended questions per training video.")
+    tvg: int = Field(2, description="Grounding questions per training video (at most 2: the unique colours).")
     seed: int = 0
     size: str = Field("toy", description="Tiny model size: toy (~1.3 M parameters) or test.")
     vocab_size: int = 1024
-    steps: int = 1000
+    steps: int = 2000
     batch_size: int = 16
     lr: float = 2e-3
     warmup_ratio: float = 0.05
+    micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
 
     def digest(self) -> str:
+        """Settings plus the source of the world and model recipes: a changed trace format rebuilds."""
+        from paravt_train.toy import tiny, world
+
         data = self.model_dump(exclude={"out"})
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
+        for mod in (world, tiny):
+            h.update(Path(mod.__file__).read_bytes())
+        return h.hexdigest()[:16]
 
 
 def toy_agent_config(**overrides) -> AgentConfig:
     """The protocol the toy policy is trained with: 32x32 frames (one visual token), 1 fps crops."""
     cfg = AgentConfig(
         frames={"max_pixels": 1024, "factor": 32, "crop_fps": 1.0, "crop_max_frames": 16},
-        max_calls_per_turn=8,
-        max_turns=8,
-        planner_sampling={"max_new_tokens": 256},
+        max_calls_per_turn=8,  # a grounding scan of a 2-minute video: 8 windows of 15 s
+        max_turns=8,  # the sequential baseline makes the same calls one per turn
+        planner_sampling={"max_new_tokens": 384},
         subagent_sampling={"max_new_tokens": 96},
     )
     return cfg.override([f"{k}={v}" for k, v in overrides.items()]) if overrides else cfg
@@ -69,8 +79,10 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
         return model_dir
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    train_w = make_worlds(range(cfg.seed, cfg.seed + cfg.train_worlds), out / "videos", progress)
-    test_w = make_worlds(range(TEST_SEED0 + cfg.seed, TEST_SEED0 + cfg.seed + cfg.test_worlds), out / "videos", progress)
+    train_w = make_worlds(range(cfg.seed, cfg.seed + cfg.train_worlds), out / "videos", progress,
+                          mcq=cfg.mcq, oe=cfg.oe, tvg=cfg.tvg)
+    test_w = make_worlds(range(TEST_SEED0 + cfg.seed, TEST_SEED0 + cfg.seed + cfg.test_worlds), out / "videos",
+                         progress)
     schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
     rows = sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos")
     check_trace_roundtrip(rows)
@@ -84,7 +96,7 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     sft = SFTConfig(
         model=str(init), data=str(out / "data" / "sft_train.parquet"), video_root=str(out / "videos"),
         output_dir=str(out / "sft"), frames=agent_cfg.frames, lr=cfg.lr, batch_size=cfg.batch_size,
-        micro_batch_size=4, max_steps=cfg.steps, warmup_ratio=cfg.warmup_ratio, save_every=200,
+        micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps, warmup_ratio=cfg.warmup_ratio, save_every=200,
         seed=cfg.seed,
     )
     result = train(sft, progress=progress)

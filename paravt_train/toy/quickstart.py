@@ -1,13 +1,15 @@
 """The quick start: the real agent (LangGraph graph, local backend) on held-out toy videos.
 
-Prints one full trace, then a table per dispatch mode (parallel / sequential /
-none) and overview size n: MCQ accuracy, open-ended accuracy (token F1),
-grounding mIoU and tool calls per question, next to the nearest-overview-frame
-shortcut.
+Prints one full trace, the accuracy of each role in isolation (planner,
+sub-agent, answer step) at n = 8, then a table per dispatch mode (parallel /
+sequential / none) and overview size n: MCQ accuracy, open-ended accuracy
+(token F1), grounding mIoU and tool calls per question, next to the
+nearest-overview-frame shortcut. Results also go to ``OUT/results.json``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -17,20 +19,22 @@ from paravt_train.rewards import accuracy_reward
 from paravt_train.toy.build import TEST_SEED0, toy_agent_config
 from paravt_train.toy.world import make_worlds, nearest_frame_answer
 
-__all__ = ["evaluate", "run"]
+__all__ = ["evaluate", "run", "shortcut", "table"]
 
 REPO_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "toy"
+#: Questions per held-out video: colour-at-t MCQ / open-ended, grounding.
+EVAL_QUESTIONS = {"mcq": 3, "oe": 1, "tvg": 1}
 
 
-def _score(text_response: str, q) -> float:
+def _score(response: str, q) -> float:
     answer = [int(x) for x in q.span] if q.task == "tvg" else q.answer
-    return accuracy_reward(text_response, answer, q.task, q.options)
+    return accuracy_reward(response, answer, q.task, q.options)
 
 
-def evaluate(policy, worlds, modes, ns, concurrency: int = 4, progress: bool = True, log=print):
-    """``{(mode, n): {"mcq": acc, "oe": f1, "tvg": miou, "calls": mean}}`` and the traces."""
+def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = True, log=print):
+    """``{(mode, n): {"mcq": acc, "oe": f1, "tvg": miou, "calls": mean, "seconds": s}}`` and the answers."""
     items = [(w, q) for w in worlds for q in w.questions]
-    results, traces = {}, {}
+    results, answers_by = {}, {}
     for mode in modes:
         agent = Agent(policy=policy, config=toy_agent_config(mode=mode))
         for n in ns:
@@ -46,13 +50,14 @@ def evaluate(policy, worlds, modes, ns, concurrency: int = 4, progress: bool = T
             row["calls"] = sum(a.trace.tool_calls for a in answers) / len(answers)
             row["seconds"] = time.perf_counter() - t0
             results[(mode, n)] = row
-            traces[(mode, n)] = answers
+            answers_by[(mode, n)] = answers
             log(f"  {mode:10s} n={n:<3d} mcq {row.get('mcq', 0):.2f}  oe {row.get('oe', 0):.2f}  "
                 f"tvg mIoU {row.get('tvg', 0):.2f}  calls {row['calls']:.1f}  ({row['seconds']:.0f}s)")
-    return results, traces
+    return results, answers_by
 
 
 def shortcut(worlds, ns) -> dict:
+    """The nearest-overview-frame shortcut's scores per n."""
     out = {}
     for n in ns:
         by: dict[str, list[float]] = {}
@@ -71,32 +76,57 @@ def table(results: dict, base: dict, ns) -> str:
                      f"{r['calls']:.1f} |")
     for n in ns:
         b = base[n]
-        lines.append(f"| nearest-frame shortcut | {n} | {b['mcq']:.2f} | {b['oe']:.2f} | {b['tvg']:.2f} | 0 |")
+        lines.append(f"| nearest-frame shortcut | {n} | {b.get('mcq', 0):.2f} | {b.get('oe', 0):.2f} | "
+                     f"{b.get('tvg', 0):.2f} | 0 |")
     return "\n".join(lines)
 
 
-def run(model_dir: str | Path | None = None, out: str | Path | None = None, worlds: int = 20,
-        modes=("parallel", "sequential", "none"), ns=(4, 8, 64), progress: bool = True, log=print) -> dict:
-    from paravt_agent.defaults import paravt_home
+def role_table(roles: dict) -> str:
+    tasks = ("mcq", "oe", "tvg")
+    lines = ["| role (n = 8, correct inputs) | MCQ | OE | grounding |", "|---|---|---|---|"]
+    for role in dict.fromkeys(r for r, _ in roles):
+        cells = [f"{roles[(role, t)]:.2f}" if (role, t) in roles else "" for t in tasks]
+        lines.append(f"| {role} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
+
+def run(model_dir: str | Path | None = None, out: str | Path | None = None, worlds: int = 16,
+        modes=("parallel", "sequential", "none"), ns=(4, 8, 64), progress: bool = True, log=print,
+        roles: int = 8) -> dict:
+    """One trace, per-role accuracy on the first ``roles`` held-out videos (0 = skip), the mode x n table."""
+    from paravt_agent.defaults import paravt_home
+    from paravt_train.toy.roles import role_accuracy
+
+    t_start = time.perf_counter()
     model_dir = Path(model_dir or REPO_CHECKPOINT)
     out = Path(out or paravt_home() / "quickstart")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"no toy policy at {model_dir}; build one with `paravt-train toy`")
     log(f"toy policy: {model_dir}")
-    test = make_worlds(range(TEST_SEED0, TEST_SEED0 + worlds), out / "videos", progress)
+    test = make_worlds(range(TEST_SEED0, TEST_SEED0 + worlds), out / "videos", progress, **EVAL_QUESTIONS)
     log(f"{len(test)} held-out videos ({min(w.duration for w in test)}-{max(w.duration for w in test)} s), "
         f"{sum(len(w.questions) for w in test)} questions")
-    policy = LocalPolicy(model_dir)
+    policy = LocalPolicy(model_dir, max_batch=16)
     example_agent = Agent(policy=policy, config=toy_agent_config(mode="parallel"))
     w, q = test[0], test[0].questions[0]
     ans = example_agent.answer(w.video, q.question, q.options, n_frames=8)
     log("\n=== one full trace (parallel, n = 8) ===")
     log(ans.trace.render())
-    log(f"(ground truth: {q.answer})\n")
+    log(f"(ground truth: {q.answer}, {q.colour})\n")
+    summary: dict = {"model": str(model_dir), "worlds": len(test)}
+    if roles:
+        log("=== each role alone (held-out, n = 8; the other roles' outputs are the correct ones) ===")
+        r = role_accuracy(example_agent, test[:roles], n=8, concurrency=16)
+        log(role_table(r) + "\n")
+        summary["roles"] = {f"{k[0]}/{k[1]}": v for k, v in r.items()}
     log("=== held-out evaluation ===")
     results, _ = evaluate(policy, test, modes, ns, progress=progress, log=log)
     base = shortcut(test, ns)
     md = table(results, base, ns)
     log("\n" + md)
-    return {"results": results, "shortcut": base, "table": md}
+    summary.update(results={f"{m}/{n}": v for (m, n), v in results.items()},
+                   shortcut={str(n): v for n, v in base.items()}, minutes=(time.perf_counter() - t_start) / 60)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    log(f"\n{summary['minutes']:.1f} min; results in {out / 'results.json'}")
+    return {"results": results, "shortcut": base, "table": md, "roles": summary.get("roles")}

@@ -1,32 +1,46 @@
 """The toy world: long synthetic videos whose evidence sits in short windows.
 
-A world is a timeline of solid-colour segments, 2-4 s each, over 60-120 s,
-encoded as a 1 fps 32x32 H.264 mp4. One colour (the "unique" colour) appears
-exactly once. Questions, in the paper's three families:
+A world is a timeline of solid-colour segments over 60, 75, 90, 105 or 120 s
+(multiples of the 15-second scan window), encoded as a 1 fps 32x32 H.264 mp4. Segment lengths scale with the duration: every segment
+is at least as long as the spacing of a 64-frame overview (so a 64-frame
+overview sees every segment) and 2-4 s at these durations (so an 8-frame
+overview, one frame every 7.5-15 s, misses most of them). Two colours (the *unique*
+colours) appear exactly once each. Questions, in the paper's three families:
 
 * ``mcq`` — "What colour is shown at second t?" with four options (answered with the
   option's text, which the protocol maps to its letter);
 * ``oe``  — the same without options (answer: the colour name; scored by token F1);
-* ``tvg`` — "When is the <unique colour> segment shown?" → ``[start, end]``.
+* ``tvg`` — "When is the segment of colour <unique colour> shown?" → ``[start, end]``.
 
-Sub-agents see the question. For a colour-at-t question they list the colour of
-every second of their 2-second window ("95 red; 96 red; 97 blue"); for grounding
-they scan a 15-second window and list the seconds showing the colour asked
-about ("cyan at: 21 22 23" or "cyan at: none").
+Each question is drawn from its own seeded generator, so a world's first k
+questions do not depend on how many are asked (training asks more per video
+than evaluation).
 
-Design (what makes the tool matter): segments are short, so at n = 4 or 8
-overview frames the frame nearest to t usually shows another segment, and the
-unique segment is usually not in the overview at all; at n = 64 (≈1 frame per
-1-2 s) every segment is visible. Sub-agent summaries are per-second
-listings (run-length summaries did not learn in a tiny model; listings did). The planner's answer turn copies the entry it needs
-into its reasoning before answering ("97 blue."; "cyan at: 21 22 23.") with the
-tool response's own tokens, and each training question also appears once with
-only the answer turn in the loss (the answer step was the bottleneck). For a
-colour-at-t question the planner lists the window starting at t first, so the
-needed entry opens the tool response.
+How the tool is used (the traces below are built from ground truth):
 
-Trace formats are built from ground truth with the runtime's own prompt and
-protocol functions, so the trained policy and the agent speak the same protocol.
+* colour-at-t: the planner crops, in one turn, the window [t, t+1] and the window
+  [t-1, t]; each sub-agent lists the colour of every second of its window
+  ("95 red; 96 blue"); the planner copies the entry for t ("95 red.") and answers
+  with the colour's name.
+* grounding: the planner scans the whole video with parallel 15-second windows
+  (16 frames at 1 fps each, at most 8 of them); each sub-agent lists the seconds
+  of its window that show the colour asked about ("colour cyan at: 21 22 23" or
+  "colour cyan at: none"); the planner copies the sightings and answers
+  ``[first, last + 1]``.
+
+Every step is a copy of tokens the model has in its context (times are single
+digit tokens) or a +/-1 on a time, and every copy is shaped for an induction
+head: what is copied follows the same words where it is read and where it is
+written ("second 29" -> "around second 29"; "colour cyan" -> "colour cyan at:").
+That is what a model of about a million parameters learns in an hour of CPU
+training. Run-length summaries, larger
+arithmetic and nearest-frame search are what such a model gets wrong; the
+no-tool traces need the last one, which is why the no-tool mode is weak below
+n = 64.
+
+Trace formats use the runtime's own prompt, protocol and tool-label functions,
+so the trained policy and the agent speak the same protocol (a test renders a
+trace both ways and compares the tokens).
 """
 
 from __future__ import annotations
@@ -44,9 +58,21 @@ from paravt_agent.prompts import (
     tool_response_message,
     tool_system_prompt,
 )
-from paravt_agent.protocol import format_time, render_tool_call, split_think
+from paravt_agent.protocol import render_tool_call, split_think
 
-__all__ = ["COLOURS", "World", "make_world", "make_worlds", "nearest_frame_answer", "Question"]
+__all__ = [
+    "COLOURS",
+    "MCQ_WINDOW",
+    "SCAN_WINDOW",
+    "Question",
+    "World",
+    "make_world",
+    "make_worlds",
+    "nearest_frame_answer",
+    "segment_lengths",
+    "sft_rows",
+    "rl_rows",
+]
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (230, 25, 75),
@@ -59,8 +85,10 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "white": (250, 250, 250),
 }
 LETTERS = "ABCD"
-MCQ_WINDOW = 2  # MCQ: two parallel windows [t, t+2] and [t-2, t]; both see second t
-SCAN_WINDOW = 15  # TVG: windows of 15 s (16 frames at 1 fps) covering the whole video
+DURATIONS = (60, 75, 90, 105, 120)  # multiples of the scan window: a scan is 4-8 windows that tile the video
+MCQ_WINDOW = 1  # colour-at-t: two parallel windows [t, t+1] and [t-1, t]; both see second t
+SCAN_WINDOW = 15  # grounding: windows of 15 s (16 frames at 1 fps) covering the whole video
+UNIQUE = 2  # colours that appear exactly once (the grounding targets)
 
 
 @dataclass
@@ -80,7 +108,7 @@ class World:
     wid: str
     duration: int
     segments: list[tuple[str, int, int]]  # (colour, start, end) in whole seconds, end exclusive
-    unique: str
+    uniques: list[str]
     video: str = ""
     questions: list[Question] = field(default_factory=list)
 
@@ -90,23 +118,30 @@ class World:
                 return c
         return self.segments[-1][0]
 
+    def span_of(self, colour: str) -> tuple[int, int]:
+        return next((a, b) for c, a, b in self.segments if c == colour)
+
+    def seconds(self, start: float, end: float) -> range:
+        """The frames (whole seconds) a 1 fps crop of [start, end] returns."""
+        return range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
+
     def summary(self, q: Question, start: float, end: float) -> str:
         """What a correct sub-agent reports for question ``q`` on window [start, end]."""
         return self.sightings(q.colour, start, end) if q.task == "tvg" else self.listing(start, end)
 
     def listing(self, start: float, end: float) -> str:
-        """The sub-agent's target: one entry per second of the window."""
-        secs = range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
-        return "; ".join(f"{s} {self.colour_at(s)}" for s in secs)
+        """The colour-at-t sub-agent's target: one entry per second of the window."""
+        return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
 
     def sightings(self, colour: str, start: float, end: float) -> str:
         """A grounding sub-agent's target: the seconds of the window that show ``colour``."""
-        secs = range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
-        seen = [str(s) for s in secs if self.colour_at(s) == colour]
-        return f"{colour} at: {' '.join(seen) if seen else 'none'}"
+        seen = [str(s) for s in self.seconds(start, end) if self.colour_at(s) == colour]
+        return f"colour {colour} at: {' '.join(seen) if seen else 'none'}"
 
     def scan_windows(self) -> list[tuple[int, int]]:
-        return [(a, min(a + SCAN_WINDOW, self.duration)) for a in range(0, self.duration - 1, SCAN_WINDOW)]
+        """Windows of SCAN_WINDOW seconds from 0 until every frame is covered (the last one as asked,
+        before the tool clamps it to the duration)."""
+        return [(a, a + SCAN_WINDOW) for a in range(0, self.duration - 1, SCAN_WINDOW)]
 
     def write(self, path: str | Path) -> str:
         from paravt_train.toy.render import write_segments
@@ -116,55 +151,77 @@ class World:
         return self.video
 
 
-def make_world(seed: int, min_len: int = 60, max_len: int = 90) -> World:
+def segment_lengths(duration: int) -> tuple[int, int]:
+    """Shortest and longest segment: at least the spacing of a 64-frame overview (so one of its frames
+    falls in every segment), at least 2 s, and at most twice that."""
+    lo = max(2, math.ceil(duration / 64))
+    return lo, 2 * lo
+
+
+def make_world(seed: int, mcq: int = 1, oe: int = 1, tvg: int = 1, durations: tuple[int, ...] = DURATIONS) -> World:
+    """The world of ``seed`` with its first ``mcq`` / ``oe`` / ``tvg`` questions."""
     rng = random.Random(seed)
-    duration = rng.randint(min_len, max_len)
+    d = rng.choice(durations)
+    lo, hi = segment_lengths(d)
     names = list(COLOURS)
-    unique = rng.choice(names)
-    others = [c for c in names if c != unique]
+    uniques = rng.sample(names, UNIQUE)
+    others = [c for c in names if c not in uniques]
     segs, t, prev = [], 0, None
-    while t < duration:
-        n = min(rng.randint(2, 4), duration - t)
+    while t < d:
+        n = min(rng.randint(lo, hi), d - t)
         c = rng.choice([c for c in others if c != prev])
         segs.append([c, t, t + n])
         t, prev = t + n, c
-    if segs[-1][2] - segs[-1][1] < 2 and len(segs) > 1:  # no 1-second tail
+    if len(segs) > 1 and segs[-1][2] - segs[-1][1] < lo:  # no short tail: the last segment absorbs it
         segs[-2][2] = segs[-1][2]
         segs.pop()
-    # the unique colour replaces one inner segment (its neighbours differ from it by construction)
-    k = rng.randrange(1, len(segs) - 1)
-    segs[k][0] = unique
-    world = World(f"w{seed}", duration, [tuple(s) for s in segs], unique)
-    world.questions = _questions(world, rng)
+    # the unique colours replace inner segments that are not next to each other
+    inner = list(range(1, len(segs) - 1))
+    k1 = rng.choice(inner)
+    k2 = rng.choice([k for k in inner if abs(k - k1) > 1])
+    segs[k1][0], segs[k2][0] = uniques
+    world = World(f"w{seed}", d, [tuple(s) for s in segs], uniques)
+    world.questions = _questions(world, seed, mcq, oe, tvg)
     return world
 
 
-def _questions(w: World, rng: random.Random) -> list[Question]:
+def _questions(w: World, seed: int, mcq: int, oe: int, tvg: int) -> list[Question]:
     qs = []
-    t = rng.randint(MCQ_WINDOW, w.duration - 1 - MCQ_WINDOW)
-    colour = w.colour_at(t)
-    distract = rng.sample([c for c in COLOURS if c != colour], 3)
-    opts = [colour, *distract]
-    rng.shuffle(opts)
-    qs.append(Question(f"{w.wid}-mcq", "mcq", f"What colour is shown at second {t}?",
-                       LETTERS[opts.index(colour)], [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], t, colour))
-    t2 = rng.randint(MCQ_WINDOW, w.duration - 1 - MCQ_WINDOW)
-    qs.append(Question(f"{w.wid}-oe", "oe", f"What colour is shown at second {t2}? Answer with the colour name.",
-                       w.colour_at(t2), None, t2, w.colour_at(t2)))
-    _, a, b = next(s for s in w.segments if s[0] == w.unique)
-    qs.append(Question(f"{w.wid}-tvg", "tvg", f"When is the {w.unique} segment shown? Answer [start, end] in seconds.",
-                       f"[{a}, {b}]", None, None, w.unique, (a, b)))
+    for i in range(mcq):
+        rng = random.Random(f"{seed}/mcq/{i}")
+        t = rng.randint(MCQ_WINDOW, w.duration - 1 - MCQ_WINDOW)
+        colour = w.colour_at(t)
+        opts = [colour, *rng.sample([c for c in COLOURS if c != colour], 3)]
+        rng.shuffle(opts)
+        qs.append(Question(f"{w.wid}-mcq{i}", "mcq", f"What colour is shown at second {t}?",
+                           LETTERS[opts.index(colour)], [f"{LETTERS[j]}. {o}" for j, o in enumerate(opts)], t,
+                           colour))
+    for i in range(oe):
+        rng = random.Random(f"{seed}/oe/{i}")
+        t = rng.randint(MCQ_WINDOW, w.duration - 1 - MCQ_WINDOW)
+        qs.append(Question(f"{w.wid}-oe{i}", "oe", f"What colour is shown at second {t}? Answer with the colour name.",
+                           w.colour_at(t), None, t, w.colour_at(t)))
+    for i in range(min(tvg, UNIQUE)):
+        colour = w.uniques[i]
+        a, b = w.span_of(colour)
+        qs.append(Question(f"{w.wid}-tvg{i}", "tvg", grounding_question(colour), f"[{a}, {b}]", None, None, colour,
+                           (a, b)))
     return qs
 
 
-def make_worlds(seeds, video_dir: str | Path, progress: bool = False) -> list[World]:
+def grounding_question(colour: str) -> str:
+    return f"When is the segment of colour {colour} shown? Answer [start, end] in seconds."
+
+
+def make_worlds(seeds, video_dir: str | Path, progress: bool = False, **questions) -> list[World]:
+    """Worlds of ``seeds`` with their videos written to ``video_dir`` (``questions``: counts per task)."""
     from tqdm.auto import tqdm
 
     video_dir = Path(video_dir)
     video_dir.mkdir(parents=True, exist_ok=True)
     worlds = []
     for s in tqdm(list(seeds), desc="toy videos", disable=not progress, leave=False):
-        w = make_world(s)
+        w = make_world(s, **questions)
         w.write(video_dir / f"{w.wid}.mp4")
         worlds.append(w)
     return worlds
@@ -180,18 +237,24 @@ def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
     return [(q.t, q.t + MCQ_WINDOW), (q.t - MCQ_WINDOW, q.t)]
 
 
+def seen_seconds(w: World, q: Question) -> list[int]:
+    """Grounding: the seconds the scan's sub-agents report, in tool-response order (a second on the
+    boundary of two windows is reported by both)."""
+    return [s for a, b in w.scan_windows() for s in w.seconds(a, b) if w.colour_at(s) == q.colour]
+
+
 def answer_turn(w: World, q: Question) -> str:
-    """The planner's final turn: copy the needed entry verbatim into the think, then answer with its words.
+    """The planner's final turn: copy the needed entries into the think, then answer with their tokens.
 
     The copy repeats the tool response's own tokens ("32 red" → "32 red.", answer " red"), so each
-    step is a plain copy for a small model: the match-and-copy of an induction head, no re-spelling.
-    Grounding answers the first and last second seen (1 fps evidence cannot place the end more finely).
+    step is a plain copy for a small model. Grounding answers from the first second seen to one
+    second after the last (a 1 fps frame stands for its whole second): the same +1 on a time the
+    planner does when it crops [t, t+1].
     """
     if q.task == "tvg":
-        a, b = q.span
-        secs = list(range(a, b))
-        return (f"<think>\n{q.colour} at: {' '.join(map(str, secs))}.</think>\n"
-                f"<answer>[{secs[0]}, {secs[-1]}]</answer>")
+        seen = seen_seconds(w, q)
+        return (f"<think>\ncolour {q.colour} at: {' '.join(map(str, seen))}.</think>\n"
+                f"<answer>[{seen[0]}, {seen[-1] + 1}]</answer>")
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
     return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
 
@@ -202,13 +265,16 @@ def planner_turn(q: Question, windows: list[tuple[int, int]]) -> str:
     return f"<think>\nInspect {where}.</think>\n{calls}"
 
 
+def call_label(w: World, a: float, b: float) -> str:
+    """The tool-response label the runtime gives this call (the tool's own, after clamping to the video)."""
+    from tools.builtin import CropVideo, CropVideoArgs
+
+    return CropVideo().describe_call(CropVideoArgs(start_time=a, end_time=min(b, w.duration)))
+
+
 def _user(video: str, n: int, q: Question) -> dict:
     return {"role": "user", "content": [{"type": "video", "video": video, "n_frames": n},
                                         {"type": "text", "text": question_text(q.question, q.options)}]}
-
-
-def _label(a: float, b: float) -> str:
-    return f"crop_video({format_time(a)}-{format_time(b)})"
 
 
 def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list[dict]) -> list[dict]:
@@ -217,7 +283,7 @@ def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list
         {"role": "system", "content": tool_system_prompt(tools_schema)},
         _user(video, n, q),
         {"role": "assistant", "content": planner_turn(q, wins)},
-        tool_response_message([(_label(a, b), w.summary(q, a, b)) for a, b in wins]),
+        tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in wins]),
         {"role": "assistant", "content": answer_turn(w, q)},
     ]
 
@@ -227,7 +293,7 @@ def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: li
     msgs = [{"role": "system", "content": tool_system_prompt(tools_schema, sequential=True)}, _user(video, n, q)]
     for a, b in wins:
         msgs.append({"role": "assistant", "content": planner_turn(q, [(a, b)])})
-        msgs.append(tool_response_message([(_label(a, b), w.summary(q, a, b))]))
+        msgs.append(tool_response_message([(call_label(w, a, b), w.summary(q, a, b))]))
     msgs.append({"role": "assistant", "content": answer_turn(w, q)})
     return msgs
 
@@ -238,17 +304,18 @@ def overview_seconds(duration: int, n: int) -> list[int]:
     return [int(t) for t in overview_times(float(duration), n=n)]
 
 
+def _nearest(secs: list[int], t: int) -> int:
+    return min(secs, key=lambda s: (abs(s - t), s))
+
+
 def nearest_frame_answer(w: World, q: Question, n: int) -> str:
-    """The shortcut: read the overview frame nearest to the asked moment (TVG: the visible unique frames)."""
+    """The shortcut: read the overview frame nearest to the asked moment (grounding: from the first
+    overview frame showing the colour to one second after the last; the whole video when none does)."""
     secs = overview_seconds(w.duration, n)
     if q.task == "tvg":
         seen = [s for s in secs if w.colour_at(s) == q.colour]
-        if not seen:
-            mid = w.duration // 2
-            return f"[{mid - 2}, {mid + 2}]"
-        return f"[{seen[0]}, {seen[-1] + 1}]"
-    near = min(secs, key=lambda s: (abs(s - q.t), s))
-    colour = w.colour_at(near)
+        return f"[{seen[0]}, {seen[-1] + 1}]" if seen else f"[0, {w.duration}]"
+    colour = w.colour_at(_nearest(secs, q.t))
     if q.task == "oe":
         return colour
     names = [o.split(". ", 1)[1] for o in q.options]
@@ -256,20 +323,22 @@ def nearest_frame_answer(w: World, q: Question, n: int) -> str:
 
 
 def direct_trace(w: World, q: Question, video: str, n: int) -> list[dict]:
-    """Mode none: answer from the overview, reading the nearest frame (what can be seen)."""
+    """Mode none: answer from the overview, reading the nearest frame (what can be seen). The think
+    ("frame 36: red.") differs from the tool traces' ("37 red."): the colour comes from an image here,
+    from the tool response there, and one shape for both made a small model mix the two up."""
     secs = overview_seconds(w.duration, n)
-    guess = nearest_frame_answer(w, q, n)
     if q.task == "tvg":
         seen = [s for s in secs if w.colour_at(s) == q.colour]
-        think = f"{q.colour} seen at: {' '.join(map(str, seen))}." if seen else f"{q.colour} not seen."
+        think = f"frames at: {' '.join(map(str, seen))}." if seen else "frames at: none."
+        guess = f"[{seen[0]}, {seen[-1] + 1}]" if seen else f"[0, {w.duration}]"
     else:
-        near = min(secs, key=lambda s: (abs(s - q.t), s))
-        think = f"Nearest frame {near}: {w.colour_at(near)}."
-        guess = w.colour_at(near)  # answered with the colour's name, as in the tool traces
+        near = _nearest(secs, q.t)
+        think = f"frame {near}: {w.colour_at(near)}."
+        guess = " " + w.colour_at(near)  # answered with the colour's name, as in the tool traces
     return [
         {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
         _user(video, n, q),
-        {"role": "assistant", "content": f"<think>\n{think}</think>\n<answer> {guess}</answer>"},
+        {"role": "assistant", "content": f"<think>\n{think}</think>\n<answer>{guess}</answer>"},
     ]
 
 
@@ -283,29 +352,72 @@ def subagent_sample(w: World, q: Question, video: str, window: tuple[int, int]) 
     ]
 
 
+def extra_subagent_samples(w: World, video: str, rng: random.Random, listings: int = 2,
+                           groundings: int = 6) -> list[list[dict]]:
+    """Sub-agent samples on random windows: ``listings`` colour-at-t listings of 2-4 seconds, and
+    ``groundings`` 15-second grounding windows, half of them catching part or all of a unique segment at
+    a random offset, half asking about any colour (which may show several times, or not at all)."""
+    out = []
+    for _ in range(listings):
+        length = rng.randint(1, 3)
+        a = rng.randint(0, w.duration - 1 - length)
+        t = rng.randint(a, a + length)
+        q = Question("extra", "oe", f"What colour is shown at second {t}?", w.colour_at(t), t=t, colour=w.colour_at(t))
+        out.append(subagent_sample(w, q, video, (a, a + length)))
+    for i in range(groundings):
+        if i % 2 == 0:
+            colour = rng.choice(w.uniques)
+            s0, s1 = w.span_of(colour)
+            a = rng.randint(max(0, s0 - SCAN_WINDOW + 1), min(s1 - 1, w.duration - 2))
+        else:
+            colour = rng.choice(list(COLOURS))
+            a = rng.randint(0, w.duration - 2)
+        q = Question("extra", "tvg", grounding_question(colour), "", colour=colour)
+        out.append(subagent_sample(w, q, video, (a, a + SCAN_WINDOW)))
+    return out
+
+
+def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[int, int]]:
+    """The windows a question's sub-agent samples come from: both colour-at-t windows; for grounding
+    the windows that see the colour plus two that do not."""
+    wins = windows_for(w, q)
+    if q.task != "tvg":
+        return wins
+    hits = [x for x in wins if w.seconds(*x) and any(w.colour_at(s) == q.colour for s in w.seconds(*x))]
+    misses = [x for x in wins if x not in hits]
+    return hits + rng.sample(misses, min(2, len(misses)))
+
+
 def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nframes=(4, 8, 16, 32, 64),
-             video_root: str | Path | None = None) -> list[dict]:
-    """SFT rows: parallel traces (most), sequential and direct-answer traces, and sub-agent samples."""
+             video_root: str | Path | None = None, p_sequential: float = 0.2, p_direct: float = 0.4,
+             direct_nframes=(16, 32, 64, 64), answer_only=(("mcq", 0.5), ("oe", 0.5), ("tvg", 1.0)),
+             extra_listings: int = 2, extra_groundings: int = 6) -> list[dict]:
+    """SFT rows. Per question: a parallel trace; with the task's probability in ``answer_only`` the same
+    again with only the answer turn trained; with probability ``p_sequential`` a sequential trace; with
+    probability ``p_direct`` a direct-answer (no tool) trace at an n from ``direct_nframes``; sub-agent
+    samples of its windows. Per world: extra sub-agent samples on random windows."""
+    p_answer = dict(answer_only)
     rng = random.Random(seed)
     rows = []
     for w in worlds:
         video = Path(w.video).name if video_root else w.video
         for q in w.questions:
-            n = rng.choice(nframes)
-            rows.append({"id": f"{q.qid}-par", "messages": parallel_trace(w, q, video, n, tools_schema)})
-            # the answer step is the hard one: a second view of it with the planner turn as context only
-            answer_only = parallel_trace(w, q, video, rng.choice(nframes), tools_schema)
-            answer_only[2] = {**answer_only[2], "train": False}
-            rows.append({"id": f"{q.qid}-ans", "messages": answer_only})
-            r = rng.random()
-            if r < 0.25:
+            rows.append({"id": f"{q.qid}-par", "messages": parallel_trace(w, q, video, rng.choice(nframes),
+                                                                          tools_schema)})
+            if rng.random() < p_answer.get(q.task, 0.0):  # the answer step again, the planner turn as context
+                answer = parallel_trace(w, q, video, rng.choice(nframes), tools_schema)
+                answer[2] = {**answer[2], "train": False}
+                rows.append({"id": f"{q.qid}-ans", "messages": answer})
+            if rng.random() < p_sequential:
                 rows.append({"id": f"{q.qid}-seq", "messages": sequential_trace(w, q, video, rng.choice(nframes),
                                                                                    tools_schema)})
-            elif r < 0.5:
-                rows.append({"id": f"{q.qid}-dir", "messages": direct_trace(w, q, video, rng.choice(nframes))})
-            wins = windows_for(w, q)
-            for win in rng.sample(wins, min(2, len(wins))):
-                rows.append({"id": f"{q.qid}-sub{win[0]}", "messages": subagent_sample(w, q, video, win)})
+            if rng.random() < p_direct:
+                rows.append({"id": f"{q.qid}-dir", "messages": direct_trace(w, q, video,
+                                                                            rng.choice(direct_nframes))})
+            for a, b in subagent_windows(w, q, rng):
+                rows.append({"id": f"{q.qid}-sub{a}", "messages": subagent_sample(w, q, video, (a, b))})
+        for i, msgs in enumerate(extra_subagent_samples(w, video, rng, extra_listings, extra_groundings)):
+            rows.append({"id": f"{w.wid}-xsub{i}", "messages": msgs})
     rng.shuffle(rows)
     return rows
 

@@ -1,6 +1,6 @@
 """Vanilla GRPO vs PARA-GRPO on the toy world, on CPU, from the shipped toy SFT policy.
 
-    .venv/bin/python examples/toy_rl.py                 # both presets, ~20 min each on 2 cores
+    .venv/bin/python examples/toy_rl.py                 # both presets, ~13 min each on 2 cores
     .venv/bin/python examples/toy_rl.py --steps 5       # a quick look
 
 Builds a toy RL split (training worlds) and a held-out split (disjoint seeds),
@@ -52,7 +52,7 @@ def main() -> None:
             preset=preset, model=args.model, data=str(train), eval_data=str(held), eval_n_frames=8,
             video_root=str(vids), output_dir=str(out / preset), steps=args.steps,
             prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr,
-            max_new_tokens=448,  # a grounding scan of a 3-minute video is 12 calls (~350 tokens)
+            max_new_tokens=448,  # a grounding scan of a 2-minute video is 8 calls (~300 tokens)
             subagent_max_new_tokens=64, micro_batch_size=1, save_every=10, concurrency=args.prompts_per_step,
         )
         summary = GRPOTrainer(cfg).run()

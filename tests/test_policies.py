@@ -109,6 +109,40 @@ def test_local_batches_concurrent_calls_and_each_row_is_its_own(tiny_model, medi
     assert greedy.output_ids != outs[2].output_ids
 
 
+def test_local_batch_row_ended_by_stop_string_carries_no_padding(toy_policy_dir, media):
+    """In a batch, a row that ends on a stop string while another row goes on is padded by ``generate``;
+    the padding is not part of its output (same tokens, text and finish reason as the row run alone)."""
+    from paravt_agent.prompts import subagent_messages
+    from paravt_agent.video import VideoReader
+
+    policy = LocalPolicy(toy_policy_dir, max_batch=2, batch_wait=0.05)
+    video = VideoReader(media["video"])
+
+    def sub(a, b):
+        clip = video.crop(a, b, max_frames=16, fps=1.0, max_pixels=1024, factor=32)
+        return subagent_messages(clip.frames, clip.timestamps, (a, b), "What colour is shown?")
+
+    a_msgs, b_msgs = sub(8, 9), sub(10, 17)  # the sub-agent lists every second: B's list is longer
+    a_free = policy.generate_sync(a_msgs, Sampling(max_new_tokens=16))
+    b_free = policy.generate_sync(b_msgs, Sampling(max_new_tokens=16))
+    tok = policy._load()[1].tokenizer
+    # a stop string that row A reaches within its first tokens and row B never reaches
+    stop = next(t for k in range(1, 8)
+                if (t := tok.decode(a_free.output_ids[:k])) and t not in b_free.text)
+    sampling = Sampling(max_new_tokens=16, stop=[stop])
+
+    async def together():
+        return await asyncio.gather(policy.generate(a_msgs, sampling), policy.generate(b_msgs, sampling))
+
+    a, b = asyncio.run(together())
+    assert a.extra["batch"] == 2
+    assert b.completion_tokens > a.completion_tokens  # B went on after A had stopped
+    alone = policy.generate_sync(a_msgs, sampling)
+    assert a.output_ids == alone.output_ids and a.text == alone.text and len(a.logprobs) == len(a.output_ids)
+    assert a.finish_reason == alone.finish_reason == "stop"
+    assert tok.pad_token_id not in a.output_ids
+
+
 def test_local_batch_a_bad_request_fails_alone(tiny_model, media):
     policy = LocalPolicy(tiny_model, max_batch=4, batch_wait=0.05)
     bad = [{"role": "user", "content": [{"type": "image", "image": None, "timestamp": 0.0}]}]

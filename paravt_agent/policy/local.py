@@ -254,15 +254,15 @@ class LocalPolicy(Policy):
             new = out.sequences[i, width:].tolist()
             if self.eos_id in new:  # the row's own end; the batch pads finished rows after it
                 new = new[: new.index(self.eos_id) + 1]
+            while new and new[-1] == pad != self.eos_id:  # a row ended by a stop string, padded after it
+                new.pop()
             temp = s.temperature if s.temperature > 0 else 1.0
             lp = torch.log_softmax(logits[i, : len(new)] / temp, dim=-1)
             logprobs = lp.gather(1, torch.tensor(new, device=lp.device)[:, None])[:, 0].tolist() if new else []
             stopped = bool(new) and new[-1] == self.eos_id
             body = new[:-1] if stopped else new
             text = prefix + proc.tokenizer.decode(body, skip_special_tokens=False)
-            if s.stop and not stopped:
-                cut = min((text.find(x, len(prefix)) for x in s.stop if text.find(x, len(prefix)) >= 0), default=-1)
-                stopped = cut >= 0
+            stopped = stopped or any(x in text[len(prefix):] for x in s.stop)
             gens.append(Generation(
                 text=text, prefix=prefix, finish_reason="stop" if stopped else "length",
                 prompt_tokens=n_prompt, completion_tokens=len(new), latency=latency,

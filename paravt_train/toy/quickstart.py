@@ -15,8 +15,8 @@ from pathlib import Path
 
 from paravt_agent.agent import Agent
 from paravt_agent.policy.local import LocalPolicy
-from paravt_train.rewards import accuracy_reward
 from paravt_train.toy.build import TEST_SEED0, toy_agent_config
+from paravt_train.toy.roles import role_accuracy, score
 from paravt_train.toy.world import make_worlds, nearest_frame_answer
 
 __all__ = ["evaluate", "run", "shortcut", "table"]
@@ -24,11 +24,6 @@ __all__ = ["evaluate", "run", "shortcut", "table"]
 REPO_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "toy"
 #: Questions per held-out video: colour-at-t MCQ / open-ended, grounding.
 EVAL_QUESTIONS = {"mcq": 3, "oe": 1, "tvg": 1}
-
-
-def _score(response: str, q) -> float:
-    answer = [int(x) for x in q.span] if q.task == "tvg" else q.answer
-    return accuracy_reward(response, answer, q.task, q.options)
 
 
 def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = True, log=print):
@@ -45,7 +40,7 @@ def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = 
             )
             by: dict[str, list[float]] = {}
             for (_, q), a in zip(items, answers, strict=True):
-                by.setdefault(q.task, []).append(_score(a.trace.response, q))
+                by.setdefault(q.task, []).append(score(a.trace.response, q))
             row = {task: sum(v) / len(v) for task, v in by.items()}
             row["calls"] = sum(a.trace.tool_calls for a in answers) / len(answers)
             row["seconds"] = time.perf_counter() - t0
@@ -63,7 +58,7 @@ def shortcut(worlds, ns) -> dict:
         by: dict[str, list[float]] = {}
         for w in worlds:
             for q in w.questions:
-                by.setdefault(q.task, []).append(_score(f"<answer>{nearest_frame_answer(w, q, n)}</answer>", q))
+                by.setdefault(q.task, []).append(score(f"<answer>{nearest_frame_answer(w, q, n)}</answer>", q))
         out[n] = {task: sum(v) / len(v) for task, v in by.items()}
     return out
 
@@ -95,7 +90,6 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
         roles: int = 8) -> dict:
     """One trace, per-role accuracy on the first ``roles`` held-out videos (0 = skip), the mode x n table."""
     from paravt_agent.defaults import paravt_home
-    from paravt_train.toy.roles import role_accuracy
 
     t_start = time.perf_counter()
     model_dir = Path(model_dir or REPO_CHECKPOINT)

@@ -22,12 +22,18 @@ import asyncio
 from collections import defaultdict
 
 from paravt_agent.agent import Agent
-from paravt_agent.prompts import subagent_messages, tool_response_message
+from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, subagent_messages, tool_response_message
 from paravt_agent.protocol import parse_tool_calls
 from paravt_train.rewards import accuracy_reward
 from paravt_train.toy.world import World, answer_turn, call_label, planner_turn, windows_for
 
-__all__ = ["role_accuracy"]
+__all__ = ["role_accuracy", "score"]
+
+
+def score(response: str, q) -> float:
+    """The task's reward of a response to question ``q``: MCQ letter, OE token F1, grounding IoU."""
+    truth = [int(x) for x in q.span] if q.task == "tvg" else q.answer
+    return accuracy_reward(response, truth, q.task, q.options)
 
 
 def _windows(text: str) -> list[tuple[float, float]]:
@@ -46,31 +52,35 @@ def _windows(text: str) -> list[tuple[float, float]]:
 async def _one(agent: Agent, w: World, q, n: int, scores: dict) -> None:
     cfg = agent.config
     state, _ = await asyncio.to_thread(agent.initial_state, w.video, q.question, q.options, n)
-    messages = state["messages"]
+    messages, ctx = state["messages"], state["ctx"]
     wins = windows_for(w, q)
+    plan = planner_turn(q, wins)
 
     async def planner():
         gen = await agent.policy.generate(messages, cfg.planner_sampling, prefix=cfg.think_prefix)
         scores["planner", q.task].append(float(_windows(gen.text) == [(float(a), float(b)) for a, b in wins]))
 
-    async def subagent(a: int, b: int):
-        clip = await asyncio.to_thread(state["ctx"].video.crop, a, min(b, w.duration),
-                                       max_frames=cfg.frames.crop_max_frames, fps=cfg.frames.crop_fps,
-                                       max_pixels=cfg.frames.max_pixels, factor=cfg.frames.factor)
-        msgs = subagent_messages(clip.frames, clip.timestamps, (a, min(b, w.duration)), q.question)
+    async def subagent(p, a: int, b: int):
+        # the correct plan's calls through the runtime's registry and crop tool, as the graph runs them
+        result = await p.tool.run(p.args, ctx)
+        question = q.question if cfg.question_to_subagents else None
+        msgs = subagent_messages(result.frames, result.timestamps, result.window, question,
+                                 system=cfg.subagent_prompt or SUBAGENT_SYSTEM_PROMPT)
         gen = await agent.policy.generate(msgs, cfg.subagent_sampling)
         scores["subagent", q.task].append(float(gen.text.strip() == w.summary(q, a, b)))
 
     async def answer():
-        msgs = [*messages, {"role": "assistant", "content": planner_turn(q, wins)},
+        msgs = [*messages, {"role": "assistant", "content": plan},
                 tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in wins])]
         gen = await agent.policy.generate(msgs, cfg.planner_sampling, prefix=cfg.think_prefix)
-        truth = list(q.span) if q.task == "tvg" else q.answer
-        scores["answer", q.task].append(accuracy_reward(gen.text, truth, q.task, q.options))
-        if q.task == "tvg":  # the best the answer step can do: [first, last] second seen
-            scores["answer (oracle)", q.task].append(accuracy_reward(answer_turn(w, q), truth, q.task))
+        scores["answer", q.task].append(score(gen.text, q))
+        if q.task == "tvg":  # the best the answer step can do: [first, last + 1] of the seconds seen
+            scores["answer (oracle)", q.task].append(score(answer_turn(w, q), q))
 
-    await asyncio.gather(planner(), answer(), *(subagent(a, b) for a, b in wins))
+    calls = agent.registry.prepare(parse_tool_calls(plan), ctx, cfg.max_calls_per_turn)
+    if not all(p.ok for p in calls) or len(calls) != len(wins):
+        raise AssertionError(f"{q.qid}: the taught plan does not validate: {[p.error for p in calls]}")
+    await asyncio.gather(planner(), answer(), *(subagent(p, a, b) for p, (a, b) in zip(calls, wins, strict=True)))
 
 
 def role_accuracy(agent: Agent, worlds: list[World], n: int = 8, concurrency: int = 4) -> dict:

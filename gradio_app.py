@@ -25,6 +25,7 @@ from paravt_agent.config import AgentConfig  # noqa: E402
 from paravt_agent.errors import ParaVTError  # noqa: E402
 from paravt_agent.protocol import format_time  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
+from paravt_agent.types import AnswerEvent, OverviewEvent, PlannerEvent, SubAgentEvent  # noqa: E402
 from paravt_agent.video import VideoReader  # noqa: E402
 
 MAX_UPLOAD_MB = 500
@@ -125,22 +126,21 @@ class Demo:
             outputs["status"] = "decoding the overview ..."
             yield emit()
             async for ev in agent.astream(video, question, options, n_frames=int(n_frames) if n_frames else None):
-                kind = ev["event"]
-                if kind == "overview":
-                    duration, overview = ev["duration"], ev["timestamps"]
+                if isinstance(ev, OverviewEvent):
+                    duration, overview = ev.duration, ev.timestamps
                     reader = VideoReader(video)
                     outputs["status"] = f"planner is thinking over {len(overview)} overview frames ..."
-                elif kind == "planner":
-                    outputs["think"] = ev["text"]
-                    for c in ev["calls"]:
-                        if c.get("window"):
-                            windows[(ev["turn"], c["index"])] = {"index": c["index"], "window": c["window"],
-                                                                 "error": c.get("error"), "summary": ""}
-                    n = sum(1 for c in ev["calls"] if not c.get("error"))
-                    outputs["status"] = f"{n} sub-agents dispatched ..." if ev["calls"] else "answering ..."
-                elif kind == "subagent":
-                    rec = ev["record"]
-                    key = (ev["turn"], rec.index)
+                elif isinstance(ev, PlannerEvent):
+                    outputs["think"] = ev.text
+                    for c in ev.calls:
+                        if c.window:
+                            windows[(ev.turn, c.index)] = {"index": c.index, "window": c.window,
+                                                           "error": c.error, "summary": ""}
+                    n = sum(1 for c in ev.calls if not c.error)
+                    outputs["status"] = f"{n} sub-agents dispatched ..." if ev.calls else "answering ..."
+                elif isinstance(ev, SubAgentEvent):
+                    rec = ev.record
+                    key = (ev.turn, rec.index)
                     w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": ""})
                     w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"])
                     if rec.frame_timestamps and reader is not None and key not in thumbs:
@@ -154,8 +154,8 @@ class Demo:
                     outputs["gallery"] = [thumbs[k] for k in sorted(thumbs)]
                     done = sum(1 for v in windows.values() if v["summary"] or v["error"])
                     outputs["status"] = f"{done} of {len(windows)} sub-agents done ..."
-                elif kind == "answer":
-                    ans = ev["answer"]
+                elif isinstance(ev, AnswerEvent):
+                    ans = ev.answer
                     t = ans.trace
                     outputs["answer"] = ans.choice or ans.text or "(no answer)"
                     outputs["think"] = "\n\n".join(turn.text for turn in t.turns)

@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 from paravt_train.data import write_parquet
-from paravt_train.rl import GRPOConfig, GRPOTrainer, plot
+from paravt_train.grpo_config import GRPOConfig
+from paravt_train.grpo_trainer import GRPOTrainer
+from paravt_train.plot import plot
 from paravt_train.toy.build import TEST_SEED0
 from paravt_train.toy.quickstart import REPO_CHECKPOINT
 from paravt_train.toy.world import make_worlds, rl_rows

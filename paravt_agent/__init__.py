@@ -1,7 +1,8 @@
 """ParaVT agent runtime: parallel video tool calling for long-video question answering.
 
 ``Agent(model=...).answer(video, question)`` is all a new user needs. Heavy
-imports (torch, transformers, langgraph) happen lazily, on first use.
+imports (torch, transformers, langgraph) happen lazily, on first use. The types
+that cross layers live in :mod:`paravt_agent.types`.
 """
 
 from typing import TYPE_CHECKING
@@ -9,35 +10,53 @@ from typing import TYPE_CHECKING
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, ToolError, VideoError
 
 if TYPE_CHECKING:
-    from paravt_agent.agent import Agent, Answer
-    from paravt_agent.config import AgentConfig, FrameConfig
-    from paravt_agent.policy.base import Generation, Policy, Sampling
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import AgentConfig
+    from paravt_agent.policy.base import Policy
     from paravt_agent.trajectory import Trace
+    from paravt_agent.types import (
+        Answer,
+        AnswerEvent,
+        Generation,
+        GenerationRecord,
+        OverviewEvent,
+        PlannerEvent,
+        RolloutInput,
+        Sampling,
+        SubAgentEvent,
+    )
+    from paravt_agent.video import FrameConfig
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "Agent": "paravt_agent.agent",
-    "Answer": "paravt_agent.agent",
     "AgentConfig": "paravt_agent.config",
-    "FrameConfig": "paravt_agent.config",
-    "Generation": "paravt_agent.policy.base",
+    "FrameConfig": "paravt_agent.video",
     "Policy": "paravt_agent.policy.base",
-    "Sampling": "paravt_agent.policy.base",
     "Trace": "paravt_agent.trajectory",
+    **{name: "paravt_agent.types" for name in (
+        "Answer", "AnswerEvent", "Generation", "GenerationRecord", "OverviewEvent", "PlannerEvent",
+        "RolloutInput", "Sampling", "SubAgentEvent")},
 }
 
 __all__ = [
     "Agent",
     "AgentConfig",
     "Answer",
+    "AnswerEvent",
     "ConfigError",
     "FrameConfig",
     "Generation",
+    "GenerationRecord",
+    "OverviewEvent",
     "ParaVTError",
+    "PlannerEvent",
     "Policy",
     "PolicyError",
+    "RolloutInput",
     "Sampling",
+    "SubAgentEvent",
     "ToolError",
     "Trace",
     "VideoError",

@@ -8,57 +8,19 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from paravt_agent.config import AgentConfig
-from paravt_agent.errors import ParaVTError, VideoError
+from paravt_agent.errors import ConfigError, ParaVTError
 from paravt_agent.policy.base import Policy
+from paravt_agent.policy.registry import make_policy
 from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, planner_messages, tool_system_prompt
 from paravt_agent.protocol import extract_answer, extract_choice, parse_span
 from paravt_agent.trajectory import Trace
+from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, RolloutInput, StreamEvent
 from paravt_agent.video import VideoReader
 
 __all__ = ["Agent", "Answer", "make_policy"]
-
-
-@dataclass
-class Answer:
-    """The final answer text, the parsed choice or span where the question asks for one, and the trace."""
-
-    text: str
-    trace: Trace
-    choice: str | None = None
-    span: tuple[float, float] | None = None
-    generations: list | None = None  # token-level records (role, turn, index, Generation)
-    messages: list[dict] | None = None  # the planner's final conversation (frames included)
-
-    def __str__(self) -> str:
-        return self.choice or self.text
-
-
-def make_policy(
-    backend: str, model: str | None = None, endpoint: str | None = None, api_key: str | None = None, **kw
-) -> Policy:
-    """A policy by backend name: ``local`` (a model directory), ``openai`` or ``sglang`` (an endpoint)."""
-    if backend == "local":
-        from paravt_agent.policy.local import LocalPolicy
-
-        if not model:
-            raise ParaVTError("the local backend needs model=<path of a model directory>")
-        return LocalPolicy(model, **kw)
-    if backend == "openai":
-        from paravt_agent.policy.openai_backend import OpenAIPolicy
-
-        return OpenAIPolicy(model=model, endpoint=endpoint, api_key=api_key, **kw)
-    if backend == "sglang":
-        from paravt_agent.policy.sglang_backend import SGLangPolicy
-
-        if not model:
-            raise ParaVTError("the sglang backend needs model=<path or name of the served model's processor>")
-        return SGLangPolicy(model=model, endpoint=endpoint, **kw)
-    raise ParaVTError(f"unknown backend {backend!r}; choose local, openai or sglang")
 
 
 class Agent:
@@ -68,6 +30,11 @@ class Agent:
     >>> agent = Agent(backend="openai", endpoint="http://127.0.0.1:30000/v1", model="ParaVT-8B")
     >>> ans = agent.answer("talk.mp4", "When does the speaker pick up the cup?")
     >>> print(ans.text); print(ans.trace.render())
+
+    ``config`` defaults to the model directory's ``agent_config.yaml`` when it has one
+    (:meth:`AgentConfig.for_model`), else to the paper's protocol. ``tools`` is a
+    :class:`tools.ToolRegistry` or a list of :class:`tools.Tool` instances (default: the
+    built-ins and every ``paravt.tools`` plugin); ``config.tools`` picks the ones offered.
     """
 
     def __init__(
@@ -83,13 +50,28 @@ class Agent:
         store: Any = None,
         policy_kwargs: dict | None = None,
     ):
-        from tools import ToolRegistry
+        from tools import Tool, ToolRegistry
 
-        if config is None and backend == "local" and model and (Path(model) / "agent_config.yaml").is_file():
-            config = AgentConfig.from_yaml(Path(model) / "agent_config.yaml")  # the protocol it was trained with
+        if config is None and backend == "local" and policy is None:
+            config = AgentConfig.for_model(model)  # the protocol it was trained with
         self.config = config or AgentConfig()
         self.policy = policy or make_policy(backend, model, endpoint, api_key, **(policy_kwargs or {}))
-        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry.default()
+        if self.config.think_prefix and not self.policy.supports_prefix:
+            raise ConfigError(f"the {self.policy.name} policy cannot pin the think prefix "
+                              f"{self.config.think_prefix!r}; set think_prefix: '' in the agent config "
+                              "or use a backend that can (local, sglang, openai with prefill)")
+        if tools is None:
+            registry = ToolRegistry.default()
+        elif isinstance(tools, ToolRegistry):
+            registry = tools
+        else:
+            tools = list(tools)
+            bad = [t for t in tools if not isinstance(t, Tool)]
+            if bad:
+                raise ConfigError(f"tools must be paravt Tool instances, got {bad[0]!r}")
+            registry = ToolRegistry(tools)
+            if self.config.tools == AgentConfig.model_fields["tools"].default_factory():
+                self.config = self.config.model_copy(update={"tools": registry.names()})
         self.registry = registry.subset(self.config.tools) if self.config.mode != "none" else ToolRegistry()
         self.store = store
         self._graph = None
@@ -115,10 +97,8 @@ class Agent:
             return cfg.system_prompt
         return tool_system_prompt(self.registry.schemas(), sequential=cfg.mode == "sequential")
 
-    def initial_state(
-        self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
-        n_frames: int | None = None,
-    ) -> tuple[dict, Trace]:
+    def prepare(self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
+                n_frames: int | None = None) -> RolloutInput:
         """Decode the overview and build the planner's first messages (no model call)."""
         from tools import ToolContext
 
@@ -126,15 +106,9 @@ class Agent:
             raise ParaVTError("the question is empty")
         f = self.config.frames
         reader = VideoReader(video, backend=f.backend)
-        overview = reader.overview(
-            n=n_frames or f.n_frames, fps=f.fps, max_frames=f.max_frames, max_pixels=f.max_pixels,
-            factor=f.factor, fast=f.fast_overview,
-        )
+        overview = reader.overview(n_frames, f)
         info = overview.info
-        ctx = ToolContext(
-            video=reader, crop_max_frames=f.crop_max_frames, crop_fps=f.crop_fps, max_pixels=f.max_pixels,
-            factor=f.factor, strict_video_path=self.config.strict_video_path,
-        )
+        ctx = ToolContext(video=reader, frames=f, strict_video_path=self.config.strict_video_path)
         messages = planner_messages(
             self.system_prompt(), overview.frames, overview.timestamps, info.duration, question, options,
             video_name=os.path.basename(os.fspath(video)),
@@ -143,9 +117,8 @@ class Agent:
             video=os.fspath(video), question=question, options=list(options) if options else None,
             mode=self.config.mode, duration=info.duration, overview_timestamps=list(overview.timestamps),
         )
-        state = {"question": question, "options": list(options) if options else None, "ctx": ctx,
-                 "messages": messages, "turn": 0, "calls": [], "results": {}, "turns": [], "generations": []}
-        return state, trace
+        return RolloutInput(question, list(options) if options else None, messages, ctx, trace,
+                            n_frames if n_frames is not None else f.n_frames)
 
     def _graph_config(self) -> dict:
         return {"max_concurrency": self.config.max_concurrency, "recursion_limit": 6 * (self.config.max_turns + 3)}
@@ -155,23 +128,26 @@ class Agent:
     async def astream(
         self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
         *, n_frames: int | None = None,
-    ) -> AsyncIterator[dict]:
-        """Events as they happen: ``overview``, ``planner`` (per turn), ``subagent`` (as each finishes),
-        and finally ``answer`` carrying the :class:`Answer`."""
+    ) -> AsyncIterator[StreamEvent]:
+        """Typed events as they happen (:mod:`paravt_agent.types`): an ``OverviewEvent``, a
+        ``PlannerEvent`` per turn, a ``SubAgentEvent`` as each slot fills, and finally an ``AnswerEvent``."""
         t0 = time.perf_counter()
-        state, trace = await asyncio.to_thread(self.initial_state, video, question, options, n_frames)
-        yield {"event": "overview", "timestamps": trace.overview_timestamps, "duration": trace.duration}
-        async for event in self.astream_state(state, trace, t0=t0):
+        inp = await asyncio.to_thread(self.prepare, video, question, options, n_frames)
+        yield OverviewEvent(list(inp.trace.overview_timestamps), inp.trace.duration)
+        async for event in self.astream_input(inp, t0=t0):
             yield event
 
-    async def astream_state(self, state: dict, trace: Trace, *, seed: int | None = None, t0: float | None = None):
-        """Run the graph from a prepared :meth:`initial_state` (e.g. one prompt shared by G rollouts).
+    async def astream_input(self, inp: RolloutInput, *, seed: int | None = None, t0: float | None = None
+                            ) -> AsyncIterator[StreamEvent]:
+        """Run the graph from a prepared :class:`RolloutInput` (e.g. one prompt shared by G rollouts).
 
-        ``seed`` gives this run its own reproducible sampling seeds. Yields the same events as
-        :meth:`astream` after ``overview``."""
+        ``seed`` gives this run its own reproducible sampling seeds. Yields the events of
+        :meth:`astream` after the overview."""
         t0 = time.perf_counter() if t0 is None else t0
-        state = {**state, "seed": seed, "generations": [], "results": {}, "turns": [], "calls": []}
-        trace = trace.model_copy(deep=True, update={"id": uuid.uuid4().hex})
+        state = {"question": inp.question, "options": inp.options, "ctx": inp.context, "messages": inp.messages,
+                 "turn": 0, "calls": [], "results": {}, "turns": [], "records": [], "seed": seed,
+                 "continuation": None}
+        trace = inp.trace.model_copy(deep=True, update={"id": uuid.uuid4().hex})
         last = state
         try:
             async for mode, chunk in self.graph.astream(state, self._graph_config(), stream_mode=["custom", "values"]):
@@ -183,15 +159,14 @@ class Agent:
             if not last.get("turns"):
                 raise  # nothing to keep: the planner never answered
             trace.errors.append(f"{exc.__class__.__name__}: {exc}")
-        answer = self._finish(last, trace, time.perf_counter() - t0)
-        yield {"event": "answer", "answer": answer}
+        yield AnswerEvent(self._finish(last, trace, time.perf_counter() - t0))
 
-    async def arun_state(self, state: dict, trace: Trace, *, seed: int | None = None) -> Answer:
-        """:meth:`astream_state` to its answer."""
+    async def arun(self, inp: RolloutInput, *, seed: int | None = None) -> Answer:
+        """:meth:`astream_input` to its answer."""
         answer = None
-        async for event in self.astream_state(state, trace, seed=seed):
-            if event["event"] == "answer":
-                answer = event["answer"]
+        async for event in self.astream_input(inp, seed=seed):
+            if isinstance(event, AnswerEvent):
+                answer = event.answer
         return answer
 
     async def aanswer(
@@ -200,8 +175,8 @@ class Agent:
     ) -> Answer:
         answer = None
         async for event in self.astream(video, question, options, n_frames=n_frames):
-            if event["event"] == "answer":
-                answer = event["answer"]
+            if isinstance(event, AnswerEvent):
+                answer = event.answer
         return answer
 
     def answer(
@@ -225,8 +200,10 @@ class Agent:
                 try:
                     return await self.aanswer(item["video"], item["question"], item.get("options"),
                                               n_frames=item.get("n_frames"))
-                except (VideoError, ParaVTError) as exc:
-                    trace = Trace(video=str(item["video"]), question=item["question"], errors=[str(exc)])
+                except Exception as exc:  # this item's error, in its own answer; the others are kept
+                    kind = "" if isinstance(exc, ParaVTError) else f"{exc.__class__.__name__}: "
+                    trace = Trace(video=str(item["video"]), question=item["question"],
+                                  options=item.get("options"), errors=[f"{kind}{exc}"])
                     return Answer(text="", trace=trace)
                 finally:
                     bar.update(1)
@@ -261,7 +238,7 @@ class Agent:
         if self.store is not None:
             self.store.add(trace)
         return Answer(text=trace.answer, trace=trace, choice=trace.choice, span=trace.span,
-                      generations=list(state.get("generations", []) or []), messages=list(state.get("messages", [])))
+                      records=list(state.get("records", []) or []), messages=list(state.get("messages", [])))
 
     def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
                  thumbs: bool | None = None, note: str | None = None) -> int:
@@ -292,3 +269,5 @@ class _LoopThread:
                 self._loop = asyncio.new_event_loop()
                 threading.Thread(target=self._loop.run_forever, name="paravt-agent-loop", daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+

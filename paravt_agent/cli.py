@@ -64,17 +64,17 @@ def answer_cmd(
 ) -> None:
     """Answer a question about a video and print the answer with a compact trace."""
     from paravt_agent.agent import Agent
-    from paravt_agent.config import AgentConfig
+    from paravt_agent.config import resolve_agent_config
     from paravt_agent.errors import ParaVTError
 
     try:
-        cfg = AgentConfig.from_yaml(config) if config else AgentConfig()
-        overrides = list(set_ or []) + ([f"mode={mode}"] if mode else [])
-        cfg = cfg.override(overrides) if overrides else cfg
         if backend == "local" and not model:
             from paravt_agent.defaults import default_model_dir
 
             model = default_model_dir()
+        overrides = list(set_ or []) + ([f"mode={mode}"] if mode else [])
+        # one rule for every entry point: --config, else the model directory's agent_config.yaml, else defaults
+        cfg = resolve_agent_config(config, model if backend == "local" else None, overrides)
         agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
         ans = agent.answer(video, question, options or None, n_frames=n_frames)
     except ParaVTError as exc:

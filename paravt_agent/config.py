@@ -9,35 +9,24 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from paravt_agent.errors import ConfigError
-from paravt_agent.policy.base import Sampling
+from paravt_agent.types import Sampling
+from paravt_agent.video.sampling import FrameConfig
 
-__all__ = ["AgentConfig", "FrameConfig", "apply_overrides", "load_yaml_model"]
+__all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "FrameConfig", "apply_overrides", "load_yaml_model",
+           "resolve_agent_config"]
 
-
-class FrameConfig(BaseModel):
-    """The frame protocol (paper, Appendix B)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    fps: float = Field(1.0, gt=0, description="Overview sampling rate before uniform subsampling.")
-    max_frames: int = Field(64, ge=1, description="Overview frame cap.")
-    n_frames: int | None = Field(
-        None, ge=1, description="Exactly this many overview frames (nFrames gating); None = the fps/max_frames rule."
-    )
-    max_pixels: int = Field(50176, ge=256, description="Pixel budget per frame (224x224).")
-    factor: int = Field(32, ge=1, description="Frame sides are multiples of this: 32 for Qwen3-VL, 28 for Qwen2.5-VL.")
-    fast_overview: bool = Field(False, description="Keyframe-snapped overview (faster on long videos).")
-    crop_max_frames: int = Field(16, ge=1, description="Frames per crop (paper: at most 16).")
-    crop_fps: float | None = Field(2.0, gt=0, description="Cap on crop frames per second; None = no cap.")
-    backend: Literal["pyav", "decord", "torchcodec"] = Field("pyav", description="Video decoder.")
+#: The file a trained model directory carries: the agent settings (frame protocol, limits) it was trained with.
+AGENT_CONFIG_FILE = "agent_config.yaml"
 
 
 class AgentConfig(BaseModel):
-    """How the agent dispatches, samples and times out. Loadable from YAML, overridable from the CLI."""
+    """How the agent sees the video, dispatches, samples and times out. Loadable from YAML, overridable
+    from the CLI (``--set key=value``); a model directory's ``agent_config.yaml`` holds the one it was
+    trained with (:meth:`for_model`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    frames: FrameConfig = Field(default_factory=FrameConfig)
+    frames: FrameConfig = Field(default_factory=FrameConfig, description="The frame protocol (paper, Appendix B).")
     mode: Literal["parallel", "sequential", "none"] = Field(
         "parallel",
         description="parallel: K calls in one turn (ParaVT); sequential: one call per turn (the paper's "
@@ -47,12 +36,16 @@ class AgentConfig(BaseModel):
     max_turns: int = Field(4, ge=0, description="Tool turns before the planner is asked for a final answer.")
     tools: list[str] = Field(default_factory=lambda: ["crop_video"], description="Tools offered to the planner.")
     think_prefix: str = Field(
-        "<think>\n", description="Forced start of every planner response (paper: Think Prefix); '' = off."
+        "<think>\n", description="Forced start of every planner response (paper, 3.2.1: Think Prefix); '' = off. "
+        "The local and sglang backends pin it as tokens, the openai backend through continue_final_message "
+        "(SGLang, vLLM); a backend that cannot pin it refuses it."
     )
     question_to_subagents: bool = Field(True, description="Sub-agents see the question (else: only the window).")
     strict_video_path: bool = Field(True, description="A video_path naming another file is an invalid call.")
-    planner_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=1024))
-    subagent_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=256))
+    planner_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=1024),
+                                       description="Decoding of planner turns (greedy by default).")
+    subagent_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=256),
+                                        description="Decoding of sub-agent summaries (greedy by default).")
     planner_timeout: float = Field(600.0, gt=0, description="Seconds per planner attempt.")
     subagent_timeout: float = Field(300.0, gt=0, description="Seconds per sub-agent attempt.")
     retries: int = Field(2, ge=0, description="Retries per node on transient failures (timeouts, endpoint errors).")
@@ -64,8 +57,35 @@ class AgentConfig(BaseModel):
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> AgentConfig:
         return load_yaml_model(cls, path, overrides)
 
+    @classmethod
+    def for_model(cls, model: str | Path | None) -> AgentConfig | None:
+        """The agent config a model directory was trained with (its ``agent_config.yaml``), or None.
+
+        The one rule every entry point follows (SDK, CLIs, evaluation, training): a model directory's
+        own file wins over the defaults; an explicit config wins over both."""
+        if not model:
+            return None
+        path = Path(model) / AGENT_CONFIG_FILE
+        return cls.from_yaml(path) if path.is_file() else None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
     def override(self, overrides: list[str]) -> AgentConfig:
         return apply_overrides(self, overrides)
+
+
+def resolve_agent_config(config: str | Path | None = None, model: str | Path | None = None,
+                         overrides: list[str] | None = None) -> AgentConfig:
+    """The agent config of an entry point (CLI, evaluation, demo): ``config`` (a YAML file) if given, else
+    the model directory's ``agent_config.yaml`` if it has one, else the defaults; then ``overrides``."""
+    if config:
+        cfg = AgentConfig.from_yaml(config)
+    else:
+        model_dir = Path(model) if model else None
+        cfg = AgentConfig.for_model(model_dir) if model_dir is not None and model_dir.is_dir() else None
+        cfg = cfg or AgentConfig()
+    return cfg.override(list(overrides)) if overrides else cfg
 
 
 def _set_dotted(data: dict, dotted: str, value) -> None:

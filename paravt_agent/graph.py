@@ -6,7 +6,8 @@
                      ├─ …                         ├─→ aggregate → planner → … → END
                      └─ Send("subagent", call K) ─┘
 
-* ``planner`` asks the policy for one response (pinned to the think prefix),
+* ``planner`` asks the policy for one response (pinned to the think prefix; a
+  later turn continues the earlier turn's exact tokens, :class:`~paravt_agent.types.Continuation`),
   parses its tool calls with :mod:`paravt_agent.protocol` and validates them in
   :meth:`tools.ToolRegistry.prepare` (invalid calls get their error slot here).
 * ``subagent`` runs one tool; visual evidence is summarised by the policy.
@@ -15,7 +16,11 @@
   text, so one failure never loses the others or the trace.
 * ``results`` is a reducer-merged dict keyed by ``(turn, call index)``;
   ``aggregate`` writes ONE ``<tool_response>`` user turn holding every slot of
-  the turn, in call order.
+  the turn, in call order (:func:`paravt_agent.prompts.tool_response_message`).
+
+Every model call is recorded as a :class:`~paravt_agent.types.GenerationRecord`
+(state key ``records``); the stream writer emits the typed events of
+:mod:`paravt_agent.types` (``PlannerEvent``, ``SubAgentEvent``).
 
 Dispatch modes: ``parallel`` (all valid calls of a turn), ``sequential`` (one
 call per turn: the rest of the turn gets "not run" slots), ``none`` (no tools).
@@ -35,7 +40,7 @@ from langgraph.types import Command, RetryPolicy, Send
 
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Policy
+from paravt_agent.policy.base import Policy, images_of
 from paravt_agent.prompts import (
     FINAL_ANSWER_PROMPT,
     SUBAGENT_SYSTEM_PROMPT,
@@ -44,6 +49,15 @@ from paravt_agent.prompts import (
 )
 from paravt_agent.protocol import parse_tool_calls, split_think
 from paravt_agent.trajectory import PlannerTurn, SubAgentRecord
+from paravt_agent.types import (
+    CallInfo,
+    Continuation,
+    Generation,
+    GenerationRecord,
+    PlannerEvent,
+    Sampling,
+    SubAgentEvent,
+)
 from tools import PreparedCall, ToolContext, ToolRegistry
 
 __all__ = ["AgentState", "build_graph"]
@@ -62,11 +76,12 @@ class AgentState(TypedDict, total=False):
     options: list[str] | None
     ctx: ToolContext
     messages: list[dict]  # the planner's conversation, neutral message layout
+    continuation: Continuation | None  # the planner's last turn, token for token
     turn: int  # tool turns completed
     calls: list[PreparedCall]  # the current turn's calls
     results: Annotated[dict, _merge]  # (turn, index) -> SubAgentRecord
     turns: Annotated[list, _append]  # PlannerTurn records
-    generations: Annotated[list, _append]  # (role, turn, index, Generation): token-level record
+    records: Annotated[list, _append]  # GenerationRecord of every model call
     seed: int | None  # per-rollout sampling seed (each call derives its own); None = the config's
     response: str | None  # the planner's final response
 
@@ -80,58 +95,46 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
-def build_graph(
-    policy: Policy,
-    registry: ToolRegistry,
-    config: AgentConfig,
-):
+def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
     """Compile the agent graph for one policy, tool set and config."""
     cap = 1 if config.mode == "sequential" else config.max_calls_per_turn
     signatures = registry.signatures()
     sub_system = config.subagent_prompt or SUBAGENT_SYSTEM_PROMPT
 
+    async def ask_planner(messages: list[dict], state: AgentState, turn: int) -> tuple[Generation, PlannerTurn]:
+        t0 = time.perf_counter()
+        gen = await policy.generate(messages, _seeded(config.planner_sampling, state.get("seed"), turn),
+                                    prefix=config.think_prefix, continuation=state.get("continuation"))
+        record = PlannerTurn(turn=turn, text=gen.text, reasoning=split_think(gen.text)[0],
+                             latency=time.perf_counter() - t0, prompt_tokens=gen.prompt_tokens,
+                             completion_tokens=gen.completion_tokens)
+        return gen, record
+
     async def planner(state: AgentState) -> dict:
         writer = get_stream_writer()
         turn = state.get("turn", 0)
         messages = list(state["messages"])
-        t0 = time.perf_counter()
-        gen = await policy.generate(messages, _seeded(config.planner_sampling, state, turn), prefix=config.think_prefix)
-        gen.extra.setdefault("images", _images(messages))
+        gen, record = await ask_planner(messages, state, turn)
+        records = [GenerationRecord("planner", turn, None, gen, images_of(messages))]
+        messages = [*messages, {"role": "assistant", "content": gen.text}]
+        continuation = Continuation(len(messages) - 1, gen)
         calls = parse_tool_calls(gen.text, signatures) if config.mode != "none" else []
-        record = PlannerTurn(
-            turn=turn,
-            text=gen.text,
-            reasoning=split_think(gen.text)[0],
-            latency=time.perf_counter() - t0,
-            prompt_tokens=gen.prompt_tokens,
-            completion_tokens=gen.completion_tokens,
-        )
-        update: dict[str, Any] = {"generations": [("planner", turn, None, gen)]}
-        messages = [*messages, {"role": "assistant", "content": gen.text, "generation": gen}]
         if calls and turn >= config.max_turns:
             # bound reached: ask for the final answer once more, without tools
+            writer(PlannerEvent(turn, gen.text))
             messages = [*messages, {"role": "user", "content": FINAL_ANSWER_PROMPT}]
-            writer({"event": "planner", "turn": turn, "text": gen.text, "calls": []})
-            t1 = time.perf_counter()
-            final = await policy.generate(messages, _seeded(config.planner_sampling, state, turn + 1),
-                                          prefix=config.think_prefix)
-            final.extra.setdefault("images", _images(messages))
-            forced = PlannerTurn(
-                turn=turn + 1,
-                text=final.text,
-                reasoning=split_think(final.text)[0],
-                forced_final=True,
-                latency=time.perf_counter() - t1,
-                prompt_tokens=final.prompt_tokens,
-                completion_tokens=final.completion_tokens,
-            )
-            messages = [*messages, {"role": "assistant", "content": final.text, "generation": final}]
-            update["generations"].append(("planner", turn + 1, None, final))
-            writer({"event": "planner", "turn": turn + 1, "text": final.text, "calls": []})
-            return {**update, "messages": messages, "turns": [record, forced], "response": final.text, "calls": []}
+            final, forced = await ask_planner(messages, {**state, "continuation": continuation}, turn + 1)
+            forced.forced_final = True
+            records.append(GenerationRecord("planner", turn + 1, None, final, images_of(messages)))
+            messages = [*messages, {"role": "assistant", "content": final.text}]
+            writer(PlannerEvent(turn + 1, final.text, forced_final=True))
+            return {"records": records, "messages": messages, "turns": [record, forced], "response": final.text,
+                    "calls": [], "continuation": Continuation(len(messages) - 1, final)}
+        update: dict[str, Any] = {"records": records, "messages": messages, "turns": [record],
+                                  "continuation": continuation}
         if not calls:
-            writer({"event": "planner", "turn": turn, "text": gen.text, "calls": []})
-            return {**update, "messages": messages, "turns": [record], "response": gen.text, "calls": []}
+            writer(PlannerEvent(turn, gen.text))
+            return {**update, "response": gen.text, "calls": []}
         prepared = registry.prepare(calls, state["ctx"], max_calls=cap)
         errors = {
             (turn, p.index): SubAgentRecord(index=p.index, raw=p.call.raw, name=getattr(p.call, "name", None),
@@ -139,12 +142,10 @@ def build_graph(
             for p in prepared
             if not p.ok
         }
-        writer({"event": "planner", "turn": turn, "text": gen.text,
-                "calls": [{"index": p.index, "label": p.label, "error": p.error,
-                           "window": _window(p)} for p in prepared]})
+        writer(PlannerEvent(turn, gen.text, [CallInfo(p.index, p.label, _window(p), p.error) for p in prepared]))
         for rec in errors.values():
-            writer({"event": "subagent", "turn": turn, "record": rec})
-        return {**update, "messages": messages, "turns": [record], "calls": prepared, "results": errors}
+            writer(SubAgentEvent(turn, rec))
+        return {**update, "calls": prepared, "results": errors}
 
     def route(state: AgentState):
         if state.get("response") is not None:
@@ -161,6 +162,7 @@ def build_graph(
     async def subagent(payload: dict) -> dict:
         p: PreparedCall = payload["call"]
         ctx: ToolContext = payload["ctx"]
+        turn = payload["turn"]
         t0 = time.perf_counter()
         result = await p.tool.run(p.args, ctx)
         rec = SubAgentRecord(
@@ -172,16 +174,16 @@ def build_graph(
             question = payload["question"] if config.question_to_subagents else None
             window = result.window or (result.timestamps[0], result.timestamps[-1])
             msgs = subagent_messages(result.frames, result.timestamps, window, question, system=sub_system)
-            gen = await policy.generate(msgs, _seeded(config.subagent_sampling, payload, payload["turn"], p.index + 1))
-            gen.extra.setdefault("images", _images(msgs))
+            gen = await policy.generate(msgs, _seeded(config.subagent_sampling, payload.get("seed"), turn,
+                                                      p.index + 1))
             rec.summary = gen.text.strip()
             rec.prompt_tokens, rec.completion_tokens = gen.prompt_tokens, gen.completion_tokens
-            update["generations"] = [("subagent", payload["turn"], p.index, gen)]
+            update["records"] = [GenerationRecord("subagent", turn, p.index, gen, images_of(msgs))]
         else:
             rec.summary = result.text
         rec.latency = time.perf_counter() - t0
-        get_stream_writer()({"event": "subagent", "turn": payload["turn"], "record": rec})
-        return {**update, "results": {(payload["turn"], p.index): rec}}
+        get_stream_writer()(SubAgentEvent(turn, rec))
+        return {**update, "results": {(turn, p.index): rec}}
 
     def subagent_failed(payload: dict, error: NodeError) -> Command:
         p: PreparedCall = payload["call"]
@@ -189,7 +191,7 @@ def build_graph(
         msg = str(exc) or exc.__class__.__name__
         rec = SubAgentRecord(index=p.index, raw=p.call.raw, name=p.call.name, arguments=dict(p.call.arguments),
                              label=p.label, window=_window(p), error=msg)
-        get_stream_writer()({"event": "subagent", "turn": payload["turn"], "record": rec})
+        get_stream_writer()(SubAgentEvent(payload["turn"], rec))
         return Command(update={"results": {(payload["turn"], p.index): rec}})
 
     async def aggregate(state: AgentState) -> dict:
@@ -213,15 +215,8 @@ def build_graph(
     return g.compile()
 
 
-def _images(messages: list[dict]) -> list:
-    """The frames of a prompt in order (the token-level record keeps them for training)."""
-    return [p["image"] for m in messages if not isinstance(m["content"], str) for p in m["content"]
-            if p["type"] == "image"]
-
-
-def _seeded(sampling, state: dict, turn: int, slot: int = 0):
+def _seeded(sampling: Sampling, seed: int | None, turn: int, slot: int = 0) -> Sampling:
     """The sampling settings of one call: a rollout seed gives every call its own reproducible seed."""
-    seed = state.get("seed")
     if seed is None:
         return sampling
     return sampling.model_copy(update={"seed": (seed * 1_000_003 + turn * 1009 + slot) % 2**31})

@@ -10,16 +10,22 @@ converts to its own wire format::
 Each frame is preceded by a ``<t seconds>`` text label (ARCHITECTURE.md, decision 1).
 The planner's tool prompt is the paper's (Appendix C), so the released ParaVT
 checkpoint sees the prompt it was trained with; the tool schemas follow it.
+
+Tool output is data, never protocol: every result is neutralised
+(:func:`neutralize`) before it enters the planner's context, so the
+``<tool_response>`` wrapper is the only tag a tool turn carries, in serving and
+in training alike. No instruction the agent injects carries a protocol tag.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
-from paravt_agent.protocol import format_time
+from paravt_agent.protocol import format_time, labelled_options
 
 __all__ = [
     "NO_TOOL_SYSTEM_PROMPT",
@@ -27,6 +33,7 @@ __all__ = [
     "TOOL_SYSTEM_PROMPT",
     "FINAL_ANSWER_PROMPT",
     "frame_parts",
+    "neutralize",
     "overview_parts",
     "planner_messages",
     "question_text",
@@ -76,7 +83,9 @@ Then provide your final answer inside <answer>...</answer>."""
 SUBAGENT_SYSTEM_PROMPT = """You are a video inspection sub-agent. You see frames from one temporal window of a video, each labelled with its time in seconds.
 Describe concisely what the frames show that is relevant to the question, citing times. Reply with the summary only."""
 
-FINAL_ANSWER_PROMPT = "The tool budget is used up. Give your final answer now inside <answer>...</answer>."
+#: The forced last turn once ``max_turns`` is used up. No protocol tags: an instruction the agent injects is
+#: never scored, and must not hand the policy the tags it is rewarded for writing.
+FINAL_ANSWER_PROMPT = "The tool budget is used up. Give your final answer now, without calling tools."
 
 
 def tool_system_prompt(tool_schemas: Sequence[dict], sequential: bool = False, base: str = TOOL_SYSTEM_PROMPT) -> str:
@@ -100,9 +109,7 @@ def frame_parts(frames: np.ndarray, timestamps: Sequence[float]) -> list[dict]:
 def question_text(question: str, options: Sequence[str] | None = None) -> str:
     text = f"Question: {question.strip()}"
     if options:
-        letters = "ABCDEFGHIJ"
-        lines = [o if o[:2].rstrip(".):") in letters else f"{letters[i]}. {o}" for i, o in enumerate(options)]
-        text += "\nOptions:\n" + "\n".join(lines) + "\nAnswer with the option's letter."
+        text += "\nOptions:\n" + "\n".join(labelled_options(options)) + "\nAnswer with the option's letter."
     return text
 
 
@@ -152,7 +159,22 @@ def subagent_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": content}]
 
 
+_PROTOCOL_TAG_RE = re.compile(r"<(/?)(think|answer|tool_call|tool_code|tool_response)>|<\|([A-Za-z_]+)\|>", re.I)
+
+
+def neutralize(text: str) -> str:
+    """Tool output as data: protocol tags (``<answer>``, ``</think>``, ``<tool_call>``, ...) and chat-template
+    control tokens (``<|im_end|>``) are escaped (``&lt;answer&gt;``), so text a tool read from a user's
+    file or a sub-agent wrote can neither earn a reward nor forge a turn. Everything else is kept."""
+
+    def esc(m: re.Match) -> str:
+        return "&lt;" + m.group(0)[1:-1] + "&gt;"
+
+    return _PROTOCOL_TAG_RE.sub(esc, text)
+
+
 def tool_response_message(results: Sequence[tuple[str, str]]) -> dict:
-    """ONE user turn holding every result of the turn, in call order: ``[(label, text), ...]``."""
-    body = "\n".join(f"[{i}] {label}: {text.strip()}" for i, (label, text) in enumerate(results, 1))
+    """ONE user turn holding every result of the turn, in call order: ``[(label, text), ...]``; labels and
+    texts are neutralised (:func:`neutralize`)."""
+    body = "\n".join(f"[{i}] {neutralize(label)}: {neutralize(text.strip())}" for i, (label, text) in enumerate(results, 1))
     return {"role": "user", "content": f"<tool_response>\n{body}\n</tool_response>"}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "CallError",
     "DEFAULT_SIGNATURES",
+    "LETTERS",
     "TAGS",
     "TagStat",
     "ToolCall",
@@ -24,6 +25,8 @@ __all__ = [
     "extract_choice",
     "format_time",
     "is_degenerate",
+    "labelled_options",
+    "option_body",
     "parse_span",
     "parse_time",
     "parse_tool_calls",
@@ -386,7 +389,23 @@ def is_degenerate(text: str, count: int = 5, window: int = 300) -> bool:
 # --------------------------------------------------------------------------- MCQ letters and time spans
 
 
-_LETTERS = "ABCDEFGHIJ"
+#: The MCQ letters, in option order (one table for prompts, answers, rewards and evaluation).
+LETTERS = "ABCDEFGHIJ"
+_LABEL_RE = re.compile(r"^\s*\(?([A-J])[.):]\s*")
+
+
+def option_body(option: str) -> str:
+    """An option's text without a leading letter label (``"B. a cat"`` -> ``"a cat"``)."""
+    return _LABEL_RE.sub("", option, count=1)
+
+
+def labelled_options(options: Sequence[str]) -> list[str]:
+    """Options as the prompts show them, ``"A. text"``: an option already labelled with a letter is kept."""
+    if len(options) > len(LETTERS):
+        raise ValueError(f"at most {len(LETTERS)} options, got {len(options)}")
+    return [o if _LABEL_RE.match(o) else f"{LETTERS[i]}. {o}" for i, o in enumerate(options)]
+
+_ALONE_RE = re.compile(r"\)?\*{0,2}\s*(?:$|[.,;:!?)\]])")
 _CHOICE_PATTERNS = [
     r"^\s*\(?\*{0,2}([A-J])\*{0,2}\)?\s*$",  # "B", "(B)", "**B**"
     r"^\s*\(?([A-J])\)?\s*[.:)\]]",  # "B. text", "B) text", "(B) text", "B: text"
@@ -396,7 +415,7 @@ _CHOICE_PATTERNS = [
 ]
 
 
-def extract_choice(text: str, options: Sequence[str] | None = None, letters: str = _LETTERS) -> str | None:
+def extract_choice(text: str, options: Sequence[str] | None = None, letters: str = LETTERS) -> str | None:
     """The MCQ letter (A–J) a response picks, or None.
 
     Understands ``B``, ``(B)``, ``B.``, ``B) text``, ``Answer: B``, ``The answer is
@@ -409,19 +428,21 @@ def extract_choice(text: str, options: Sequence[str] | None = None, letters: str
     for pat in _CHOICE_PATTERNS:
         for m in re.finditer(pat, s, re.I | re.M):
             letter = m.group(1).upper()
-            # a lone lowercase "a"/"i" is an English word, not a choice
-            if m.group(1).islower() and pat not in (_CHOICE_PATTERNS[2], _CHOICE_PATTERNS[3]):
+            # a lowercase letter is an English word ("is a cat", "I saw") unless it stands alone:
+            # "answer: b", "option c." — followed by nothing but punctuation
+            alone = pat in (_CHOICE_PATTERNS[2], _CHOICE_PATTERNS[3]) and _ALONE_RE.match(s, m.end(1))
+            if m.group(1).islower() and not alone:
                 continue
             if letter in allowed:
                 return letter
     if options:
         norm = _norm(s)
         for i, opt in enumerate(options):
-            body = re.sub(r"^\s*\(?[A-J]\)?[.:)]\s*", "", opt)
+            body = option_body(opt)
             if body and _norm(body) == norm:
                 return letters[i]
         for i, opt in enumerate(options):
-            body = re.sub(r"^\s*\(?[A-J]\)?[.:)]\s*", "", opt)
+            body = option_body(opt)
             if body and len(_norm(body)) > 2 and _norm(body) in norm:
                 return letters[i]
     return None

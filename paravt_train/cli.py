@@ -94,7 +94,7 @@ def prefilter_cmd(
                                   video_root=video_root)
     except ParaVTError as exc:
         _fail(str(exc))
-    write_parquet([s.model_dump(mode="json") for s in kept], dst)
+    write_parquet([s.model_dump(mode="json", by_alias=True) for s in kept], dst)
     for why, n in sorted(dropped.items()):
         typer.echo(f"dropped ({why}): {n}")
     typer.echo(f"kept {len(kept)} of {len(samples)} samples -> {dst}")
@@ -107,7 +107,8 @@ def sft_cmd(
 ) -> None:
     """Supervised fine-tuning (cold start). Run under `torchrun --nproc_per_node N` for FSDP2."""
     from paravt_agent.errors import ConfigError
-    from paravt_train.sft import SFTConfig, train
+    from paravt_train.sft import train
+    from paravt_train.sft_config import SFTConfig
 
     try:
         cfg = SFTConfig.from_yaml(config, list(set_ or []))
@@ -163,9 +164,9 @@ def eval_cmd(
 ) -> None:
     """Evaluate an agent on the paper's benchmarks; writes per-sample JSONL and prints a Markdown summary."""
     from paravt_agent.agent import Agent
-    from paravt_agent.config import AgentConfig
+    from paravt_agent.config import resolve_agent_config
     from paravt_agent.errors import ParaVTError
-    from paravt_train.eval import load_benchmark, run_eval, summarize
+    from paravt_train.eval import load_benchmark, results_table, run_eval
 
     roots = dict(r.split("=", 1) for r in (root or []))
     try:
@@ -178,19 +179,13 @@ def eval_cmd(
         for name in benchmark:
             loaded = load_benchmark(name, roots.get(name, data_root / name))
             items += loaded[:limit] if limit else loaded
-        trained = Path(model) / "agent_config.yaml" if backend == "local" and model else None
-        if config:
-            cfg = AgentConfig.from_yaml(config)
-        elif trained is not None and trained.is_file():
-            cfg = AgentConfig.from_yaml(trained)  # the frame protocol the model was trained with
-        else:
-            cfg = AgentConfig()
-        cfg = cfg.override([f"mode={mode}", *(set_ or [])])
+        # one rule for every entry point: --config, else the model directory's agent_config.yaml, else defaults
+        cfg = resolve_agent_config(config, model if backend == "local" else None, [f"mode={mode}", *(set_ or [])])
         agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
         records = run_eval(agent, items, out, concurrency=concurrency, shard=(i, k))
     except ParaVTError as exc:
         _fail(str(exc))
-    typer.echo(summarize(records))
+    typer.echo(results_table(records))
 
 
 @app.command("quickstart")
@@ -225,7 +220,8 @@ def grpo_cmd(
     Metrics per step go to OUTPUT_DIR/metrics.jsonl; `paravt-train plot OUTPUT_DIR` draws them.
     Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
     from paravt_agent.errors import ConfigError
-    from paravt_train.rl import GRPOConfig, GRPOTrainer
+    from paravt_train.grpo_config import GRPOConfig
+    from paravt_train.grpo_trainer import GRPOTrainer
 
     try:
         cfg = GRPOConfig.from_yaml(config, list(set_ or []))
@@ -244,7 +240,7 @@ def plot_cmd(
 ) -> None:
     """Draw reward, f_tau, kappa, accuracy, KL, entropy and clip-fraction curves of GRPO runs (PNG)."""
     from paravt_agent.errors import ConfigError
-    from paravt_train.rl import plot
+    from paravt_train.plot import plot
 
     try:
         path = plot(run, out)
@@ -268,8 +264,8 @@ def online_cmd(
     the endpoint every sync_every updates. Progress is checkpointed: a restart neither loses nor
     re-trains feedback."""
     from paravt_agent.errors import ConfigError
+    from paravt_train.grpo_config import GRPOConfig
     from paravt_train.online import OnlineLearner
-    from paravt_train.rl import GRPOConfig
 
     overrides = list(set_ or [])
     if endpoint:

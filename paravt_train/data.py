@@ -26,20 +26,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_validator, model_validator
 
-from paravt_agent.config import FrameConfig
-from paravt_agent.errors import ConfigError
+from paravt_agent.errors import ConfigError, VideoError
 from paravt_agent.prompts import overview_parts, window_parts
+from paravt_agent.video import FrameConfig
 
 __all__ = [
     "DataError",
     "Message",
     "RLSample",
     "SFTSample",
+    "check_renderable",
     "iter_rows",
     "load_rl",
     "load_sft",
+    "prompts_from_rl",
     "render_messages",
     "resolve_video",
     "validate_file",
@@ -109,11 +111,15 @@ class SFTSample(BaseModel):
 
 
 class RLSample(BaseModel):
+    """One RL prompt row. The task column is ``question_type`` in the files (the paper's name) and ``task``
+    in code: ``mcq`` (exact letter), ``tvg`` (temporal IoU), ``oe`` (token F1)."""
+
     id: str | None = None
     prompt: list[Message]
     videos: list[str] = Field(default_factory=list)
     answer: str
-    question_type: Literal["mcq", "tvg", "oe"]
+    task: Literal["mcq", "tvg", "oe"] = Field(validation_alias=AliasChoices("question_type", "task"),
+                                              serialization_alias="question_type")
     options: list[str] | None = None
     question: str | None = None
 
@@ -135,9 +141,9 @@ class RLSample(BaseModel):
     def _check(self):
         if not self.answer.strip():
             raise ValueError("empty answer")
-        if self.question_type == "mcq" and not self.options:
+        if self.task == "mcq" and not self.options:
             raise ValueError("an mcq sample needs options")
-        if self.question_type == "tvg":
+        if self.task == "tvg":
             from paravt_agent.protocol import parse_span
 
             if parse_span(self.answer) is None:
@@ -149,7 +155,7 @@ class RLSample(BaseModel):
     @property
     def answer_value(self):
         """The answer as the reward wants it: a [start, end] list for tvg, else the string."""
-        if self.question_type == "tvg":
+        if self.task == "tvg":
             from paravt_agent.protocol import parse_span
 
             return list(parse_span(self.answer))
@@ -198,7 +204,7 @@ def _row_error(exc: ValidationError) -> str:
 
 
 def _load(path, model, video_root, check_videos):
-    out, errors = [], []
+    out, rows, errors = [], [], []
     for i, row in iter_rows(path):
         try:
             sample = model.model_validate(row)
@@ -211,6 +217,12 @@ def _load(path, model, video_root, check_videos):
                 errors.append((i, f"video not found: {resolve_video(missing[0], video_root)}"))
                 continue
         out.append(sample)
+        rows.append(i)
+    if check_videos and out:  # what rendering would hit: files that are not videos, crops outside a video
+        bad = dict(check_renderable(out, video_root))
+        errors.extend((rows[k], why) for k, why in bad.items())
+        out = [x for k, x in enumerate(out) if k not in bad]
+        errors.sort()
     return out, errors
 
 
@@ -246,6 +258,56 @@ def load_sft(path, video_root=None, check_videos: bool = True) -> list[SFTSample
 
 def load_rl(path, video_root=None, check_videos: bool = True) -> list[RLSample]:
     return _strict(path, "rl", video_root, check_videos)
+
+
+def check_renderable(samples, video_root: str | Path | None = None) -> list[tuple[int, str]]:
+    """``[(row, reason), ...]`` for rows that would fail to render: a video part whose file is not a
+    readable video, or a crop window outside its video. Opens each video once (no frames decoded)."""
+    from paravt_agent.video import VideoReader, check_window
+
+    infos: dict[str, object] = {}
+    bad = []
+    for i, sample in enumerate(samples):
+        msgs = sample.messages if isinstance(sample, SFTSample) else sample.prompt
+        for m in msgs:
+            if isinstance(m.content, str):
+                continue
+            problem = None
+            for p in m.content:
+                if p.type != "video":
+                    continue
+                path = str(resolve_video(p.video, video_root))
+                try:
+                    if path not in infos:
+                        infos[path] = VideoReader(path).info
+                    info = infos[path]
+                    if p.start is not None:
+                        check_window(p.start, p.end, info.duration)
+                except VideoError as exc:
+                    problem = str(exc)
+                    infos.setdefault(path, None)
+                    break
+                except TypeError:  # the file failed to open earlier
+                    problem = f"{path}: not a readable video"
+                    break
+            if problem:
+                bad.append((i, problem))
+                break
+    return bad
+
+
+def prompts_from_rl(path, video_root=None, limit: int | None = None) -> list:
+    """RL rows → :class:`paravt_train.rollout.PromptItem` s (the first video of each row; ids default to the
+    row number)."""
+    from paravt_train.rollout import PromptItem
+
+    out = []
+    for i, s in enumerate(load_rl(path, video_root)):
+        if not s.videos:
+            raise DataError(f"{path}: row {i} has no video")
+        out.append(PromptItem(s.id or f"row{i}", str(resolve_video(s.videos[0], video_root)), s.question_text(),
+                              s.options, s.answer_value, s.task))
+    return out[:limit] if limit else out
 
 
 def write_parquet(rows: list[dict], path: str | Path) -> Path:
@@ -295,12 +357,10 @@ def render_messages(
             reader = VideoReader(path, backend=f.backend)
             if p.start is not None:
                 end = min(p.end, reader.info.duration)
-                clip = reader.crop(p.start, end, max_frames=f.crop_max_frames, fps=f.crop_fps,
-                                   max_pixels=f.max_pixels, factor=f.factor)
+                clip = reader.crop(p.start, end, f)
                 parts.extend(window_parts(clip.frames, clip.timestamps, (p.start, end)))
             else:
-                clip = reader.overview(n=p.n_frames or f.n_frames, fps=f.fps, max_frames=f.max_frames,
-                                       max_pixels=f.max_pixels, factor=f.factor, fast=f.fast_overview)
+                clip = reader.overview(p.n_frames, f)
                 parts.extend(overview_parts(clip.frames, clip.timestamps, clip.info.duration, path.name))
         out.append({"role": m.role, "content": parts})
     return out

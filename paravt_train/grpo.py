@@ -1,4 +1,4 @@
-"""The GRPO objective of PARA-GRPO, as pure functions on tensors.
+"""The GRPO objective of PARA-GRPO, as pure functions on tensors, and AVATAR's replay buffer.
 
 Simplifications and choices, stated up front (nanochat style):
 
@@ -6,36 +6,45 @@ Simplifications and choices, stated up front (nanochat style):
   over the G rollouts of one prompt (``scale="none"`` keeps ``r_i - mean``: Dr. GRPO).
   Every token of a rollout — the planner's turns and, by default, its
   sub-agents' summaries — shares the episode's advantage.
-* The policy term is PPO's clipped ratio ``min(ρA, clip(ρ, 1-ε, 1+ε)A)`` with
-  ``ρ = exp(logp - logp_old)``; on-policy (one update per batch) ``ρ = 1`` and
-  this is the plain policy gradient.
+* The policy term is PPO's clipped ratio ``min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A)`` with
+  ``ρ = exp(logp - logp_old)``; ``ε_high > ε_low`` is DAPO's clip-higher. On-policy
+  (one update per batch) ``ρ = 1`` and this is the plain policy gradient.
 * KL to a frozen reference, per token, estimator ``k1`` (``logp - logp_ref``),
   ``k2`` (½(logp - logp_ref)²) or ``k3`` (Schulman's unbiased ``exp(r) - r - 1``
   with ``r = logp_ref - logp``), coefficient 0.01.
-* Token aggregation: ``seq-mean`` (GRPO: mean over each sequence's tokens, then
-  over sequences), ``token-mean`` (DAPO: over all tokens of the batch) or
-  ``constant`` (Dr. GRPO: sum divided by a fixed normaliser, e.g. max tokens).
+* Aggregation weighs *episodes*, not sequences (an episode is one rollout: its
+  planner sequence and its sub-agent sequences): ``seq-mean`` (GRPO) averages each
+  episode's trained tokens, then the episodes, so an episode with K tool calls
+  weighs the same as one without; ``token-mean`` (DAPO) averages every trained token
+  of the batch; ``constant`` (Dr. GRPO) sums each episode's tokens, divides by a
+  fixed normaliser (max new tokens) and averages the episodes. :func:`token_scales`
+  turns this into one scale per sequence, so a batch may hold any mix of sequences.
 * AVATAR options: Temporal Advantage Shaping weights the advantage of token t of
   an L-token sequence by ``w_t = 1 + λ(2t/(L-1) - 1)²`` (λ = 0 is plain GRPO), and
   a stratified replay buffer (:class:`ReplayBuffer`) whose samples enter with an
-  importance ratio from stored behaviour logprobs, weighted by α.
+  importance ratio from stored behaviour logprobs, weighted by α, with the
+  off-policy advantage of AVATAR Eq. 11.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 __all__ = [
     "ReplayBuffer",
     "group_advantages",
     "kl_penalty",
+    "offpolicy_advantages",
     "policy_loss",
     "temporal_weights",
+    "token_scales",
 ]
 
 
@@ -48,6 +57,16 @@ def group_advantages(rewards: torch.Tensor, group: int, eps: float = 1e-6, scale
     elif scale != "none":
         raise ValueError(f"unknown advantage scale {scale!r}; use std or none")
     return centred.reshape(-1)
+
+
+def offpolicy_advantages(rewards: Sequence[float], baselines: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """AVATAR Eq. 11: ``A_off = (R(o) - R̄(q)) / σ_R,off``, with ``R̄(q)`` the prompt's moving-average reward
+    (VCRS) and ``σ_R,off`` the standard deviation of the off-policy batch's rewards."""
+    if not rewards:
+        return []
+    r = torch.tensor(list(rewards), dtype=torch.float64)
+    sigma = float(r.std(unbiased=False)) if len(r) > 1 else 0.0
+    return [(x - b) / (sigma + eps) for x, b in zip(rewards, baselines, strict=True)]
 
 
 def temporal_weights(lengths: Sequence[int], lam: float) -> list[torch.Tensor]:
@@ -74,25 +93,37 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 
+def token_scales(episodes: Sequence, tokens: Sequence[int], how: str, constant: float | None = None,
+                 totals: tuple[int, float] | None = None) -> list[float]:
+    """The per-token loss scale of each sequence, so that ``Σ scale · per-token loss`` is the aggregated loss.
+
+    ``episodes[i]`` names the episode of sequence i, ``tokens[i]`` its trained tokens. ``totals`` =
+    (episodes, trained tokens) of the *global* batch (all micro-batches, all ranks); by default those of
+    the given sequences. ``seq-mean``: 1 / (tokens of the episode × episodes); ``token-mean``: 1 / tokens;
+    ``constant``: 1 / (constant × episodes).
+    """
+    per_episode: dict = defaultdict(int)
+    for e, n in zip(episodes, tokens, strict=True):
+        per_episode[e] += n
+    n_ep, n_tok = totals if totals is not None else (len(per_episode), float(sum(tokens)))
+    n_ep, n_tok = max(n_ep, 1), max(n_tok, 1.0)
+    if how == "seq-mean":
+        return [1.0 / (max(per_episode[e], 1) * n_ep) for e in episodes]
+    if how == "token-mean":
+        return [1.0 / n_tok for _ in episodes]
+    if how == "constant":
+        if not constant:
+            raise ValueError("constant aggregation needs a normaliser (e.g. max new tokens)")
+        return [1.0 / (constant * n_ep) for _ in episodes]
+    raise ValueError(f"unknown aggregation {how!r}; use seq-mean, token-mean or constant")
+
+
 @dataclass
 class LossOut:
     loss: torch.Tensor
     clip_fraction: float
     kl: float
     ratio_mean: float
-
-
-def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, constant: float | None) -> torch.Tensor:
-    if how == "seq-mean":
-        per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return per_seq.mean()
-    if how == "token-mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
-    if how == "constant":
-        if not constant:
-            raise ValueError("constant aggregation needs a normaliser (e.g. max new tokens)")
-        return (per_token * mask).sum() / (constant * per_token.shape[0])
-    raise ValueError(f"unknown aggregation {how!r}; use seq-mean, token-mean or constant")
 
 
 def policy_loss(
@@ -104,36 +135,43 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.01,
     kl_estimator: str = "k3",
-    aggregation: str = "seq-mean",
-    constant: float | None = None,
+    scales: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
     sample_weights: torch.Tensor | None = None,
+    clip_high: float | None = None,
 ) -> LossOut:
-    """Clipped GRPO loss over a padded batch.
+    """Clipped GRPO loss over a padded batch: ``Σ_seq scale_seq · Σ_t mask · per-token loss``.
 
-    Shapes: ``logp``, ``old_logp``, ``mask``, ``ref_logp``, ``token_weights`` are (B, T);
-    ``advantages`` and ``sample_weights`` are (B,). ``mask`` marks trained tokens.
-    ``token_weights`` multiply the advantage per token (Temporal Advantage Shaping);
-    ``sample_weights`` scale whole sequences (replayed samples: α).
+    Shapes: ``logp``, ``old_logp``, ``mask``, ``ref_logp``, ``token_weights`` are (B, T); ``advantages``,
+    ``scales`` and ``sample_weights`` are (B,). ``scales`` come from :func:`token_scales` (default: each
+    row its own episode, ``seq-mean``). ``token_weights`` multiply the advantage per token (Temporal
+    Advantage Shaping); ``sample_weights`` scale whole sequences (replayed samples: α). The ratio is
+    clipped to [1 - clip, 1 + clip_high] (``clip_high`` None: symmetric).
     """
     mask = mask.float()
+    if scales is None:
+        scales = torch.tensor(token_scales(list(range(len(mask))), [int(m.sum()) for m in mask], "seq-mean"),
+                              dtype=torch.float32)
     adv = advantages[:, None].float()
     if token_weights is not None:
         adv = adv * token_weights
+    high = clip if clip_high is None else clip_high
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - clip, 1 + clip) * adv
+    clipped = torch.clamp(ratio, 1 - clip, 1 + high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     kl_val = 0.0
     if ref_logp is not None and kl_coef:
         kl = kl_penalty(logp, ref_logp, kl_estimator)
         per_token = per_token + kl_coef * kl
         kl_val = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+    row = scales.to(per_token.dtype)
     if sample_weights is not None:
-        per_token = per_token * sample_weights[:, None]
-    loss = _aggregate(per_token, mask, aggregation, constant)
+        row = row * sample_weights.to(per_token.dtype)
+    loss = (per_token * mask * row[:, None]).sum()
     with torch.no_grad():
-        clipped_frac = float((((ratio - 1).abs() > clip).float() * mask).sum() / mask.sum().clamp(min=1))
+        active = ((ratio < 1 - clip) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
+        clipped_frac = float((active.float() * mask).sum() / mask.sum().clamp(min=1))
         ratio_mean = float((ratio * mask).sum() / mask.sum().clamp(min=1))
     return LossOut(loss, clipped_frac, kl_val, ratio_mean)
 
@@ -141,15 +179,34 @@ def policy_loss(
 # --------------------------------------------------------------------------- AVATAR replay
 
 
+def _frame_key(frame) -> str:
+    a = np.ascontiguousarray(np.asarray(frame))
+    return hashlib.sha1(str(a.shape).encode() + a.tobytes()).hexdigest()
+
+
+@dataclass
+class ReplayItem:
+    """One stored rollout: its prompt, its token sequences (behaviour logprobs included), its reward."""
+
+    prompt_id: str
+    sequences: list
+    reward: float
+
+
 @dataclass
 class ReplayBuffer:
-    """AVATAR's stratified replay buffer.
+    """AVATAR's stratified replay buffer (AVATAR, Section 4.1 and Eq. 11).
 
-    Prompts are tiered Hard / Medium / Easy by their moving-average reward
-    (quantiles of the buffer's prompts); a replay draw takes 40 / 35 / 25 % from
-    the tiers. Each prompt keeps a baseline from its last ``baseline_window``
-    rewards. Samples store their behaviour logprobs, so replayed sequences enter
-    the loss with a proper importance ratio; their term is weighted by ``alpha``.
+    * Three fixed-capacity tiers, Hard / Medium / Easy = ``tiers`` (40 / 35 / 25 %) of ``capacity``;
+      each evicts its own oldest rollout, so easy rollouts never push hard ones out.
+    * A rollout's tier comes from its prompt's moving-average reward ``R̄(q)`` (VCRS: the mean of the
+      prompt's last ``baseline_window`` on-policy rollout rewards), placed against the 40 % and 75 %
+      quantiles of ``R̄`` over the rollouts in the buffer: the bottom 40 % are Hard, the next 35 %
+      Medium, the top 25 % Easy.
+    * A draw of k takes 40 / 35 / 25 % from the tiers (topped up from the others when one is short).
+    * Replayed rollouts enter the loss with the off-policy advantage of Eq. 11
+      (:func:`offpolicy_advantages`), an importance ratio from their stored behaviour logprobs, and
+      weight ``alpha``.
     """
 
     capacity: int = 512
@@ -157,49 +214,96 @@ class ReplayBuffer:
     alpha: float = 0.6
     baseline_window: int = 20
     seed: int = 0
-    items: deque = field(default_factory=deque)
-    history: dict = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=20)))
+    store: dict = field(default_factory=lambda: {"hard": deque(), "medium": deque(), "easy": deque()})
 
     def __post_init__(self):
         self._rng = random.Random(self.seed)
-        self.history = defaultdict(lambda: deque(maxlen=self.baseline_window))
+        self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=self.baseline_window))
+        caps = [int(self.capacity * f) for f in self.tiers]
+        caps[0] += self.capacity - sum(caps)
+        self.tier_capacity = dict(zip(("hard", "medium", "easy"), caps, strict=True))
 
     def __len__(self) -> int:
-        return len(self.items)
+        return sum(len(t) for t in self.store.values())
 
-    def add(self, prompt_id: str, sample, reward: float) -> None:
+    @property
+    def items(self) -> list[ReplayItem]:
+        return [it for t in self.store.values() for it in t]
+
+    def observe(self, prompt_id: str, reward: float) -> None:
+        """One on-policy rollout's reward: updates the prompt's moving average ``R̄(q)``."""
         self.history[prompt_id].append(float(reward))
-        self.items.append((prompt_id, sample, float(reward)))
-        while len(self.items) > self.capacity:
-            self.items.popleft()
 
     def baseline(self, prompt_id: str) -> float:
+        """VCRS ``R̄(q)``: the mean of the prompt's last ``baseline_window`` on-policy rollout rewards."""
         h = self.history.get(prompt_id)
         return sum(h) / len(h) if h else 0.0
 
-    def tier_of(self) -> dict[str, str]:
-        prompts = sorted({p for p, _, _ in self.items}, key=self.baseline)
-        n = len(prompts)
-        out = {}
-        for i, p in enumerate(prompts):
-            q = (i + 0.5) / n
-            out[p] = "hard" if q < 1 / 3 else "medium" if q < 2 / 3 else "easy"
-        return out
+    def tier_for(self, prompt_id: str) -> str:
+        """Hard / Medium / Easy for a rollout of ``prompt_id``: its ``R̄`` against the 40 % / 75 % quantiles
+        of ``R̄`` over the buffer's rollouts (and this one)."""
+        scores = [self.baseline(it.prompt_id) for it in self.items] + [self.baseline(prompt_id)]
+        value = scores[-1]
+        rank = sum(1 for s in scores if s < value) / len(scores)  # the share of rollouts with a lower R̄
+        q_hard, q_medium = self.tiers[0], self.tiers[0] + self.tiers[1]
+        return "hard" if rank < q_hard else "medium" if rank < q_medium else "easy"
 
-    def sample(self, k: int) -> list:
-        """``k`` stored samples drawn 40/35/25 from the Hard/Medium/Easy tiers (fewer when the buffer is small)."""
-        if not self.items or k <= 0:
+    def add(self, prompt_id: str, sequences: list, reward: float) -> str:
+        """Store one rollout (after :meth:`observe`); returns the tier it went to."""
+        tier = self.tier_for(prompt_id)
+        t = self.store[tier]
+        t.append(ReplayItem(prompt_id, list(sequences), float(reward)))
+        while len(t) > self.tier_capacity[tier]:
+            t.popleft()
+        return tier
+
+    def sample(self, k: int) -> list[ReplayItem]:
+        """``k`` stored rollouts drawn 40/35/25 from the Hard/Medium/Easy tiers (fewer when the buffer is small)."""
+        if not len(self) or k <= 0:
             return []
-        tiers = self.tier_of()
-        pools = {"hard": [], "medium": [], "easy": []}
-        for p, s, r in self.items:
-            pools[tiers[p]].append((p, s, r))
         want = [round(k * f) for f in self.tiers]
         want[0] += k - sum(want)
-        out = []
-        for pool, n in zip(pools.values(), want, strict=True):
+        out: list[ReplayItem] = []
+        for name, n in zip(("hard", "medium", "easy"), want, strict=True):
+            pool = list(self.store[name])
             out.extend(self._rng.sample(pool, min(n, len(pool))))
-        rest = [x for x in self.items if x not in out]
+        rest = [x for x in self.items if all(x is not y for y in out)]
         while len(out) < k and rest:
             out.append(rest.pop(self._rng.randrange(len(rest))))
         return out
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> tuple[dict, dict]:
+        """``(state, frames)``: the buffer with every frame replaced by its content key, and the frames by
+        key. Checkpoints keep ``state``; the frames go once into a shared frame store, not into every
+        checkpoint."""
+        frames: dict[str, np.ndarray] = {}
+
+        def strip(seq):
+            keys = []
+            for img in seq.images:
+                key = _frame_key(img)
+                frames.setdefault(key, np.asarray(img))
+                keys.append(key)
+            return {**seq.__dict__, "images": keys}
+
+        store = {name: [{"prompt_id": it.prompt_id, "reward": it.reward, "sequences": [strip(s) for s in it.sequences]}
+                        for it in t] for name, t in self.store.items()}
+        state = {"store": store, "history": {k: list(v) for k, v in self.history.items()},
+                 "rng": self._rng.getstate()}
+        return state, frames
+
+    def load_state_dict(self, state: dict, frames) -> None:
+        """Restore from :meth:`state_dict`; ``frames`` maps a key to its frame (a dict or a callable)."""
+        from paravt_train.rollout import TokenSequence
+
+        get = frames if callable(frames) else frames.__getitem__
+        for name, items in state["store"].items():
+            self.store[name] = deque(
+                ReplayItem(it["prompt_id"], [TokenSequence(**{**s, "images": [get(k) for k in s["images"]]})
+                                             for s in it["sequences"]], it["reward"]) for it in items)
+        self.history = defaultdict(lambda: deque(maxlen=self.baseline_window))
+        for k, v in state["history"].items():
+            self.history[k].extend(v)
+        self._rng.setstate(state["rng"])

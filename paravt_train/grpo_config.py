@@ -1,41 +1,52 @@
-"""PARA-GRPO settings (:class:`GRPOConfig`) and the RL prompts it trains on.
+"""PARA-GRPO settings (:class:`GRPOConfig`).
 
 Every field is documented once, with the paper's value as its default where the
-paper gives one (Table 4). Presets set the three components the paper adds to
-GRPO; every component stays its own field, so the ablations of Table 2 (Block B)
-are overrides: ``--set preset=vanilla-grpo --set gating=true``.
+paper gives one (Table 4). Presets set the components the paper adds to GRPO;
+every component stays its own field, so the ablations of Table 2 (Block B) are
+overrides: ``--set preset=vanilla-grpo --set gating=true``. Explicit fields win
+over the preset's.
+
+* ``para-grpo``: Exploration Anchoring (think prefix, answer suffix, anchor reward)
+  and nFrames gating on.
+* ``vanilla-grpo``: all of Exploration Anchoring off (no think prefix, no answer
+  suffix, no anchor reward) and no gating — the baseline of Table 2.
+* ``dapo``: the vanilla components with DAPO's objective: token-mean
+  aggregation, clip-higher (ε_low 0.2, ε_high 0.28), dynamic sampling, no KL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from paravt_agent.config import load_yaml_model
-from paravt_agent.errors import ConfigError
 from paravt_train.rewards import RewardConfig
 
-__all__ = ["PRESETS", "GRPOConfig", "PromptItem", "ReplaySettings", "prompts_from_rl"]
+__all__ = ["PRESETS", "GRPOConfig", "ReplaySettings"]
 
-PRESETS = {
-    "para-grpo": {"think_prefix": True, "gating": True, "reward": {"anchor": True}},
-    "vanilla-grpo": {"think_prefix": False, "gating": False, "reward": {"anchor": False}},
+PRESETS: dict[str, dict] = {
+    "para-grpo": {"think_prefix": "<think>\n", "gating": True, "reward": {"anchor": True, "answer_suffix": True}},
+    "vanilla-grpo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False}},
+    "dapo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False},
+             "aggregation": "token-mean", "clip_high": 0.28, "dynamic_sampling": True, "kl_coef": 0.0},
+    "custom": {},
 }
 
 
 class ReplaySettings(BaseModel):
-    """AVATAR's stratified replay buffer (off by default)."""
+    """AVATAR's stratified replay buffer (off by default; AVATAR, Section 4.1 and Eq. 11)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = False
-    capacity: int = Field(512, ge=1, description="Sequences kept.")
-    per_step: int = Field(8, ge=0, description="Replayed sequences mixed into each update.")
+    enabled: bool = Field(False, description="Mix replayed rollouts into each update.")
+    capacity: int = Field(512, ge=3, description="Rollouts kept over the three tiers (AVATAR: 10k).")
+    per_step: int = Field(8, ge=0, description="Replayed rollouts mixed into each update (AVATAR: 4 of 8).")
     alpha: float = Field(0.6, ge=0, description="Weight of the off-policy (replayed) term.")
-    tiers: tuple[float, float, float] = Field((0.40, 0.35, 0.25), description="Hard / Medium / Easy shares.")
-    baseline_window: int = Field(20, ge=1, description="A prompt's baseline: mean of its last N rewards.")
+    tiers: tuple[float, float, float] = Field((0.40, 0.35, 0.25), description="Hard / Medium / Easy: tier "
+                                              "capacities, quantiles of R̄(q) and draw shares.")
+    baseline_window: int = Field(20, ge=1, description="VCRS R̄(q): mean of a prompt's last N on-policy rollout "
+                                                       "rewards (AVATAR: 20).")
 
 
 class GRPOConfig(BaseModel):
@@ -43,64 +54,92 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    preset: Literal["para-grpo", "vanilla-grpo", "custom"] = Field(
-        "para-grpo", description="Defaults for think_prefix / gating / reward.anchor; explicit fields win.")
+    preset: Literal["para-grpo", "vanilla-grpo", "dapo", "custom"] = Field(
+        "para-grpo", description="Defaults for think_prefix / gating / reward.anchor / reward.answer_suffix (and "
+        "DAPO's objective options); explicit fields win.")
     model: str = Field(description="Initial policy: a model directory (e.g. the SFT cold start).")
     data: str | None = Field(None, description="RL Parquet file or dataset directory (None for `online`).")
-    video_root: str | None = None
-    eval_data: str | None = Field(None, description="Held-out RL Parquet scored greedily before and after.")
-    eval_n_frames: int | None = Field(8, description="Overview frames for the held-out evaluation.")
-    eval_limit: int | None = Field(None, description="At most this many held-out prompts.")
-    output_dir: str = "runs/grpo"
-    backend: Literal["local", "sglang"] = "local"
+    video_root: str | None = Field(None, description="Relative video paths in the data are resolved against this.")
+    eval_data: str | None = Field(None, description="Held-out RL Parquet scored greedily before and after, with "
+                                                    "`paravt-train eval`'s protocol and scorer.")
+    eval_n_frames: int | None = Field(None, ge=1, description="Overview frames of the held-out evaluation; None = "
+                                      "the agent config's protocol (64 at 1 fps), as `paravt-train eval` uses.")
+    eval_limit: int | None = Field(None, ge=1, description="At most this many held-out prompts.")
+    output_dir: str = Field("runs/grpo", description="Checkpoints, metrics.jsonl, summary.json and the final model.")
+    backend: Literal["local", "sglang"] = Field("local", description="Rollouts in this process (local: one process, "
+                                                "CPU or one GPU) or from an SGLang server (sglang: torchrun + FSDP2).")
     endpoint: str | None = Field(None, description="SGLang server URL (backend sglang).")
     weight_sync: Literal["disk", "tensor"] = Field(
         "disk", description="How updated weights reach the SGLang server: disk = /update_weights_from_disk (the "
                             "server reads a directory rank 0 writes); tensor = /update_weights_from_tensor "
                             "(co-located server on the same machine: tensors pass as shared-memory/CUDA IPC "
                             "handles, nothing is written).")
+    sync_pause_mode: Literal["retract", "in_place", "abort"] = Field(
+        "retract", description="/pause_generation mode around a weight swap: retract (running requests go back "
+                               "to the queue and restart on the new weights; the cache is flushed) is safe while "
+                               "serving; in_place keeps them running and skips the flush SGLang refuses then.")
     sglang_tp_size: int = Field(1, ge=1, description="Tensor-parallel size of the SGLang server (weight_sync: "
                                                      "tensor sends one payload per TP rank).")
     agent_config: str | None = Field(None, description="Agent YAML; default: the model's agent_config.yaml.")
     # rollouts
-    steps: int = Field(100, ge=1)
-    prompts_per_step: int = Field(4, ge=1)
-    group_size: int = Field(8, ge=2, description="G rollouts per prompt.")
-    temperature: float = Field(0.7, gt=0, description="Sampling temperature τ of every rollout call.")
-    top_p: float = 1.0
+    steps: int = Field(100, ge=1, description="Policy updates.")
+    prompts_per_step: int = Field(4, ge=1, description="Prompts per update (paper, Table 4: 7; divisible by the "
+                                                       "number of training processes).")
+    group_size: int = Field(8, ge=2, description="G rollouts per prompt (paper: 8).")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature τ of every rollout call (paper: 0.7).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of rollouts.")
     max_new_tokens: int = Field(2048, ge=1, description="Planner tokens per turn.")
-    subagent_max_new_tokens: int = Field(256, ge=1)
-    think_prefix: bool = Field(True, description="Pin every planner response to start with <think>\\n.")
-    gating: bool = Field(True, description="nFrames gating: n per prompt from gating_choices.")
-    gating_choices: list[int] = Field(default_factory=lambda: [4, 8, 16, 32, 64])
+    subagent_max_new_tokens: int = Field(256, ge=1, description="Sub-agent summary tokens.")
+    think_prefix: str = Field("<think>\n", description="Pinned start of every planner response (paper, 3.2.1: "
+                                                       "Think Prefix, part of Exploration Anchoring); '' = off.")
+    gating: bool = Field(True, description="nFrames gating (paper, 3.2.2, Eq. 2): n per prompt drawn from "
+                                           "gating_choices, the same for all G rollouts.")
+    gating_choices: list[int] = Field(default_factory=lambda: [4, 8, 16, 32, 64],
+                                      description="The overview sizes gating draws from (paper: {4, 8, 16, 32, 64}).")
     train_subagents: bool = Field(True, description="Sub-agent summaries share the episode's advantage and "
                                                     "enter the loss (end-to-end, as in the paper).")
+    failed_episodes: Literal["drop", "keep"] = Field(
+        "drop", description="Episodes whose graph raised (their trace has errors): drop them from the group "
+                            "and the loss, or keep them with their reward. Counted either way.")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal (no "
+                                                      "gradient) and roll out further prompts to refill the step.")
+    max_sampling_rounds: int = Field(3, ge=1, description="Dynamic sampling: rounds of extra prompts per step.")
     concurrency: int = Field(4, ge=1, description="Prompts rolled out at once (each runs G rollouts).")
     rollout_batch: int = Field(16, ge=1, description="Backend local: concurrent model calls generated as one "
                                                      "batch (the G rollouts of a prompt, the K sub-agents).")
     # objective
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward weights (reward_bias -0.2 "
-                                                                          "unless set).")
-    lr: float = 2e-6
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip: float = Field(0.2, description="PPO ratio clip ε.")
-    kl_coef: float = Field(0.01, ge=0, description="KL to the frozen initial policy; 0 = no reference model.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["seq-mean", "token-mean", "constant"] = "seq-mean"
-    advantage_scale: Literal["std", "none"] = Field("std", description="none = Dr. GRPO (no std division).")
-    advantage_eps: float = 1e-6
+                                                                          "unless set, the paper's RL value).")
+    lr: float = Field(2e-6, gt=0, description="AdamW learning rate (paper, Table 4: 2e-6).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps, then constant.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip ε (ε_low with clip_high).")
+    clip_high: float | None = Field(None, gt=0, description="DAPO clip-higher ε_high (upper ratio bound 1 + "
+                                                           "ε_high); None = symmetric clip.")
+    kl_coef: float = Field(0.01, ge=0, description="KL to the frozen initial policy (paper: 0.01); 0 = no "
+                                                   "reference model.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimate: k1 = logp - ref, "
+                                                    "k2 = ½(logp - ref)², k3 = Schulman's exp(r) - r - 1.")
+    aggregation: Literal["seq-mean", "token-mean", "constant"] = Field(
+        "seq-mean", description="How token losses become the loss: seq-mean (GRPO) averages each episode's "
+        "trained tokens (planner and sub-agents together) then the episodes; token-mean (DAPO) averages every "
+        "trained token of the step; constant (Dr. GRPO) sums each episode's tokens / max_new_tokens.")
+    advantage_scale: Literal["std", "none"] = Field("std", description="Group advantage: (r - mean) / std, or "
+                                                                       "r - mean (Dr. GRPO).")
+    advantage_eps: float = Field(1e-6, gt=0, description="Added to the group std.")
     ppo_epochs: int = Field(1, ge=1, description="Updates per batch of rollouts (1 = on-policy).")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
     tas_lambda: float = Field(0.0, ge=0, description="AVATAR Temporal Advantage Shaping λ (0 = off).")
-    replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    replay: ReplaySettings = Field(default_factory=ReplaySettings, description="AVATAR's stratified replay.")
     # bookkeeping
-    save_every: int = Field(10, ge=1)
+    save_every: int = Field(10, ge=1, description="Steps between checkpoints (paper, Table 4: 5).")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept.")
     sync_every: int = Field(1, ge=1, description="Steps between weight syncs to the rollout server.")
-    seed: int = 0
-    resume: bool = True
-    gradient_checkpointing: bool = False
+    seed: int = Field(0, description="Prompt order, gating and rollout seeds.")
+    resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
+    bf16: Literal["auto", "true", "false"] = Field("auto", description="Actor and reference in bf16: auto = on GPUs.")
 
     @model_validator(mode="before")
     @classmethod
@@ -126,28 +165,3 @@ class GRPOConfig(BaseModel):
     @classmethod
     def from_yaml(cls, path, overrides=None) -> GRPOConfig:
         return load_yaml_model(cls, path, overrides)
-
-
-@dataclass
-class PromptItem:
-    """One RL prompt: what the agent is asked and what the reward checks against."""
-
-    id: str
-    video: str
-    question: str
-    options: list[str] | None
-    answer: object  # a letter / text, or [start, end] for tvg
-    task: str
-
-
-def prompts_from_rl(path: str, video_root: str | None = None, limit: int | None = None) -> list[PromptItem]:
-    """RL Parquet rows → prompts (the first video of each row; ids default to the row number)."""
-    from paravt_train.data import load_rl, resolve_video
-
-    out = []
-    for i, s in enumerate(load_rl(path, video_root)):
-        if not s.videos:
-            raise ConfigError(f"{path}: row {i} has no video")
-        out.append(PromptItem(s.id or f"row{i}", str(resolve_video(s.videos[0], video_root)), s.question_text(),
-                              s.options, s.answer_value, s.question_type))
-    return out[:limit] if limit else out

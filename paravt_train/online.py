@@ -1,22 +1,27 @@
 """Online learning from the trajectory store: served traces + user feedback → PARA-GRPO updates.
 
 The serving agent writes traces (``Agent(store=...)``) and users attach feedback
-(``agent.feedback(trace_id, answer=...)``). :class:`OnlineLearner` polls the store
-for feedback newer than its cursor; each feedback row carrying a correct answer
-becomes an RL prompt (the trace's video, question and options; the task is MCQ
-with options, grounding when the answer is a span, else open-ended). Rows with
-only a reward or thumbs are counted and skipped: without a reference answer
-there is nothing to score fresh rollouts against.
+(``agent.feedback(trace_id, answer=...)``, the Gradio page's feedback panel, the
+API). :class:`OnlineLearner` polls the store for feedback newer than its cursor;
+each feedback row carrying a correct answer becomes an RL prompt (the trace's
+video, question and options; the task is MCQ with options, grounding when the
+answer is a span, else open-ended). Rows with only a reward or thumbs are counted
+and skipped: without a reference answer there is nothing to score fresh rollouts
+against.
 
 Each update runs fresh on-policy rollouts of up to ``prompts_per_step`` queued
-prompts (plus replayed sequences when ``replay.enabled``), then pushes the
-weights to the serving endpoint every ``sync_every`` updates.
+prompts (plus replayed rollouts when ``replay.enabled``), then pushes the weights
+to the serving endpoint every ``sync_every`` updates. Under ``torchrun`` every
+rank reads the same store and queue, takes its share of each update's prompts and
+trains in step with the others (a rank whose share is empty still runs the
+collectives).
 
 Crash safety: the cursor and the queue of not-yet-trained prompts are saved in
-the same atomic checkpoint as the weights and the optimizer, after every
-update. A restart resumes from that checkpoint: feedback read but not trained
-is read again, and an update that did not reach its checkpoint is redone, so no
-feedback is lost and none is trained on twice.
+the same atomic checkpoint as the weights and the optimizer, after every update
+(the newest ``keep_checkpoints`` are kept). A restart resumes from that
+checkpoint: feedback read but not trained is read again, and an update that did
+not reach its checkpoint is redone, so no feedback is lost and none is trained
+on twice.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from pathlib import Path
 from paravt_agent.errors import ParaVTError
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
-from paravt_train.rl import GRPOConfig, GRPOTrainer, PromptItem
+from paravt_train.grpo_config import GRPOConfig
+from paravt_train.grpo_trainer import GRPOTrainer
+from paravt_train.rollout import PromptItem
 
 __all__ = ["OnlineLearner", "prompt_from_feedback"]
 
@@ -49,9 +56,9 @@ def prompt_from_feedback(row: dict, store: TrajectoryStore) -> PromptItem | None
 
 
 class OnlineLearner:
-    def __init__(self, cfg: GRPOConfig, store: str | Path, progress: bool = True, log=print):
+    def __init__(self, cfg: GRPOConfig, store: str | Path | TrajectoryStore, progress: bool = True, log=print):
         self.trainer = GRPOTrainer(cfg, progress=progress, log=log)
-        self.store = TrajectoryStore(store)
+        self.store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
         self.log = log
         self.consumed = 0
 
@@ -86,6 +93,21 @@ class OnlineLearner:
             self.consumed += 1
         return added
 
+    def _poll_everywhere(self) -> None:
+        """Rank 0 reads the store; every rank then holds the same cursor and queue."""
+        tr = self.trainer
+        if tr.world == 1:
+            self.poll()
+            return
+        import torch.distributed as dist
+
+        if tr.rank == 0:
+            self.poll()
+        st = self.state
+        box = [{k: st[k] for k in ("cursor", "queue", "skipped")}]
+        dist.broadcast_object_list(box, src=0)
+        st.update(box[0])
+
     def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
         """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``)."""
         tr = self.trainer
@@ -93,7 +115,7 @@ class OnlineLearner:
         P = tr.cfg.prompts_per_step
         steps = 0
         while max_steps is None or steps < max_steps:
-            self.poll()
+            self._poll_everywhere()
             st = self.state
             if not st["queue"]:
                 if once:
@@ -101,8 +123,9 @@ class OnlineLearner:
                 time.sleep(poll)
                 continue
             batch = [PromptItem(**d) for d in st["queue"][:P]]
-            rec = tr.train_step(batch)
-            st["queue"] = st["queue"][P:]
+            mine = batch[tr.rank :: tr.world]
+            rec = tr.train_step(mine)
+            st["queue"] = st["queue"][len(batch):]
             st["trained"].extend(p.id for p in batch)
             tr.save()  # weights, optimizer, cursor and queue together
             steps += 1

@@ -21,7 +21,7 @@ __all__ = ["long_answer", "prefilter"]
 
 
 def long_answer(sample: RLSample, max_words: int = 15) -> bool:
-    return sample.question_type == "oe" and len(sample.answer.split()) > max_words
+    return sample.task == "oe" and len(sample.answer.split()) > max_words
 
 
 def prefilter(
@@ -53,7 +53,7 @@ def prefilter(
     out = []
     for k, s in enumerate(kept):
         rollouts = answers[k * group : (k + 1) * group]
-        accs = [accuracy_reward(a.trace.response, s.answer_value, s.question_type, s.options) for a in rollouts]
+        accs = [accuracy_reward(a.trace.response, s.answer_value, s.task, s.options) for a in rollouts]
         if all(a == 0 for a in accs):
             dropped[f"all {group} rollouts scored zero"] += 1
         else:

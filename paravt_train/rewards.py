@@ -1,28 +1,43 @@
 """Rewards and rollout metrics of PARA-GRPO (paper, Section 3.2.3 and Appendix B). Pure functions.
 
-    R(x, y) = R_acc(y, a*) + λ_fmt · R_fmt(y) + R_tool(y) + bias,   R_fmt = R_base + λ_anchor · R_anchor
+    R(x, y) = R_acc(y, a*) + λ_fmt · R_fmt(y) + R_tool(y) + Σ_k w_k R_k(y) + bias,   R_fmt = R_base + λ_anchor · R_anchor
 
-``y`` is the whole rollout transcript the policy is scored on: every planner
-response, *including the pinned think prefix*, with the tool-response turns in
-between (see :func:`transcript`). Degenerate outputs score 0.
+``y`` is the rollout transcript the policy is scored on: every planner response,
+*including the pinned think prefix*, with the tool-response turns in between
+(:func:`transcript`); tool output is neutralised before it enters the context,
+so the ``<tool_response>`` wrapper is the only tag it contributes, and no
+instruction the agent injects is part of it.
 
-R_base (ANSWER_SUFFIX on): +0.2 a ``<think>`` with >= 10 characters, +0.3 an
-``<answer>`` tag, +0.2 a ``</answer>`` tag, +0.3 think-before-tool order
-(``</think>`` precedes the first tool block or the answer), +0.1 every tag pair
-balanced. R_anchor (Eq. 1): +α when ``</think>`` closes the first ``<think>``,
-+β when the whole ``<think>`` → ``</think>`` → ``<answer>`` → ``</answer>`` flow
-is kept, −γ when a ``<think>`` is opened and never closed.
+R_base (paper's values): +0.2 a ``<think>`` with >= 10 characters; +0.3 an
+``<answer>`` tag and +0.2 its ``</answer>``, credited only around a non-empty
+answer (with ``answer_suffix`` on, even when the structure before is imperfect);
++0.3 think-before-tool order, credited only when a parseable tool call follows
+the closed ``</think>`` (a rollout that calls no tool earns no ordering credit:
+otherwise skipping the tool would be the cheaper path to full format reward);
++0.1 every tag pair balanced. R_anchor (Eq. 1): +α when ``</think>`` closes the
+first ``<think>``, +β when the whole ``<think>`` → ``</think>`` → ``<answer>`` →
+``</answer>`` flow is kept, −γ when a ``<think>`` is opened and never closed.
+
+The bias applies to every reward. A degenerate output (a chat-template loop)
+scores the lowest reward any rollout can get, never more than a malformed one.
+
+Extra terms: :func:`reward_term` registers a function ``(text, sample, cfg) -> float``
+under a name; its weight comes from ``RewardConfig.extra_terms[name]`` (terms
+are also found through the ``paravt.rewards`` entry-point group). Each term is
+logged as ``reward/<name>``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from paravt_agent.protocol import (
     extract_answer,
@@ -35,12 +50,16 @@ from paravt_agent.protocol import (
 )
 
 __all__ = [
+    "TASK_METRIC",
+    "JudgeSettings",
     "RewardConfig",
     "RewardBreakdown",
+    "RewardSample",
     "accuracy_reward",
     "anchor_reward",
     "base_format_reward",
     "format_reward",
+    "reward_term",
     "rollout_metrics",
     "score",
     "temporal_iou",
@@ -50,34 +69,60 @@ __all__ = [
 ]
 
 
+log = logging.getLogger(__name__)
+
+
+class JudgeSettings(BaseModel):
+    """An LLM judge for open-ended answers (OpenAI-compatible endpoint); token F1 when it fails."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(description="Served model name.")
+    api_key: str = Field("EMPTY", description="API key sent to the endpoint.")
+    timeout: float = Field(20.0, gt=0, description="Seconds per judgement before falling back to token F1.")
+
+
 class RewardConfig(BaseModel):
     """Reward weights; defaults are the paper's released values (Appendix B, Table 4)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     think_content: float = Field(0.2, description="R_base: <think> with at least `min_think_chars` characters.")
     min_think_chars: int = Field(10, description="What counts as substantive reasoning.")
-    answer_open: float = Field(0.3, description="R_base: an <answer> tag.")
-    answer_close: float = Field(0.2, description="R_base: a </answer> tag.")
-    think_tool_order: float = Field(0.3, description="R_base: </think> before the first tool block / the answer.")
+    answer_open: float = Field(0.3, description="R_base: an <answer> tag around a non-empty answer.")
+    answer_close: float = Field(0.2, description="R_base: its </answer> tag.")
+    think_tool_order: float = Field(0.3, description="R_base: </think> closed before a parseable tool call.")
     balanced: float = Field(0.1, description="R_base: every tag pair balanced.")
     answer_suffix: bool = Field(
-        True, description="Paper's ANSWER_SUFFIX: credit the answer tags even when the structure before them "
-        "is imperfect. Off: only when </think> closed before <answer>."
+        True, description="Paper's Answer Suffix (3.2.1, part of Exploration Anchoring): credit the answer tags "
+        "even when the structure before them is imperfect. Off: only when </think> closed before <answer>."
     )
     alpha: float = Field(0.4, description="R_anchor: </think> correctly closed (Eq. 1).")
     beta: float = Field(0.3, description="R_anchor: full think -> answer flow kept (Eq. 1).")
     gamma: float = Field(0.3, description="R_anchor: penalty for a <think> never closed (Eq. 1).")
-    lambda_anchor: float = Field(0.5, description="ANCHOR_WEIGHT: R_fmt = R_base + λ_anchor R_anchor.")
-    lambda_fmt: float = Field(1.0, description="FORMAT_WEIGHT: R = R_acc + λ_fmt R_fmt + R_tool.")
+    lambda_anchor: float = Field(0.5, description="ANCHOR_WEIGHT: R_fmt = R_base + λ_anchor R_anchor (Table 4).")
+    lambda_fmt: float = Field(1.0, description="FORMAT_WEIGHT: R = R_acc + λ_fmt R_fmt + R_tool (Eq. 3).")
     anchor: bool = Field(True, description="Exploration Anchoring's selective reward on (PARA-GRPO) or off.")
     tool_bonus: float = Field(0.1, description="R_tool: bonus scaled by the fraction of well-formed <tool_call>s.")
-    reward_bias: float = Field(0.0, description="Added to every non-degenerate reward (paper's RL: -0.2).")
+    reward_bias: float = Field(0.0, description="Added to every reward (the paper's RL: -0.2; GRPOConfig sets it).")
     degenerate_count: int = Field(5, description="<|im_start|> count that marks a degenerate output ...")
     degenerate_window: int = Field(300, description="... within this many characters.")
+    extra_terms: dict[str, float] = Field(default_factory=dict, description="Weights of extra reward terms by "
+                                          "name (registered with `reward_term` or the paravt.rewards entry points).")
+    judge: JudgeSettings | None = Field(None, description="LLM judge for open-ended answers; None = token F1.")
 
     @property
     def max_format(self) -> float:
         base = self.think_content + self.answer_open + self.answer_close + self.think_tool_order + self.balanced
         return base + (self.lambda_anchor * (self.alpha + self.beta) if self.anchor else 0.0)
+
+    @property
+    def min_total(self) -> float:
+        """The lowest reward a rollout can get: zero accuracy, the anchor's penalty, the bias (what a
+        degenerate output scores)."""
+        penalty = self.lambda_anchor * self.gamma if self.anchor else 0.0
+        return self.reward_bias - self.lambda_fmt * penalty - sum(abs(w) for w in self.extra_terms.values())
 
 
 def transcript(responses: Sequence[str], tool_responses: Sequence[str] = ()) -> str:
@@ -99,6 +144,13 @@ def _first(text: str, *tags: str) -> int:
     return min(found) if found else -1
 
 
+def _answer_body(text: str, start: int) -> tuple[str, int]:
+    """The body of the ``<answer>`` opening at ``start`` and where its ``</answer>`` is (-1 if unclosed)."""
+    body_from = start + len("<answer>")
+    close = text.find("</answer>", body_from)
+    return (text[body_from:close] if close >= 0 else text[body_from:]), close
+
+
 def base_format_reward(text: str, cfg: RewardConfig | None = None) -> float:
     cfg = cfg or RewardConfig()
     stats = tag_stats(text)
@@ -107,20 +159,26 @@ def base_format_reward(text: str, cfg: RewardConfig | None = None) -> float:
     if stats["think"].opened and len(reasoning) >= cfg.min_think_chars:
         r += cfg.think_content
     close = text.find("</think>")
-    first_after = _first(text, "<tool_call>", "<tool_code>", "<answer>")
-    order_ok = stats["think"].opened > 0 and close >= 0 and first_after > close
-    ans_open = text.find("<answer>")
+    ans_open = text.rfind("<answer>")
     answer_ok = cfg.answer_suffix or (close >= 0 and ans_open > close)
     if ans_open >= 0 and answer_ok:
-        r += cfg.answer_open
-        if text.find("</answer>", ans_open) >= 0:
-            r += cfg.answer_close
-    if order_ok:
+        body, ans_close = _answer_body(text, ans_open)
+        if body.strip():  # tags around nothing earn nothing
+            r += cfg.answer_open
+            if ans_close >= 0:
+                r += cfg.answer_close
+    if stats["think"].opened and close >= 0 and _parseable_call_after(text, close):
         r += cfg.think_tool_order
     present = [s for s in stats.values() if s.present]
     if present and all(s.balanced for s in present):
         r += cfg.balanced
     return r
+
+
+def _parseable_call_after(text: str, pos: int) -> bool:
+    """A closed, parseable ``<tool_call>`` starts after ``pos``."""
+    tail = text[pos:]
+    return any(c.ok and c.closed and c.tag == "tool_call" for c in parse_tool_calls(tail))
 
 
 def anchor_reward(text: str, cfg: RewardConfig | None = None) -> float:
@@ -228,6 +286,51 @@ def accuracy_reward(
     raise ValueError(f"unknown task type {task!r}; expected mcq, tvg or oe")
 
 
+#: The metric each task is scored by (the reward's R_acc, and the column of an evaluation record).
+TASK_METRIC = {"mcq": "correct", "tvg": "iou", "oe": "f1"}
+
+
+@dataclass(frozen=True)
+class RewardSample:
+    """What a reward term may look at besides the transcript: the ground truth and the question."""
+
+    answer: object
+    task: str
+    options: Sequence[str] | None = None
+    question: str = ""
+
+
+TermFn = Callable[[str, RewardSample, RewardConfig], float]
+_TERMS: dict[str, TermFn] = {}
+_terms_loaded = False
+
+
+def reward_term(name: str):
+    """Register an extra reward term: ``@reward_term("brevity") def brevity(text, sample, cfg) -> float``
+    returning a value in [-1, 1]. It enters the reward with weight ``cfg.extra_terms[name]`` (absent or 0:
+    not computed)."""
+
+    def deco(fn: TermFn) -> TermFn:
+        _TERMS[name] = fn
+        return fn
+
+    return deco
+
+
+def _term(name: str) -> TermFn:
+    global _terms_loaded
+    if name not in _TERMS and not _terms_loaded:
+        _terms_loaded = True
+        for ep in entry_points(group="paravt.rewards"):
+            try:
+                _TERMS.setdefault(ep.name, ep.load())
+            except Exception as exc:  # a broken plugin must not break training
+                log.warning("reward plugin %s could not be loaded: %s", ep.name, exc)
+    if name not in _TERMS:
+        raise KeyError(f"unknown reward term {name!r}; registered: {', '.join(_TERMS) or 'none'}")
+    return _TERMS[name]
+
+
 @dataclass
 class RewardBreakdown:
     total: float
@@ -237,6 +340,12 @@ class RewardBreakdown:
     anchor: float
     tool: float
     degenerate: bool = False
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def terms(self) -> dict[str, float]:
+        """Every term by name (what the trainer logs as ``reward/<name>``)."""
+        return {"acc": self.acc, "fmt": self.fmt, "base": self.base, "anchor": self.anchor, "tool": self.tool,
+                **self.extra}
 
 
 def score(
@@ -251,14 +360,16 @@ def score(
     """The composite reward of one rollout transcript (pinned prefix included)."""
     cfg = cfg or RewardConfig()
     if is_degenerate(text, cfg.degenerate_count, cfg.degenerate_window):
-        return RewardBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, degenerate=True)
+        return RewardBreakdown(cfg.min_total, 0.0, 0.0, 0.0, 0.0, 0.0, degenerate=True)
     acc = accuracy_reward(text, answer, task, options, judge, question)
     base = base_format_reward(text, cfg)
     anc = anchor_reward(text, cfg) if cfg.anchor else 0.0
     fmt = base + cfg.lambda_anchor * anc
     tool = tool_reward(text, cfg)
-    total = acc + cfg.lambda_fmt * fmt + tool + cfg.reward_bias
-    return RewardBreakdown(total, acc, fmt, base, anc, tool)
+    sample = RewardSample(answer, task, options, question)
+    extra = {name: _term(name)(text, sample, cfg) for name, w in cfg.extra_terms.items() if w}
+    total = acc + cfg.lambda_fmt * fmt + tool + sum(cfg.extra_terms[k] * v for k, v in extra.items()) + cfg.reward_bias
+    return RewardBreakdown(total, acc, fmt, base, anc, tool, extra=extra)
 
 
 # --------------------------------------------------------------------------- metrics

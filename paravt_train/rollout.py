@@ -1,10 +1,10 @@
 """Rollouts for PARA-GRPO, produced by the same ``paravt_agent`` graph that serves users.
 
 One prompt (video, question, answer) → G episodes run concurrently through
-:meth:`paravt_agent.Agent.arun_state` from ONE prepared initial state (the overview
-is decoded once per prompt and n). Every model call of an episode comes back as a
-:class:`~paravt_agent.policy.base.Generation` with token ids and logprobs; an
-episode becomes token sequences:
+:meth:`paravt_agent.Agent.arun` from ONE prepared :class:`~paravt_agent.types.RolloutInput`
+(the overview is decoded once per prompt and n). Every model call of an episode
+comes back as a :class:`~paravt_agent.types.GenerationRecord` with token ids and
+logprobs; an episode becomes token sequences:
 
 * the planner: the final turn's prompt ids + think prefix + sampled ids. Earlier
   turns are inside that prompt *as their exact sampled ids* (the policy continues
@@ -12,36 +12,44 @@ episode becomes token sequences:
   once per tool turn as ONE ``<tool_response>`` user turn. ``loss_mask`` is 1 on
   sampled tokens only: the system prompt, frames, tool responses and the pinned
   ``<think>\\n`` prefix are context (the reward still sees the prefix: it scores
-  the transcript, prefix included);
+  the transcript, prefix included). When a turn's prompt does not hold the earlier
+  turns verbatim (a server that re-tokenises, a template that re-renders), each
+  planner turn becomes its own sequence, scored against the prompt it really had;
 * each sub-agent: its prompt ids + sampled summary ids (optional, sharing the
   episode's advantage).
 
 nFrames gating draws the overview size n per prompt from a generator seeded by
-``(seed, prompt id)``: all G rollouts of the prompt see exactly n frames, and the
-draw is the same on every rank and after a restart. The prompt cache is keyed by
-the video's identity (path, size, mtime), the question, the options and n.
+``(seed, prompt id)``: all G rollouts of the prompt see the same n frames (never
+denser than the 1 fps grid), and the draw is the same on every rank and after a
+restart. The prompt cache is keyed by the video's identity (path, size, mtime),
+the question, the options and n, and is safe under concurrent use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import random
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from paravt_agent.agent import Agent, Answer
+from paravt_agent.agent import Agent
 from paravt_agent.errors import ParaVTError
-from paravt_agent.policy.base import continued_ids, text_of
+from paravt_agent.policy.base import text_of
+from paravt_agent.policy.chat import continued_ids
+from paravt_agent.types import Answer, RolloutInput
+from paravt_agent.video import file_identity
 from paravt_train.rewards import RewardBreakdown, RewardConfig, score, transcript
 
 __all__ = [
     "Episode",
     "PromptCache",
+    "PromptItem",
     "RolloutError",
+    "RolloutSettings",
     "TokenSequence",
     "assemble",
     "episode_transcript",
@@ -52,6 +60,18 @@ __all__ = [
 
 class RolloutError(ParaVTError):
     """A rollout cannot be turned into training tokens (e.g. a backend that returns no token ids)."""
+
+
+@dataclass
+class PromptItem:
+    """One RL prompt: what the agent is asked and what the reward checks against."""
+
+    id: str
+    video: str
+    question: str
+    options: list[str] | None
+    answer: object  # a letter / text, or [start, end] for tvg
+    task: str  # mcq | tvg | oe
 
 
 def gate_frames(seed: int, prompt_id: str, choices: Sequence[int]) -> int:
@@ -67,36 +87,51 @@ def gate_frames(seed: int, prompt_id: str, choices: Sequence[int]) -> int:
 
 
 class PromptCache:
-    """Prepared initial states (decoded overview + planner messages), LRU, keyed by video, question and n."""
+    """Prepared :class:`RolloutInput` s (decoded overview + planner messages), LRU, keyed by the video's
+    identity, the question, the options and n. Thread-safe; concurrent requests for one key prepare once."""
 
     def __init__(self, agent: Agent, capacity: int = 64):
         self.agent = agent
         self.capacity = capacity
         self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._pending: dict[tuple, threading.Event] = {}
         self.hits = self.misses = 0
 
     @staticmethod
     def key(video: str, question: str, options: Sequence[str] | None, n: int | None) -> tuple:
-        st = os.stat(video)
-        return (os.path.realpath(video), st.st_size, st.st_mtime_ns, question, tuple(options or ()), n)
+        return (*file_identity(video), question, tuple(options or ()), n)
 
-    def get(self, video: str, question: str, options: Sequence[str] | None, n: int | None):
+    def get(self, video: str, question: str, options: Sequence[str] | None, n: int | None) -> RolloutInput:
         k = self.key(video, question, options, n)
-        if k in self._items:
-            self.hits += 1
-            self._items.move_to_end(k)
-            return self._items[k]
-        self.misses += 1
-        value = self.agent.initial_state(video, question, options, n_frames=n)
-        self._items[k] = value
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        while True:
+            with self._lock:
+                if k in self._items:
+                    self.hits += 1
+                    self._items.move_to_end(k)
+                    return self._items[k]
+                wait = self._pending.get(k)
+                if wait is None:
+                    self._pending[k] = threading.Event()
+                    self.misses += 1
+                    break
+            wait.wait()
+        try:
+            value = self.agent.prepare(video, question, options, n_frames=n)
+            with self._lock:
+                self._items[k] = value
+                while len(self._items) > self.capacity:
+                    self._items.popitem(last=False)
+        finally:
+            with self._lock:
+                self._pending.pop(k).set()
         return value
 
 
 @dataclass
 class TokenSequence:
-    """One trainable sequence: ids, which of them were sampled, their behaviour logprobs, its images."""
+    """One trainable sequence: ids, which of them were sampled, their behaviour logprobs, its images, and
+    the episode (rollout) it belongs to."""
 
     role: str  # "planner" or "subagent"
     input_ids: list[int]
@@ -105,6 +140,8 @@ class TokenSequence:
     images: list = field(default_factory=list)
     turn: int = 0
     index: int | None = None
+    episode: str = ""
+    image_grid_thw: list | None = None
 
     @property
     def n_trained(self) -> int:
@@ -114,101 +151,132 @@ class TokenSequence:
 @dataclass
 class Episode:
     prompt_id: str
+    task: str
     sample: int  # index within the group
     n_frames: int | None
-    answer: Answer
+    answer: Answer | None
     text: str  # the transcript the reward scores (think prefix included)
     sequences: list[TokenSequence]
     reward: RewardBreakdown | None = None
     advantage: float = 0.0
     seconds: float = 0.0
+    failed: str | None = None  # why the graph did not finish the episode (its error), None when it did
+    subagent_errors: int = 0
+    retokenized_turns: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.prompt_id}#{self.sample}"
 
     @property
     def tool_calls(self) -> int:
-        return self.answer.trace.tool_calls
+        return self.answer.trace.tool_calls if self.answer is not None else 0
+
+
+@dataclass
+class RolloutSettings:
+    """How a group is rolled out and scored."""
+
+    group: int = 8
+    n_frames: int | None = None
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    seed: int = 0
+    subagents: bool = True
+    judge: object | None = None
 
 
 def episode_transcript(answer: Answer) -> str:
-    """Planner responses (prefix included) interleaved with the tool-response turns that followed them."""
-    responses, tools, seen_assistant = [], [], False
+    """Planner responses (prefix included) interleaved with the tool-response turns that followed them.
+    Only the runtime's own ``<tool_response>`` turns are included: an instruction the agent injects (the
+    forced final-answer turn) is never scored."""
+    responses, tools = [], []
     for m in answer.messages or []:
         if m["role"] == "assistant":
             responses.append(m["content"])
-            seen_assistant = True
-        elif m["role"] == "user" and seen_assistant:
-            tools.append(text_of(m["content"]))
+        elif m["role"] == "user" and responses:
+            text = text_of(m["content"])
+            if text.startswith("<tool_response>"):
+                tools.append(text)
     return transcript(responses, tools)
 
 
-def assemble(answer: Answer, eos_id: int, subagents: bool = True) -> list[TokenSequence]:
-    """Token sequences of one episode (see the module docstring). Raises :class:`RolloutError` when the
-    backend gave no token ids, or when an earlier turn's sampled ids are not found verbatim in the
-    final prompt (the model's output was re-tokenised)."""
-    gens = answer.generations or []
-    planner = sorted(((turn, g) for role, turn, _, g in gens if role == "planner"), key=lambda x: x[0])
+def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str = "") -> tuple[list[TokenSequence], int]:
+    """Token sequences of one episode (see the module docstring) and the number of planner turns whose
+    prompt did not hold the earlier turns verbatim. Raises :class:`RolloutError` when the backend gave no
+    token ids."""
+    planner = answer.planner_records()
     if not planner:
         raise RolloutError("the episode has no planner generation")
-    for _, g in planner:
-        if g.prompt_ids is None or g.output_ids is None or g.logprobs is None:
+    for r in planner:
+        if not r.generation.has_tokens:
             raise RolloutError("the policy returned no token ids / logprobs; use the local or sglang backend")
-    final = planner[-1][1]
+    final = planner[-1].generation
     ids = continued_ids(final, eos_id)
-    mask, lps = [0] * len(ids), [0.0] * len(ids)
-    for turn, g in planner:
+    spans, split = [], 0
+    for r in planner:
+        g = r.generation
         start = len(g.prompt_ids) + len(g.prefix_ids or [])
-        out = g.output_ids
-        if ids[start : start + len(out)] != out:
-            raise RolloutError(f"planner turn {turn}: its sampled ids are not in the final prompt verbatim "
-                               "(the chat template re-renders earlier turns); training would score other tokens")
-        if len(g.logprobs) != len(out):
-            raise RolloutError(f"planner turn {turn}: {len(out)} ids but {len(g.logprobs)} logprobs")
-        mask[start : start + len(out)] = [1] * len(out)
-        lps[start : start + len(out)] = g.logprobs
-    seqs = [TokenSequence("planner", ids, mask, lps, final.extra.get("images", []),
-                          turn=planner[-1][0])]
+        if len(g.logprobs) != len(g.output_ids):
+            raise RolloutError(f"planner turn {r.turn}: {len(g.output_ids)} ids but {len(g.logprobs)} logprobs")
+        if g.retokenized or ids[start : start + len(g.output_ids)] != g.output_ids:
+            split += 1
+        spans.append((start, g))
+    seqs: list[TokenSequence] = []
+    if split == 0:
+        mask, lps = [0] * len(ids), [0.0] * len(ids)
+        for start, g in spans:
+            mask[start : start + len(g.output_ids)] = [1] * len(g.output_ids)
+            lps[start : start + len(g.output_ids)] = g.logprobs
+        seqs.append(TokenSequence("planner", ids, mask, lps, planner[-1].images, turn=planner[-1].turn,
+                                  episode=episode, image_grid_thw=final.image_grid_thw))
+    else:  # each turn against the prompt it really had
+        for r in planner:
+            g = r.generation
+            head = [*g.prompt_ids, *(g.prefix_ids or [])]
+            seqs.append(TokenSequence("planner", head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
+                                      [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, episode=episode,
+                                      image_grid_thw=g.image_grid_thw))
     if subagents:
-        for role, turn, index, g in gens:
-            if role != "subagent" or not g.output_ids:
+        for r in answer.subagent_records():
+            g = r.generation
+            if not g.output_ids:
                 continue
-            if g.prompt_ids is None or g.logprobs is None:
+            if not g.has_tokens:
                 raise RolloutError("a sub-agent generation has no token ids / logprobs")
             head = [*g.prompt_ids, *(g.prefix_ids or [])]
-            ids = head + list(g.output_ids)
             seqs.append(TokenSequence(
-                "subagent", ids, [0] * len(head) + [1] * len(g.output_ids), [0.0] * len(head) + list(g.logprobs),
-                g.extra.get("images", []), turn=turn, index=index,
+                "subagent", head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
+                [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, index=r.index, episode=episode,
+                image_grid_thw=g.image_grid_thw,
             ))
-    return seqs
+    return seqs, split
 
 
-async def run_group(
-    agent: Agent,
-    cache: PromptCache,
-    prompt_id: str,
-    video: str,
-    question: str,
-    options: Sequence[str] | None,
-    answer,
-    task: str,
-    group: int,
-    n_frames: int | None,
-    eos_id: int,
-    reward_cfg: RewardConfig,
-    seed: int = 0,
-    subagents: bool = True,
-    judge=None,
-) -> list[Episode]:
-    """G concurrent rollouts of one prompt, assembled and scored."""
-    state, trace = await asyncio.to_thread(cache.get, video, question, options, n_frames)
+async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settings: RolloutSettings,
+                    eos_id: int) -> list[Episode]:
+    """G concurrent rollouts of one prompt, assembled and scored. An episode whose graph raised is kept
+    with ``failed`` set (no sequences); the trainer counts it and drops or keeps it by its config."""
+    inp = await asyncio.to_thread(cache.get, prompt.video, prompt.question, prompt.options, settings.n_frames)
 
     async def one(i: int) -> Episode:
         t0 = time.perf_counter()
-        rollout_seed = int.from_bytes(hashlib.sha256(f"{seed}:{prompt_id}:{i}".encode()).digest()[:4], "big")
-        ans = await agent.arun_state(state, trace, seed=rollout_seed)
-        text = episode_transcript(ans)
-        ep = Episode(prompt_id, i, n_frames, ans, text, assemble(ans, eos_id, subagents))
-        ep.reward = score(text, answer, task, options, reward_cfg, judge=judge, question=question)
+        rollout_seed = int.from_bytes(hashlib.sha256(f"{settings.seed}:{prompt.id}:{i}".encode()).digest()[:4], "big")
+        ep = Episode(prompt.id, prompt.task, i, settings.n_frames, None, "", [])
+        try:
+            ans = await agent.arun(inp, seed=rollout_seed)
+        except Exception as exc:  # the graph raised before any planner turn: nothing to train on
+            ep.failed = f"{exc.__class__.__name__}: {exc}"
+            ep.reward = RewardBreakdown(settings.reward.min_total, 0.0, 0.0, 0.0, 0.0, 0.0)
+            ep.seconds = time.perf_counter() - t0
+            return ep
+        ep.answer = ans
+        ep.text = episode_transcript(ans)
+        ep.failed = "; ".join(ans.trace.errors) or None
+        ep.subagent_errors = sum(1 for t in ans.trace.turns for c in t.calls if c.error)
+        ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id)
+        ep.reward = await asyncio.to_thread(score, ep.text, prompt.answer, prompt.task, prompt.options,
+                                            settings.reward, settings.judge, prompt.question)
         ep.seconds = time.perf_counter() - t0
         return ep
 
-    return list(await asyncio.gather(*(one(i) for i in range(group))))
+    return list(await asyncio.gather(*(one(i) for i in range(settings.group))))

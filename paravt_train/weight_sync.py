@@ -1,17 +1,25 @@
-"""Weight sync from the trainer to an SGLang rollout server, with SGLang's documented HTTP API.
+"""Weight sync from the trainer to SGLang rollout servers, with SGLang's documented HTTP API.
 
 * :class:`SGLangWeightSync` (``weight_sync: disk``): rank 0 writes a plain model
-  directory; the server reloads it with ``/update_weights_from_disk``. Works
+  directory; each server reloads it with ``/update_weights_from_disk``. Works
   whenever the server can read the directory (same machine or shared storage).
 * :class:`SGLangTensorSync` (``weight_sync: tensor``): the tensors themselves go to
   ``/update_weights_from_tensor`` as SGLang's serialised named tensors (a
   ``ForkingPickler`` payload, base64, one copy per tensor-parallel rank), in
   buckets. Pickled tensors travel as shared-memory / CUDA IPC handles, so this
-  path needs the server on the same machine (co-located rollouts); nothing is
-  written to disk.
+  path needs the server on the same machine (co-located rollouts); CUDA tensors
+  are tagged with their device's UUID (as SGLang's own helper does), so they
+  open on the right GPU whatever order ``CUDA_VISIBLE_DEVICES`` gives each side.
 
-Both pause generation around the swap (``/pause_generation`` →
-update → ``/continue_generation``, which runs even when the update fails).
+Both pause generation around the swap (``/pause_generation`` → update →
+``/continue_generation``, which runs even when the update fails). The pause
+mode matters on a server that is answering users while it learns
+(``paravt-train online``): ``retract`` (the default) sends running requests back
+to the queue and flushes the cache with the update, so they restart on the new
+weights; ``in_place`` keeps them where they are and must not flush (SGLang
+refuses a flush while requests run, and its scheduler asserts on it); ``abort``
+ends them (the ``sglang`` policy retries aborted replies). Several servers (a
+router's workers) are updated one after the other.
 """
 
 from __future__ import annotations
@@ -19,7 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["SGLangTensorSync", "SGLangWeightSync", "serialize_named_tensors"]
+from paravt_agent.errors import PolicyError
+
+__all__ = ["PAUSE_MODES", "SGLangTensorSync", "SGLangWeightSync", "serialize_named_tensors"]
+
+PAUSE_MODES = ("retract", "in_place", "abort")
 
 
 def _base_url(endpoint: str) -> str:
@@ -27,74 +39,146 @@ def _base_url(endpoint: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-class SGLangWeightSync:
-    """Pushes weights to an SGLang server with its documented HTTP API:
+def _urls(endpoints: str | Iterable[str]) -> list[str]:
+    items = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+    return [_base_url(e) for e in items]
 
-    ``POST /pause_generation {"mode": "in_place"}`` → ``POST /update_weights_from_disk
-    {"model_path": DIR}`` (answer ``{"success", "message", ...}``) → ``POST /continue_generation``.
-    The directory must be readable by the server (same machine or a shared filesystem).
+
+def _json(resp) -> dict:
+    try:
+        data = resp.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class _Paused:
+    """``/pause_generation {"mode": mode}`` on enter, ``/continue_generation`` on exit (even after a failure)."""
+
+    def __init__(self, client, url: str, mode: str):
+        self.client, self.url, self.mode = client, url, mode
+
+    def __enter__(self):
+        self.client.post(f"{self.url}/pause_generation", json={"mode": self.mode}).raise_for_status()
+        return self
+
+    def __exit__(self, *exc):
+        self.client.post(f"{self.url}/continue_generation", json={}).raise_for_status()
+        return False
+
+
+class SGLangWeightSync:
+    """Pushes weights to SGLang servers with their documented HTTP API:
+
+    ``POST /pause_generation {"mode"}`` → ``POST /update_weights_from_disk {"model_path": DIR, "flush_cache"}``
+    (answer ``{"success", "message", ...}``) → ``POST /continue_generation``, per server. The directory must
+    be readable by every server (same machine or a shared filesystem).
     """
 
-    def __init__(self, endpoint: str, folder: Path, timeout: float = 600.0):
-        self.url = _base_url(endpoint)
+    def __init__(self, endpoint: str | Iterable[str], folder: Path, timeout: float = 600.0,
+                 pause_mode: str = "retract"):
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
+        self.urls = _urls(endpoint)
         self.folder = Path(folder)
         self.timeout = timeout
+        self.pause_mode = pause_mode
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
 
     def push(self, model_dir: Path) -> dict:
         import httpx
 
-        from paravt_agent.errors import PolicyError
-
+        results = []
         with httpx.Client(timeout=self.timeout) as client:
-            try:
-                client.post(f"{self.url}/pause_generation", json={"mode": "in_place"}).raise_for_status()
+            for url in self.urls:
                 try:
-                    resp = client.post(f"{self.url}/update_weights_from_disk",
-                                       json={"model_path": str(Path(model_dir).resolve())})
-                finally:
-                    client.post(f"{self.url}/continue_generation", json={}).raise_for_status()
-            except httpx.HTTPError as exc:
-                raise PolicyError(f"weight sync to {self.url} failed: {exc}", transient=True) from exc
-        data = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
-        if resp.status_code != 200 or not data.get("success", False):
-            raise PolicyError(f"{self.url}/update_weights_from_disk refused {model_dir}: "
-                              f"{data.get('message') or resp.text[:300]}")
-        return data
+                    with _Paused(client, url, self.pause_mode):
+                        resp = client.post(f"{url}/update_weights_from_disk", json={
+                            "model_path": str(Path(model_dir).resolve()),
+                            "flush_cache": self.pause_mode != "in_place"})
+                except httpx.HTTPError as exc:
+                    raise PolicyError(f"weight sync to {url} failed: {exc}", transient=True) from exc
+                data = _json(resp)
+                if resp.status_code != 200 or not data.get("success", False):
+                    raise PolicyError(f"{url}/update_weights_from_disk refused {model_dir}: "
+                                      f"{data.get('message') or resp.text[:300]}")
+                results.append(data)
+        return results[0] if len(results) == 1 else {"success": True, "servers": results}
+
+
+def _device_uuid(index: int) -> str:
+    import torch
+
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def _uuid_tagged(reduced: tuple) -> tuple:
+    """``torch.multiprocessing`` reduces a CUDA tensor to ``(rebuild_cuda_tensor, args)`` with the device
+    ordinal at ``args[6]``; SGLang's server maps a device UUID there back to its own ordinal."""
+    fn, args = reduced
+    if len(args) > 6 and isinstance(args[6], int):
+        args = (*args[:6], _device_uuid(args[6]), *args[7:])
+    return fn, args
 
 
 def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
     """SGLang's wire format for ``/update_weights_from_tensor``: a ``ForkingPickler`` pickle (tensors as
-    shared-memory / CUDA IPC handles), base64. SGLang's own serializer is used when it is installed."""
-    try:
-        from sglang.srt.utils import MultiprocessingSerializer
-    except ImportError:
-        import base64
-        import io
-        from multiprocessing.reduction import ForkingPickler
+    shared-memory / CUDA IPC handles, CUDA devices tagged by UUID), base64."""
+    import base64
+    import copyreg
+    import io
+    from multiprocessing.reduction import ForkingPickler
 
-        import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
+    import torch
+    from torch.multiprocessing import reductions
 
-        buf = io.BytesIO()
-        ForkingPickler(buf).dump(named_tensors)
-        return base64.b64encode(buf.getvalue()).decode("ascii")
-    return MultiprocessingSerializer.serialize(named_tensors, output_str=True)
+    class _Pickler(ForkingPickler):
+        pass
+
+    table = dict(copyreg.dispatch_table)
+    table.update(ForkingPickler._extra_reducers)
+
+    def reduce_tensor(t):
+        out = reductions.reduce_tensor(t)
+        return _uuid_tagged(out) if t.is_cuda else out
+
+    table[torch.Tensor] = reduce_tensor
+    for cls in (torch.nn.Parameter,):
+        table[cls] = reduce_tensor
+    buf = io.BytesIO()
+    pickler = _Pickler(buf)
+    pickler.dispatch_table = table
+    pickler.dump(named_tensors)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 class SGLangTensorSync:
-    """Pushes tensors to a co-located SGLang server: ``POST /update_weights_from_tensor
-    {"serialized_named_tensors": [payload] * tp_size, "flush_cache": last bucket}`` per bucket of about
-    ``bucket_bytes``, generation paused around the whole update. Parameter names are the Hugging Face
+    """Pushes tensors to co-located SGLang servers: ``POST /update_weights_from_tensor
+    {"serialized_named_tensors": [payload] * tp_size, "flush_cache": last bucket (not in_place)}`` per bucket of
+    about ``bucket_bytes``, generation paused around the whole update. Parameter names are the Hugging Face
     checkpoint names (what SGLang's ``load_weights`` maps)."""
 
-    def __init__(self, endpoint: str, tp_size: int = 1, bucket_bytes: int = 512 << 20, timeout: float = 600.0):
-        self.url = _base_url(endpoint)
+    def __init__(self, endpoint: str | Iterable[str], tp_size: int = 1, bucket_bytes: int = 512 << 20,
+                 timeout: float = 600.0, pause_mode: str = "retract"):
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
+        self.urls = _urls(endpoint)
         self.tp_size = tp_size
         self.bucket_bytes = bucket_bytes
         self.timeout = timeout
+        self.pause_mode = pause_mode
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
 
     def buckets(self, named_tensors: Iterable[tuple[str, object]]):
         bucket, size = [], 0
         for name, t in named_tensors:
+            t = t.full_tensor() if hasattr(t, "full_tensor") else t
             bucket.append((name, t.detach().contiguous()))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
@@ -106,26 +190,24 @@ class SGLangTensorSync:
     def push(self, named_tensors: Iterable[tuple[str, object]]) -> dict:
         import httpx
 
-        from paravt_agent.errors import PolicyError
-
         buckets = list(self.buckets(named_tensors))
         sent = 0
         with httpx.Client(timeout=self.timeout) as client:
-            try:
-                client.post(f"{self.url}/pause_generation", json={"mode": "in_place"}).raise_for_status()
+            for url in self.urls:
+                sent = 0
                 try:
-                    for i, bucket in enumerate(buckets):
-                        payload = serialize_named_tensors(bucket)
-                        resp = client.post(f"{self.url}/update_weights_from_tensor", json={
-                            "serialized_named_tensors": [payload] * self.tp_size,
-                            "flush_cache": i == len(buckets) - 1})
-                        data = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
-                        if resp.status_code != 200 or not data.get("success", False):
-                            raise PolicyError(f"{self.url}/update_weights_from_tensor refused bucket {i + 1}/"
-                                              f"{len(buckets)}: {data.get('message') or resp.text[:300]}")
-                        sent += len(bucket)
-                finally:
-                    client.post(f"{self.url}/continue_generation", json={}).raise_for_status()
-            except httpx.HTTPError as exc:
-                raise PolicyError(f"weight sync to {self.url} failed: {exc}", transient=True) from exc
-        return {"success": True, "tensors": sent, "buckets": len(buckets)}
+                    with _Paused(client, url, self.pause_mode):
+                        for i, bucket in enumerate(buckets):
+                            payload = serialize_named_tensors(bucket)
+                            last = i == len(buckets) - 1
+                            resp = client.post(f"{url}/update_weights_from_tensor", json={
+                                "serialized_named_tensors": [payload] * self.tp_size,
+                                "flush_cache": last and self.pause_mode != "in_place"})
+                            data = _json(resp)
+                            if resp.status_code != 200 or not data.get("success", False):
+                                raise PolicyError(f"{url}/update_weights_from_tensor refused bucket {i + 1}/"
+                                                  f"{len(buckets)}: {data.get('message') or resp.text[:300]}")
+                            sent += len(bucket)
+                except httpx.HTTPError as exc:
+                    raise PolicyError(f"weight sync to {url} failed: {exc}", transient=True) from exc
+        return {"success": True, "tensors": sent, "buckets": len(buckets), "servers": len(self.urls)}

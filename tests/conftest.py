@@ -64,3 +64,71 @@ def toy_rl(tmp_path_factory):
     worlds = make_worlds(range(910_000, 910_004), d / "videos")
     path = write_parquet(rl_rows(worlds, d / "videos"), d / "rl.parquet")
     return {"dir": d, "worlds": worlds, "data": str(path), "video_root": str(d / "videos")}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SGLangStub:
+    """The SGLang-API test server (tests/sglang_server.py) as a subprocess on 127.0.0.1."""
+
+    def __init__(self, model: str, deterministic: bool = False, threads: int = 1):
+        import subprocess
+        import sys
+        import time
+        import urllib.request
+        from pathlib import Path
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, str(Path(__file__).with_name("sglang_server.py")), "--model", model,
+                "--port", str(self.port)]
+        if deterministic:
+            args.append("--enable-deterministic-inference")
+        env = {**os.environ, "SGLANG_STUB_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the SGLang test server exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.3)
+        self.close()
+        raise RuntimeError("the SGLang test server did not start")
+
+    def post(self, path: str, body: dict) -> dict:
+        import httpx
+
+        r = httpx.post(self.url + path, json=body, timeout=300)
+        return r.json()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+
+
+@pytest.fixture
+def sglang_stub():
+    """A factory: ``sglang_stub(model_dir, deterministic=False)`` starts a server; all stop at teardown."""
+    servers = []
+
+    def start(model: str, **kw) -> SGLangStub:
+        s = SGLangStub(model, **kw)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.close()

@@ -9,7 +9,8 @@ import sys
 
 import torch
 
-from paravt_train.rl import GRPOConfig, GRPOTrainer
+from paravt_train.grpo_config import GRPOConfig
+from paravt_train.grpo_trainer import GRPOTrainer
 
 
 def main() -> None:
@@ -18,11 +19,20 @@ def main() -> None:
     tr.setup()
     with open(items_path, "rb") as f:
         items = pickle.load(f)
-    stats = tr._update(items[tr.rank :: tr.world])
+    stats = tr.update(items[tr.rank :: tr.world])
     state = tr.full_state_dict()
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in state.items()}
-    if tr.rank == 0:
-        torch.save({"state": state, "stats": stats}, out_path)
+    if tr.rank == 0:  # the whole step's statistics: every rank's share
+        import torch.distributed as dist
+
+        shards = [None] * tr.world
+        dist.gather_object(stats, shards)
+        torch.save({"state": state, "stats": {**stats, "sequences": sum(s["sequences"] for s in shards),
+                                             "trained_tokens": sum(s["trained_tokens"] for s in shards)}}, out_path)
+    else:
+        import torch.distributed as dist
+
+        dist.gather_object(stats, None)
     torch.distributed.destroy_process_group()
 
 

@@ -13,6 +13,7 @@ from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import text_of
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.trajectory import Trace
+from paravt_agent.types import AnswerEvent, OverviewEvent, PlannerEvent, SubAgentEvent
 
 WINDOWS = [(2, 6), (10, 14), (20, 24), (30, 34)]
 
@@ -72,7 +73,7 @@ def test_think_prefix_is_pinned(media):
         return "<answer>A</answer>"
 
     class Recording(ScriptedPolicy):
-        async def generate(self, messages, sampling, prefix=""):
+        async def generate(self, messages, sampling, prefix="", continuation=None):
             seen.append(prefix)
             return await super().generate(messages, sampling, prefix)
 
@@ -105,7 +106,7 @@ def test_subagent_timeout_and_retry_use_langgraph_policies(media):
     attempts = {"n": 0}
 
     class Flaky(ScriptedPolicy):
-        async def generate(self, messages, sampling, prefix=""):
+        async def generate(self, messages, sampling, prefix="", continuation=None):
             if text_of(messages[0]["content"]).startswith("You are a video inspection"):
                 head = text_of(messages[1]["content"])
                 if head.startswith("Window 2.0"):
@@ -208,19 +209,29 @@ def test_astream_events(media):
         return [e async for e in agent.astream(media["video"], "q?")]
 
     events = asyncio.run(collect())
-    kinds = [e["event"] for e in events]
-    assert kinds[0] == "overview" and kinds[-1] == "answer"
+    kinds = [e.kind for e in events]
+    assert isinstance(events[0], OverviewEvent) and isinstance(events[-1], AnswerEvent)
     assert kinds.count("subagent") == 4 and kinds.index("planner") < kinds.index("subagent")
-    assert events[-1]["answer"].text == "B"
+    assert all(isinstance(e, SubAgentEvent) and e.record.summary for e in events if e.kind == "subagent")
+    planner = next(e for e in events if isinstance(e, PlannerEvent))
+    assert [c.window for c in planner.calls] == [tuple(map(float, w)) for w in WINDOWS]
+    assert events[-1].answer.text == "B"
 
 
 def test_answer_many_with_errors_per_item(media, tmp_path):
-    agent = agent_with(summary_script(WINDOWS))
+    def script(role, messages):
+        if role == "planner" and "q4" in text_of(messages[-1]["content"]):
+            raise RuntimeError("a bug in a plugin")  # not a ParaVT error: still only this item's
+        return summary_script(WINDOWS)(role, messages)
+
+    agent = agent_with(script)
     items = [{"video": media["video"], "question": "q1?"}, {"video": tmp_path / "nope.mp4", "question": "q2?"},
-             {"video": media["video"], "question": "q3?", "options": ["x", "y"]}]
+             {"video": media["video"], "question": "q3?", "options": ["x", "y"]},
+             {"video": media["video"], "question": "q4?"}]
     out = agent.answer_many(items, concurrency=2, progress=False)
-    assert [a.text for a in out] == ["B", "", "B"]
+    assert [a.text for a in out] == ["B", "", "B", ""]
     assert "no such file" in out[1].trace.errors[0]
+    assert "RuntimeError: a bug in a plugin" in out[3].trace.errors[0]
 
 
 def test_unreachable_endpoint_is_one_clear_error(media):

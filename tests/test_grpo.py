@@ -1,9 +1,17 @@
-"""The GRPO objective: hand-computed values, and the AVATAR options reducing to plain GRPO."""
+"""The GRPO objective and AVATAR's replay buffer: hand-computed values."""
 
 import pytest
 import torch
 
-from paravt_train.grpo import ReplayBuffer, group_advantages, kl_penalty, policy_loss, temporal_weights
+from paravt_train.grpo import (
+    ReplayBuffer,
+    group_advantages,
+    kl_penalty,
+    offpolicy_advantages,
+    policy_loss,
+    temporal_weights,
+    token_scales,
+)
 
 
 def test_group_advantages_by_hand():
@@ -19,31 +27,54 @@ def test_policy_loss_on_policy_is_the_policy_gradient():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     adv = torch.tensor([1.0, -2.0])
     out = policy_loss(logp, logp.detach(), adv, mask, kl_coef=0.0)
-    # ratio = 1: per-token -A; seq-mean: (-1 + 2) / 2
+    # ratio = 1: per-token -A; each row its own episode, seq-mean: (-1 + 2) / 2
     assert float(out.loss.detach()) == pytest.approx(0.5)
     out.loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5, 0.0], [2 / 3, 2 / 3, 2 / 3]]) / 2)
 
 
-def test_aggregations():
-    logp = torch.zeros(2, 3)
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    adv = torch.tensor([1.0, -2.0])
-    assert float(policy_loss(logp, logp, adv, mask, aggregation="token-mean").loss) == pytest.approx((-2 + 6) / 5)
-    assert float(policy_loss(logp, logp, adv, mask, aggregation="constant", constant=10).loss) == pytest.approx(
-        (-2 + 6) / 20)
+def test_episodes_weigh_the_same_whatever_their_tool_calls():
+    """seq-mean weighs episodes: a planner sequence + 3 sub-agent sequences count as one rollout."""
+    # episode a: planner 4 tokens + three sub-agents of 2 tokens (10 tokens); episode b: planner 5 tokens
+    episodes, tokens = ["a", "a", "a", "a", "b"], [4, 2, 2, 2, 5]
+    scales = token_scales(episodes, tokens, "seq-mean")
+    assert scales == pytest.approx([1 / 20] * 4 + [1 / 10])
+    # each episode's tokens sum to a weight of 1/2
+    assert sum(s * n for s, n, e in zip(scales, tokens, episodes, strict=True) if e == "a") == pytest.approx(0.5)
+    assert scales[4] * 5 == pytest.approx(0.5)
+    assert token_scales(episodes, tokens, "token-mean") == pytest.approx([1 / 15] * 5)
+    assert token_scales(episodes, tokens, "constant", constant=10) == pytest.approx([1 / 20] * 5)
+    # global totals (all micro-batches, all ranks) decide the normaliser
+    assert token_scales(["a"], [4], "token-mean", totals=(2, 8.0)) == [1 / 8]
     with pytest.raises(ValueError):
-        policy_loss(logp, logp, adv, mask, aggregation="median")
+        token_scales(episodes, tokens, "median")
+    # the loss: per-token -A with A = +1 for a, -1 for b, on-policy
+    logp = torch.zeros(5, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    adv = torch.tensor([1.0, 1.0, 1.0, 1.0, -1.0])
+    out = policy_loss(logp, logp, adv, mask, kl_coef=0.0, scales=torch.tensor(scales))
+    assert float(out.loss) == pytest.approx(-0.5 + 0.5, abs=1e-7)
 
 
-def test_clipping():
+def test_clipping_and_clip_higher():
     old = torch.zeros(1, 2)
-    logp = torch.tensor([[0.5, -0.05]], requires_grad=True)  # ratios e^0.5 = 1.65 (clipped), 0.95
+    logp = torch.tensor([[0.25, -0.05]], requires_grad=True)  # ratios e^0.25 = 1.28 and 0.95
     out = policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 2), clip=0.2, kl_coef=0.0)
     assert out.clip_fraction == pytest.approx(0.5)
     out.loss.backward()
     assert logp.grad[0, 0] == 0  # a positive advantage beyond 1+ε gets no gradient
     assert logp.grad[0, 1] != 0
+    # DAPO's clip-higher: with ε_high = 0.28 the same token (1.28 < 1.28...) is inside the bound
+    logp2 = torch.tensor([[0.24, -0.05]], requires_grad=True)
+    out2 = policy_loss(logp2, old, torch.tensor([1.0]), torch.ones(1, 2), clip=0.2, clip_high=0.28, kl_coef=0.0)
+    out2.loss.backward()
+    assert out2.clip_fraction == 0.0 and logp2.grad[0, 0] != 0
+    # the lower bound stays at 1 - ε_low for negative advantages
+    low = torch.tensor([[-0.5]], requires_grad=True)
+    out3 = policy_loss(low, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), clip=0.2, clip_high=0.28,
+                       kl_coef=0.0)
+    out3.loss.backward()
+    assert out3.clip_fraction == 1.0 and low.grad[0, 0] == 0
 
 
 def test_kl_estimators():
@@ -57,40 +88,87 @@ def test_kl_estimators():
     assert float(out.loss) == pytest.approx(0.01 * (torch.exp(torch.tensor(-1.0)) - (-1) - 1).item())
 
 
-def test_tas_and_empty_buffer_reduce_to_plain_grpo():
-    torch.manual_seed(0)
-    logp = torch.randn(4, 6)
-    old = logp + 0.1 * torch.randn(4, 6)
-    adv = torch.randn(4)
-    mask = (torch.rand(4, 6) > 0.2).int()
-    ref = logp + 0.05
-    plain = policy_loss(logp, old, adv, mask, ref_logp=ref)
-    w = torch.nn.utils.rnn.pad_sequence(temporal_weights([6] * 4, lam=0.0), batch_first=True)
-    shaped = policy_loss(logp, old, adv, mask, ref_logp=ref, token_weights=w, sample_weights=torch.ones(4))
-    assert torch.equal(plain.loss, shaped.loss)
-    assert ReplayBuffer().sample(8) == []
-
-
 def test_temporal_weights_by_hand():
     [w] = temporal_weights([5], lam=0.3)
     # t/(L-1) = 0, .25, .5, .75, 1 -> (2x-1)^2 = 1, .25, 0, .25, 1
     assert w.tolist() == pytest.approx([1.3, 1.075, 1.0, 1.075, 1.3])
+    assert temporal_weights([4], lam=0.0)[0].tolist() == [1, 1, 1, 1]
 
 
-def test_replay_buffer_tiers_and_baseline():
-    buf = ReplayBuffer(capacity=60, seed=1)
-    for p in range(30):
-        for k in range(2):
-            buf.add(f"p{p}", (p, k), reward=p / 30)
-    assert len(buf) == 60
-    tiers = buf.tier_of()
-    assert tiers["p0"] == "hard" and tiers["p15"] == "medium" and tiers["p29"] == "easy"
+def test_tas_shapes_the_gradient_by_position():
+    """TAS (AVATAR Eq. 6): the first and last tokens of a sequence get (1 + λ)× the gradient of the middle."""
+    logp = torch.zeros(1, 5, requires_grad=True)
+    w = temporal_weights([5], lam=0.5)[0][None]
+    out = policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 5), kl_coef=0.0, token_weights=w)
+    out.loss.backward()
+    g = logp.grad[0].abs()
+    assert g[0] / g[2] == pytest.approx(1.5) and g[4] / g[2] == pytest.approx(1.5)
+    assert g[1] / g[2] == pytest.approx(1 + 0.5 * 0.25)
+
+
+def test_offpolicy_advantage_is_avatar_eq11():
+    # A_off = (R - R̄(q)) / σ of the off-policy batch's rewards
+    rewards, baselines = [1.0, 0.0, 0.5], [0.5, 0.25, 0.5]
+    sigma = torch.tensor(rewards).std(unbiased=False).item()  # 0.4082
+    got = offpolicy_advantages(rewards, baselines)
+    assert got == pytest.approx([0.5 / sigma, -0.25 / sigma, 0.0], rel=1e-4)
+
+
+def test_replay_tiers_by_quantiles_with_fixed_capacities():
+    buf = ReplayBuffer(capacity=20, seed=1)  # tiers: hard 8, medium 7, easy 5
+    assert buf.tier_capacity == {"hard": 8, "medium": 7, "easy": 5}
+    # ten prompts with moving-average rewards 0.0, 0.1, ..., 0.9 (one rollout each)
+    for p in range(10):
+        buf.observe(f"p{p}", p / 10)
+    tiers = [buf.add(f"p{p}", [f"seq{p}"], p / 10) for p in range(10)]
+    # each rollout is placed against the R̄ of the rollouts already stored plus itself (its rank = the share
+    # with a lower R̄): in an ascending stream the first is Hard, then Medium, then the top quantile
+    assert tiers == ["hard", "medium", "medium"] + ["easy"] * 7
+    # the Easy tier holds 5: the two oldest easy rollouts (R̄ 0.3, 0.4) were evicted, the others stay
+    assert sorted(buf.baseline(it.prompt_id) for it in buf.items) == pytest.approx([0, .1, .2, .5, .6, .7, .8, .9])
+    # a low-R̄ prompt arriving now is Hard: bottom 40 % of the buffer's R̄
+    buf.observe("hard-one", 0.0)
+    assert buf.tier_for("hard-one") == "hard"
+    # 0.55 is above 4 of the 9 values (44 %) → Medium; 0.95 above 8 of 9 → Easy
+    buf.observe("mid", 0.55)
+    assert buf.tier_for("mid") == "medium"
+    buf.observe("top", 0.95)
+    assert buf.tier_for("top") == "easy"
+
+
+def test_hard_rollouts_are_kept_when_easy_ones_flood_in():
+    buf = ReplayBuffer(capacity=10, seed=0)  # hard 4, medium 4 (3.5 -> 3 + remainder), easy 2
+    for p in range(4):
+        buf.observe(f"hard{p}", 0.0)
+    for p in range(4):
+        buf.add(f"hard{p}", [f"h{p}"], 0.0)
+    for k in range(30):  # many easy rollouts
+        buf.observe(f"easy{k}", 1.0)
+        buf.add(f"easy{k}", [f"e{k}"], 1.0)
+    hard = [it.prompt_id for it in buf.store["hard"]]
+    assert hard == [f"hard{p}" for p in range(4)]  # the easy flood never evicted a hard rollout
+    assert len(buf) <= 10 and all(len(buf.store[t]) <= buf.tier_capacity[t] for t in buf.store)
+
+
+def test_replay_draws_forty_thirty_five_twenty_five():
+    buf = ReplayBuffer(capacity=60, seed=3)
+    for tier, n in (("hard", 24), ("medium", 21), ("easy", 15)):
+        for k in range(n):
+            buf.store[tier].append(_item(f"{tier}{k}"))
     drawn = buf.sample(20)
-    counts = {"hard": 0, "medium": 0, "easy": 0}
-    for pid, _, _ in drawn:
-        counts[tiers[pid]] += 1
+    counts = {t: sum(1 for it in drawn if it.prompt_id.startswith(t)) for t in ("hard", "medium", "easy")}
     assert counts == {"hard": 8, "medium": 7, "easy": 5}
+    assert ReplayBuffer().sample(8) == []
+
+
+def _item(pid):
+    from paravt_train.grpo import ReplayItem
+
+    return ReplayItem(pid, [], 0.0)
+
+
+def test_baseline_window_is_per_rollout():
+    buf = ReplayBuffer(baseline_window=20)
     for r in range(25):
-        buf.add("p0", ("x", r), reward=float(r))
-    assert buf.baseline("p0") == pytest.approx(sum(range(5, 25)) / 20)  # the last 20 rewards
-    assert len(buf) == 60  # capacity holds
+        buf.observe("p0", float(r))  # one call per on-policy rollout, however many sequences it has
+    assert buf.baseline("p0") == pytest.approx(sum(range(5, 25)) / 20)  # the last 20 rollouts

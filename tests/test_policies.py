@@ -15,7 +15,7 @@ import pytest
 
 from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
-from paravt_agent.errors import PolicyError
+from paravt_agent.errors import ConfigError, PolicyError
 from paravt_agent.policy.base import Sampling
 from paravt_agent.policy.local import LocalPolicy
 from paravt_agent.policy.sglang_backend import SGLangPolicy
@@ -59,12 +59,13 @@ def test_local_generation_is_token_in_token_out(local, media):
     import torch
 
     ids = torch.tensor([gen.prompt_ids + gen.prefix_ids + gen.output_ids])
-    inputs, _ = local.encode(msgs, "<think>\n")
-    full = {k: v for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw")}
+    enc = local.encode(msgs, "<think>\n")
+    assert enc.ids == gen.prompt_ids + gen.prefix_ids
     n_out = len(gen.output_ids)
-    mm = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, n_out, dtype=torch.long)], 1)
+    mm = local.chat.mm_token_types(ids)
     with torch.no_grad():
-        logits = local.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm, **full).logits
+        logits = local.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
+                             pixel_values=enc.pixel_values, image_grid_thw=torch.tensor(enc.image_grid_thw)).logits
     lp = torch.log_softmax(logits[0, -n_out - 1 : -1].float(), -1).gather(1, ids[0, -n_out:, None])[:, 0]
     assert lp.tolist() == pytest.approx(gen.logprobs, abs=1e-3)
 
@@ -96,10 +97,10 @@ def test_local_batches_concurrent_calls_and_each_row_is_its_own(tiny_model, medi
         return await asyncio.gather(*(policy.generate(*r) for r in [*reqs, other]))
 
     outs = asyncio.run(together())
-    assert [o.extra["batch"] for o in outs] == [4, 4, 4, 4, 1]
+    assert [o.batch_size for o in outs] == [4, 4, 4, 4, 1]
     for (msgs, s, p), got in zip(reqs + [other], outs, strict=True):
         alone = policy.generate_sync(msgs, s, p)
-        assert alone.extra["batch"] == 1
+        assert alone.batch_size == 1
         assert got.output_ids == alone.output_ids and got.text == alone.text
         assert got.prompt_ids == alone.prompt_ids and got.prefix_ids == alone.prefix_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
@@ -119,13 +120,13 @@ def test_local_batch_row_ended_by_stop_string_carries_no_padding(toy_policy_dir,
     video = VideoReader(media["video"])
 
     def sub(a, b):
-        clip = video.crop(a, b, max_frames=16, fps=1.0, max_pixels=1024, factor=32)
+        clip = video.crop(a, b, crop_max_frames=16, crop_fps=1.0, max_pixels=1024, factor=32)
         return subagent_messages(clip.frames, clip.timestamps, (a, b), "What colour is shown?")
 
     a_msgs, b_msgs = sub(8, 9), sub(10, 17)  # the sub-agent lists every second: B's list is longer
     a_free = policy.generate_sync(a_msgs, Sampling(max_new_tokens=16))
     b_free = policy.generate_sync(b_msgs, Sampling(max_new_tokens=16))
-    tok = policy._load()[1].tokenizer
+    tok = policy.processor.tokenizer
     # a stop string that row A reaches within its first tokens and row B never reaches
     stop = next(t for k in range(1, 8)
                 if (t := tok.decode(a_free.output_ids[:k])) and t not in b_free.text)
@@ -135,7 +136,7 @@ def test_local_batch_row_ended_by_stop_string_carries_no_padding(toy_policy_dir,
         return await asyncio.gather(policy.generate(a_msgs, sampling), policy.generate(b_msgs, sampling))
 
     a, b = asyncio.run(together())
-    assert a.extra["batch"] == 2
+    assert a.batch_size == 2
     assert b.completion_tokens > a.completion_tokens  # B went on after A had stopped
     alone = policy.generate_sync(a_msgs, sampling)
     assert a.output_ids == alone.output_ids and a.text == alone.text and len(a.logprobs) == len(a.output_ids)
@@ -166,7 +167,7 @@ def test_local_backend_end_to_end(tiny_model, media):
     assert t.turns and t.turns[0].text.startswith("<think>\n")
     assert t.turns[0].prompt_tokens > 0 and t.turns[0].completion_tokens > 0
     assert len(t.overview_timestamps) == 4
-    assert ans.generations and ans.generations[0][0] == "planner"
+    assert ans.records and ans.records[0].role == "planner" and ans.records[0].generation.has_tokens
 
 
 def test_missing_model_dir_is_clear(tmp_path):
@@ -203,7 +204,13 @@ def hf_server(tiny_model, tmp_path_factory):
 
 
 def test_openai_backend_against_transformers_serve(hf_server, tiny_model, media):
-    agent = Agent(backend="openai", endpoint=hf_server, model=tiny_model, config=SHORT)
+    # transformers serve has no continue_final_message: the backend refuses a prefix it cannot pin ...
+    with pytest.raises(ConfigError, match="think prefix"):
+        Agent(backend="openai", endpoint=hf_server, model=tiny_model, config=SHORT,
+              policy_kwargs={"prefill": False})
+    # ... and runs without one
+    agent = Agent(backend="openai", endpoint=hf_server, model=tiny_model,
+                  config=SHORT.model_copy(update={"think_prefix": ""}), policy_kwargs={"prefill": False})
     ans = agent.answer(media["video"], "Which colour?", ["red", "green"], n_frames=4)
     turn = ans.trace.turns[0]
     assert turn.prompt_tokens > 100  # the frames reached the model as images
@@ -213,81 +220,74 @@ def test_openai_backend_against_transformers_serve(hf_server, tiny_model, media)
 # --------------------------------------------------------------------------- SGLang /generate
 
 
-class Recorded(BaseHTTPRequestHandler):
-    """Answers /generate with a response of SGLang's documented shape; records requests."""
-
-    requests: list = []
-    fail_first = 0
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        Recorded.requests.append((self.path, body))
-        if Recorded.fail_first > 0:
-            Recorded.fail_first -= 1
-            self.send_response(503)
-            self.end_headers()
-            return
-        ids = Recorded.reply_ids
-        data = {
-            "text": Recorded.reply_text,
-            "output_ids": ids,
-            "meta_info": {
-                "id": "abc", "prompt_tokens": len(body["input_ids"]) + 40, "completion_tokens": len(ids),
-                "cached_tokens": 0, "finish_reason": {"type": "stop", "matched": ids[-1]},
-                "output_token_logprobs": [[-0.5 - i / 10, t, None] for i, t in enumerate(ids)],
-                "e2e_latency": 0.01,
-            },
-        }
-        raw = json.dumps(data).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *a):
-        pass
+def test_sglang_backend_against_the_sglang_api_server(sglang_stub, toy_policy_dir, media):
+    """Against a server speaking SGLang's API with the same model: the same tokens and logprobs as the
+    in-process backend, the request carries one placeholder per image, and the recorded prompt is the
+    expanded sequence the server consumed."""
+    stub = sglang_stub(toy_policy_dir)
+    pol = SGLangPolicy(model=toy_policy_dir, endpoint=stub.url + "/v1")
+    local = LocalPolicy(toy_policy_dir)
+    msgs = overview_messages(media, n=3)
+    for m in msgs:  # the toy model's protocol: 32x32 frames
+        if not isinstance(m["content"], str):
+            for p in m["content"]:
+                if p["type"] == "image":
+                    p["image"] = p["image"][:32, :32]
+    s = Sampling(max_new_tokens=24)
+    payload, seen = pol.build_request(msgs, s, prefix="<think>\n")
+    tok = pol.processor.tokenizer
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert payload["input_ids"].count(pad) == 3 and len(payload["image_data"]) == 3  # the server expands them
+    assert payload["input_ids"][-2:] == tok("<think>\n", add_special_tokens=False)["input_ids"]
+    assert (payload["sampling_params"]["top_k"], payload["return_logprob"]) == (-1, True)
+    gen = asyncio.run(pol.generate(msgs, s, prefix="<think>\n"))
+    ref = local.generate_sync(msgs, s, prefix="<think>\n")
+    assert gen.prompt_ids == ref.prompt_ids and gen.prefix_ids == ref.prefix_ids  # expanded, as consumed
+    assert gen.output_ids == ref.output_ids and gen.text == ref.text
+    assert gen.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+    assert gen.image_grid_thw == ref.image_grid_thw and not gen.retokenized
+    assert pol.round_trips == 0
 
 
-@pytest.fixture
-def sglang_server(tiny_model):
+def test_sglang_retries_5xx_and_aborted_replies(tiny_model, media):
+    """A 5xx and an aborted reply (a weight update interrupted it) are retried, never returned as a turn."""
     from transformers import AutoProcessor
 
     tok = AutoProcessor.from_pretrained(tiny_model).tokenizer
-    reply = "plan</think>\n<answer>B</answer>"
-    Recorded.reply_ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
-    Recorded.reply_text = reply
-    Recorded.requests = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Recorded)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    ids = tok("plan</think>\n<answer>B</answer>", add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(
+        "<|im_end|>")]
+    replies = [(503, {}), (200, {"text": "", "output_ids": ids[:2], "meta_info": {"finish_reason": {"type": "abort"},
+                                                                                 "output_token_logprobs": []}})]
+    seen = []
 
+    class Server(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            status, data = replies.pop(0) if replies else (200, {
+                "output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(ids),
+                                                 "output_token_logprobs": [[-0.1, t, None] for t in ids]}})
+            raw = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
 
-def test_sglang_request_and_response(sglang_server, tiny_model, media):
-    pol = SGLangPolicy(model=tiny_model, endpoint=sglang_server + "/v1")
-    msgs = overview_messages(media, n=3)
-    s = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=64, seed=3)
-    gen = asyncio.run(pol.generate(msgs, s, prefix="<think>\n"))
-    path, req = Recorded.requests[-1]
-    tok = pol.processor.tokenizer
-    assert path == "/generate" and req["return_logprob"] is True
-    assert len(req["image_data"]) == 3 and all(isinstance(x, str) and len(x) > 50 for x in req["image_data"])
-    assert req["input_ids"].count(tok.convert_tokens_to_ids("<|image_pad|>")) == 3  # the server expands them
-    assert req["input_ids"][-2:] == tok("<think>\n", add_special_tokens=False)["input_ids"]
-    sp = req["sampling_params"]
-    assert (sp["temperature"], sp["top_p"], sp["max_new_tokens"], sp["top_k"]) == (0.7, 0.9, 64, -1)
-    assert gen.text == "<think>\nplan</think>\n<answer>B</answer>"
-    assert gen.output_ids == Recorded.reply_ids and gen.logprobs[0] == -0.5 and len(gen.logprobs) == len(gen.output_ids)
-    assert gen.prompt_ids + gen.prefix_ids == req["input_ids"] and gen.finish_reason == "stop"
+        def log_message(self, *a):
+            pass
 
-
-def test_sglang_retries_5xx_then_succeeds(sglang_server, tiny_model, media):
-    Recorded.fail_first = 2
-    pol = SGLangPolicy(model=tiny_model, endpoint=sglang_server, max_retries=3)
-    gen = asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
-    assert len(Recorded.requests) == 3 and gen.text.endswith("<answer>B</answer>")
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        pol = SGLangPolicy(model=tiny_model, endpoint=f"http://127.0.0.1:{srv.server_address[1]}", max_retries=3)
+        gen = asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
+        assert len(seen) == 3 and gen.text.endswith("<answer>B</answer>") and gen.finish_reason == "stop"
+        replies.extend([(200, {"meta_info": {"finish_reason": {"type": "abort"}}})] * 4)
+        with pytest.raises(PolicyError, match="aborted"):
+            asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
+    finally:
+        srv.shutdown()
 
 
 def test_sglang_unreachable(tiny_model, media):

@@ -14,7 +14,11 @@ from safetensors.torch import load_file
 from paravt_agent.errors import PolicyError
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.trajectory import Trace
-from paravt_train.rl import GRPOConfig, GRPOTrainer, SGLangTensorSync, SGLangWeightSync, plot, prompts_from_rl
+from paravt_train.data import prompts_from_rl
+from paravt_train.grpo_config import GRPOConfig
+from paravt_train.grpo_trainer import GRPOTrainer, UpdateItem
+from paravt_train.plot import plot
+from paravt_train.weight_sync import SGLangTensorSync, SGLangWeightSync
 
 
 def _cfg(toy_policy_dir, toy_rl, out, **kw) -> GRPOConfig:
@@ -31,15 +35,19 @@ def _weights(model) -> dict:
 
 def test_presets_and_overrides(tmp_path):
     para = GRPOConfig(model="m")
-    assert (para.think_prefix, para.gating, para.reward.anchor, para.reward.reward_bias) == (True, True, True, -0.2)
+    assert (para.think_prefix, para.gating, para.reward.anchor, para.reward.answer_suffix, para.reward.reward_bias) == (
+        "<think>\n", True, True, True, -0.2)
+    # vanilla GRPO: the whole of Exploration Anchoring off (Table 2), answer suffix included
     van = GRPOConfig(model="m", preset="vanilla-grpo")
-    assert (van.think_prefix, van.gating, van.reward.anchor) == (False, False, False)
+    assert (van.think_prefix, van.gating, van.reward.anchor, van.reward.answer_suffix) == ("", False, False, False)
+    dapo = GRPOConfig(model="m", preset="dapo")
+    assert (dapo.aggregation, dapo.clip_high, dapo.dynamic_sampling, dapo.kl_coef) == ("token-mean", 0.28, True, 0.0)
     # every component switchable on top of a preset (the paper's ablations)
     abl = GRPOConfig(model="m", preset="vanilla-grpo", gating=True)
     assert abl.gating and not abl.reward.anchor
     f = tmp_path / "c.yaml"
     f.write_text("model: m\npreset: para-grpo\n")
-    assert GRPOConfig.from_yaml(f, ["preset=vanilla-grpo"]).think_prefix is False
+    assert GRPOConfig.from_yaml(f, ["preset=vanilla-grpo"]).think_prefix == ""
     assert GRPOConfig.from_yaml(f, ["reward.gamma=0"]).reward.gamma == 0
     from paravt_agent.errors import ConfigError
 
@@ -115,8 +123,22 @@ def test_replay_and_tas_run(toy_policy_dir, toy_rl, tmp_path):
     tr = GRPOTrainer(cfg, progress=False)
     tr.run()
     recs = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    assert recs[0]["replayed"] == 0 and recs[1]["replayed"] == 3  # the buffer fills after the first step
+    assert recs[0]["replayed"] == 0 and recs[1]["replayed"] == 3  # rollouts; the buffer fills after the first step
     assert len(tr.replay) > 0
+    # the checkpoint keeps frame keys; the frames themselves are stored once, shared by the checkpoints
+    frames = list((tmp_path / "r" / "replay_frames").glob("*.npy"))
+    assert frames and all(f.stat().st_size < 10_000 for f in frames)
+    resumed = GRPOTrainer(cfg, progress=False)
+    resumed.setup()
+    a = [[s.input_ids for s in it.sequences] for it in tr.replay.items]
+    b = [[s.input_ids for s in it.sequences] for it in resumed.replay.items]
+    assert a == b and resumed.replay.baseline(tr.replay.items[0].prompt_id) == tr.replay.baseline(
+        tr.replay.items[0].prompt_id)
+    import numpy as np
+
+    for x, y in zip(tr.replay.items, resumed.replay.items, strict=True):
+        for s1, s2 in zip(x.sequences, y.sequences, strict=True):
+            assert all(np.array_equal(i1, i2) for i1, i2 in zip(s1.images, s2.images, strict=True))
 
 
 def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_path):
@@ -139,13 +161,13 @@ def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_pat
     eps = [e for g in groups for e in g]
     adv = group_advantages(torch.tensor([e.reward.total for e in eps]), cfg.group_size)
     adv = adv + torch.linspace(-0.5, 0.5, len(adv))  # a gradient even if a group's rewards tie
-    items = [(s, float(a), 1.0, False) for e, a in zip(eps, adv.tolist(), strict=True) for s in e.sequences][:5]
+    items = [UpdateItem(s, float(a)) for e, a in zip(eps, adv.tolist(), strict=True) for s in e.sequences][:5]
     assert len(items) == 5  # ranks get 3 and 2: the short rank pads with a zero-weight pass
     path = tmp_path / "items.pkl"
     path.write_bytes(pickle.dumps(items))
     one = GRPOTrainer(cfg, progress=False)
     one.setup()
-    one_stats = one._update(items)
+    one_stats = one.update(items)
     want = {k: v.detach().clone() for k, v in one.model.state_dict().items()}
     two_cfg = cfg.model_copy(update={"backend": "sglang", "endpoint": "http://127.0.0.1:9",
                                      "output_dir": str(tmp_path / "two")}).model_dump(mode="json")
@@ -162,6 +184,7 @@ def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     got = torch.load(tmp_path / "two.pt", weights_only=False)
     assert got["stats"]["sequences"] == 5 and got["stats"]["trained_tokens"] == one_stats["trained_tokens"]
+    assert got["stats"]["grad_norm"] == pytest.approx(one_stats["grad_norm"], rel=1e-4)  # the same gradient
     moved = max(float((want[k] - v).abs().max()) for k, v in tr.model.state_dict().items())
     assert moved > 1e-4  # the step really changed the weights
     diff = max(float((want[k] - got["state"][k]).abs().max()) for k in want)

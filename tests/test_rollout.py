@@ -16,7 +16,9 @@ from paravt_agent.protocol import parse_tool_calls
 from paravt_train.rewards import RewardConfig, base_format_reward
 from paravt_train.rollout import (
     PromptCache,
+    PromptItem,
     RolloutError,
+    RolloutSettings,
     assemble,
     episode_transcript,
     gate_frames,
@@ -34,11 +36,10 @@ def toy(toy_policy_dir):
 
 
 def _group(agent, world, q, n, G=2, seed=0, subagents=True):
-    tok = agent.policy.processor.tokenizer
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
     answer = [int(x) for x in q.span] if q.task == "tvg" else q.answer
-    return agent.run(run_group(agent, PromptCache(agent), q.qid, world.video, q.question, q.options, answer,
-                               q.task, G, n, eos, RewardConfig(), seed=seed, subagents=subagents))
+    prompt = PromptItem(q.qid, world.video, q.question, q.options, answer, q.task)
+    settings = RolloutSettings(group=G, n_frames=n, reward=RewardConfig(), seed=seed, subagents=subagents)
+    return agent.run(run_group(agent, PromptCache(agent), prompt, settings, agent.policy.eos_id))
 
 
 def _vision_starts(tok, ids):
@@ -64,7 +65,7 @@ def test_planner_tokens_are_exact_and_tool_responses_masked(toy, toy_rl):
     assert with_tools, "the toy policy should call crop_video at n = 8"
     for ep in with_tools:
         planner = ep.sequences[0]
-        gens = sorted((t, g) for r, t, _, g in ep.answer.generations if r == "planner")
+        gens = [(r.turn, r.generation) for r in ep.answer.planner_records()]
         assert len(gens) >= 2
         ids, mask = planner.input_ids, planner.loss_mask
         # every planner turn's sampled ids sit verbatim at their position; nothing else is trained
@@ -98,14 +99,12 @@ def test_planner_tokens_are_exact_and_tool_responses_masked(toy, toy_rl):
 
 def test_behaviour_logprobs_match_a_training_forward(toy, toy_rl):
     """Recording is token-exact: re-scoring the assembled sequence gives the logprobs sampled with."""
-    from paravt_train.rl import _collate, token_logprobs
+    from paravt_train.grpo_trainer import collate, token_logprobs
 
     w = toy_rl["worlds"][1]
     q = next(q for q in w.questions if q.task == "oe")
     ep = next(e for e in _group(toy, w, q, n=4) if e.tool_calls)
-    proc = toy.policy.processor
-    tok = proc.tokenizer
-    batch = _collate(ep.sequences, proc, tok.pad_token_id, tok.convert_tokens_to_ids(proc.image_token))
+    batch = collate(ep.sequences, toy.policy.chat)
     with torch.no_grad():
         lp, _ = token_logprobs(toy.policy.model, batch, temperature=0.3)
     mask = batch["loss_mask"][:, 1:]
@@ -120,7 +119,7 @@ def test_reward_sees_the_pinned_prefix(toy, toy_rl):
     tok = toy.policy.processor.tokenizer
     planner = ep.sequences[0]
     sampled = tok.decode([t for t, m in zip(planner.input_ids, planner.loss_mask, strict=True) if m])
-    first_gen = sorted((t, g) for r, t, _, g in ep.answer.generations if r == "planner")[0][1]
+    first_gen = ep.answer.planner_records()[0].generation
     # the model never sampled the opening tag, yet the transcript the reward scores starts with it
     assert not tok.decode(first_gen.output_ids).startswith("<think>")
     assert ep.text.startswith("<think>\n") and "<think>" not in sampled.split("</think>")[0]
@@ -136,7 +135,7 @@ def test_all_rollouts_of_a_prompt_see_exactly_n_frames(toy, toy_rl):
     for n in (4, 16):
         eps = _group(toy, w, q, n=n, G=2)
         for ep in eps:
-            first = sorted((t, g) for r, t, _, g in ep.answer.generations if r == "planner")[0][1]
+            first = ep.answer.planner_records()[0].generation
             assert _vision_starts(tok, first.prompt_ids) == n
             assert len(ep.answer.trace.overview_timestamps) == n
             assert ep.n_frames == n
@@ -150,34 +149,63 @@ def test_prompt_cache_is_keyed_by_video_question_and_n(toy, toy_rl, tmp_path):
     video = tmp_path / "v.mp4"
     video.write_bytes(Path(w.video).read_bytes())
     cache = PromptCache(toy)
-    a, _ = cache.get(str(video), "What colour is shown at second 5?", None, 8)
-    b, _ = cache.get(str(video), "What colour is shown at second 5?", None, 8)
+    a = cache.get(str(video), "What colour is shown at second 5?", None, 8)
+    b = cache.get(str(video), "What colour is shown at second 5?", None, 8)
     assert a is b and (cache.hits, cache.misses) == (1, 1)
-    c, _ = cache.get(str(video), "What colour is shown at second 9?", None, 8)
-    assert c is not a and "second 9" in str(c["messages"][-1]["content"][-1]["text"])
-    d, trace_d = cache.get(str(video), "What colour is shown at second 5?", None, 16)
-    assert d is not a and len(trace_d.overview_timestamps) == 16
-    e, _ = cache.get(str(video), "What colour is shown at second 5?", ["A. red", "B. blue"], 8)
+    c = cache.get(str(video), "What colour is shown at second 9?", None, 8)
+    assert c is not a and "second 9" in c.messages[-1]["content"][-1]["text"]
+    d = cache.get(str(video), "What colour is shown at second 5?", None, 16)
+    assert d is not a and len(d.trace.overview_timestamps) == 16 and d.n_frames == 16
+    e = cache.get(str(video), "What colour is shown at second 5?", ["A. red", "B. blue"], 8)
     assert e is not a
     time.sleep(0.01)
     os.utime(video)  # the file changed: its old prompts are not reused
-    f, _ = cache.get(str(video), "What colour is shown at second 5?", None, 8)
+    f = cache.get(str(video), "What colour is shown at second 5?", None, 8)
     assert f is not a and cache.misses == 5
 
 
-def test_assemble_refuses_retokenised_turns(toy, toy_rl):
+def test_prompt_cache_prepares_once_under_concurrent_use(toy, toy_rl):
+    from concurrent.futures import ThreadPoolExecutor
+
+    w = toy_rl["worlds"][2]
+    cache = PromptCache(toy)
+    calls = []
+    real = toy.prepare
+
+    def counting(*a, **kw):
+        calls.append(1)
+        time.sleep(0.05)  # long enough for every thread to arrive while the first prepares
+        return real(*a, **kw)
+
+    toy.prepare = counting
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda _: cache.get(w.video, "What colour is shown at second 7?", None, 4), range(8)))
+    finally:
+        del toy.prepare
+    assert len(calls) == 1 and all(g is got[0] for g in got) and (cache.hits, cache.misses) == (7, 1)
+
+
+def test_retokenised_turns_train_against_their_own_prompts(toy, toy_rl):
+    """When a turn's prompt does not hold the earlier turn verbatim (a server that re-tokenises), each planner
+    turn becomes its own sequence, its sampled ids scored against the prompt it really had."""
     w = toy_rl["worlds"][0]
     q = next(q for q in w.questions if q.task == "mcq")
     ep = next(e for e in _group(toy, w, q, n=8) if e.tool_calls)
-    tok = toy.policy.processor.tokenizer
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    gens = sorted((t, g) for r, t, _, g in ep.answer.generations if r == "planner")
-    first = gens[0][1]
-    # what a decode → re-encode round trip would give for turn 1: different ids at the same place
-    first.output_ids = tok(tok.decode(first.output_ids[:-1]) + " ", add_special_tokens=False)["input_ids"] + [eos]
-    with pytest.raises(RolloutError, match="verbatim"):
-        assemble(ep.answer, eos)
-    ep.answer.generations = [x for x in ep.answer.generations if x[0] != "planner"]
+    eos = toy.policy.eos_id
+    merged, split = assemble(ep.answer, eos)
+    assert split == 0 and [s.role for s in merged].count("planner") == 1
+    last = ep.answer.planner_records()[-1].generation
+    last.retokenized = True  # what the sglang backend records when the round trip changed the ids
+    seqs, split = assemble(ep.answer, eos)
+    planner = [s for s in seqs if s.role == "planner"]
+    assert split == 1 and len(planner) == len(ep.answer.planner_records())
+    for s, r in zip(planner, ep.answer.planner_records(), strict=True):
+        g = r.generation
+        head = len(g.prompt_ids) + len(g.prefix_ids)
+        assert s.input_ids == g.prompt_ids + g.prefix_ids + g.output_ids and s.loss_mask[head:] == [1] * len(g.output_ids)
+        assert sum(s.loss_mask) == len(g.output_ids)
+    ep.answer.records = [r for r in ep.answer.records if r.role != "planner"]
     with pytest.raises(RolloutError):
         assemble(ep.answer, eos)
 
@@ -187,6 +215,7 @@ def test_subagent_sequences_optional(toy, toy_rl):
     q = next(q for q in w.questions if q.task == "mcq")
     eps = _group(toy, w, q, n=8, subagents=False)
     assert all(len(e.sequences) == 1 and e.sequences[0].role == "planner" for e in eps)
+    assert all(s.episode == e.id for e in eps for s in e.sequences)
     assert any(parse_tool_calls(e.answer.trace.turns[0].text) for e in eps)
     ep = next(e for e in eps if e.tool_calls)
     assert episode_transcript(ep.answer).count("<tool_response>") == len(ep.answer.trace.turns) - 1

@@ -9,7 +9,8 @@ import pytest
 
 from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, question_text, subagent_request
 from paravt_train.data import load_sft, render_messages, validate_file, write_parquet
-from paravt_train.sft import SFTConfig, build_example, train
+from paravt_train.sft import build_example, train
+from paravt_train.sft_config import SFTConfig
 from paravt_train.toy.render import write_segments
 
 COLOURS = {"red": (230, 25, 75), "green": (60, 180, 75), "blue": (0, 130, 200), "yellow": (255, 225, 25)}
@@ -166,10 +167,12 @@ def test_fsdp2_two_ranks_match_one_process(tiny_model, sft_data, tmp_path):
                           "-m", "paravt_train.cli", "sft", "--config", str(write_cfg("two"))],
                          env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
-    la = [json.loads(x)["loss"] for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
-    lb = [json.loads(x)["loss"] for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-    assert len(la) == len(lb) == 2
-    assert lb == pytest.approx(la, rel=1e-4, abs=1e-5)
+    ra = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    rb = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert len(ra) == len(rb) == 2
+    assert [r["loss"] for r in rb] == pytest.approx([r["loss"] for r in ra], rel=1e-4, abs=1e-5)
+    # the same gradient, not just the same loss: AdamW would hide a gradient scaled by 1/W in the weights
+    assert [r["grad_norm"] for r in rb] == pytest.approx([r["grad_norm"] for r in ra], rel=1e-4)
     from safetensors.torch import load_file
 
     a, b = load_file(tmp_path / "one" / "final" / "model.safetensors"), load_file(tmp_path / "two" / "final" / "model.safetensors")

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from paravt_agent.protocol import parse_tool_calls
-from paravt_agent.video import VideoReader
+from paravt_agent.video import FrameConfig, VideoReader
 from tools import Tool, ToolContext, ToolRegistry, ToolResult
 from tools.builtin import read_subtitles, shot_boundaries
 
 
 @pytest.fixture
 def ctx(media):
-    return ToolContext(video=VideoReader(media["video"]), crop_fps=1.0)
+    return ToolContext(video=VideoReader(media["video"]), frames=FrameConfig(crop_fps=1.0))
 
 
 @pytest.fixture

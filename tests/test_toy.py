@@ -38,14 +38,17 @@ def nearest_colour(rgb):
 @pytest.mark.parametrize("seed", range(20))
 def test_world_timeline(seed):
     w = make_world(seed, mcq=3, oe=2, tvg=2)
-    assert w.duration in (60, 75, 90, 105, 120)
+    assert w.duration in (64, 80, 96, 112, 128)
     assert w.segments[0][1] == 0 and w.segments[-1][2] == w.duration
     lo, hi = segment_lengths(w.duration)
     for (c1, _, b1), (c2, a2, _) in zip(w.segments, w.segments[1:], strict=False):
         assert b1 == a2 and c1 != c2
     # every segment is longer than the spacing of a 64-frame overview, the last may absorb a short tail
     assert all(lo <= b - a <= hi for _, a, b in w.segments[:-1]) and w.segments[-1][2] - w.segments[-1][1] >= lo
-    assert lo > w.duration / 64
+    from paravt_agent.video import overview_times
+
+    dense = overview_times(float(w.duration), n=64)  # a 64-frame overview sees every segment
+    assert all(any(a <= t < b for t in dense) for _, a, b in w.segments)
     for u in w.uniques:
         assert [c for c, _, _ in w.segments].count(u) == 1
     assert [q.task for q in w.questions] == ["mcq"] * 3 + ["oe"] * 2 + ["tvg"] * 2
@@ -63,7 +66,7 @@ def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
     r = VideoReader(w.video)
     assert r.info.duration == pytest.approx(w.duration, abs=0.01)
     ov = r.overview(max_pixels=1024)
-    assert ov.frames.shape[1:3] == (32, 32) and len(ov) == min(64, w.duration)
+    assert ov.frames.shape[1:3] == (32, 32) and len(ov) == 64
     for frame, t in zip(ov.frames, ov.timestamps, strict=True):
         assert nearest_colour(frame.reshape(-1, 3).mean(0)) == w.colour_at(t)
     # the summaries in a trace are exactly what the crop frames show
@@ -73,16 +76,13 @@ def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
         assert calls and all(c.ok for c in calls)
         for c in calls:
             a, b = c.arguments["start_time"], min(c.arguments["end_time"], w.duration)
-            clip = r.crop(a, b, fps=1.0, max_pixels=1024)
-            seen = [f"{round(t)} {nearest_colour(f.reshape(-1, 3).mean(0))}" for f, t in zip(clip.frames, clip.timestamps, strict=True)]
-            if q.task == "tvg":
-                hits = [s.split()[0] for s in seen if s.endswith(q.colour)]
-                assert w.sightings(q.colour, a, b) == f"colour {q.colour} at: {' '.join(hits) if hits else 'none'}"
-            else:
-                assert w.listing(a, b) == "; ".join(seen)
-        if q.task == "tvg":  # the scan covers every frame of the video
-            covered = {s for a, b in windows_for(w, q) for s in w.seconds(a, b)}
-            assert covered == set(range(w.duration))
+            clip = r.crop(a, b, crop_fps=1.0, max_pixels=1024)
+            frames = zip(clip.frames, clip.timestamps, strict=True)
+            seen = [f"{round(t)} {nearest_colour(f.reshape(-1, 3).mean(0))}" for f, t in frames]
+            assert w.summary(a, b) == "; ".join(seen)  # every sub-agent lists what its frames show
+        if q.task == "tvg":  # the scan tiles the video: every frame exactly once, 16 per window
+            seconds = [s for a, b in windows_for(w, q) for s in w.seconds(a, b)]
+            assert seconds == list(range(w.duration)) and all(len(w.seconds(a, b)) == 16 for a, b in windows_for(w, q))
 
 
 def test_evidence_is_not_in_a_sparse_overview_but_is_in_a_dense_one():
@@ -112,26 +112,42 @@ def test_sft_rows_mix():
     direct = [r for r in rows if r["id"].endswith("-dir")]
     assert len(direct) > 15 and all(len(r["messages"]) == 3 and "<tool_call>" not in r["messages"][-1]["content"]
                                     for r in direct)
-    # grounding sub-agent samples: windows that see the colour, and some that do not
-    subs = [r for r in rows if "-tvg" in r["id"] and "-sub" in r["id"]]
-    assert any(r["messages"][-1]["content"].endswith("none") for r in subs)
-    assert any(not r["messages"][-1]["content"].endswith("none") for r in subs)
-    # the extra random-window sub-agent samples: per world two listings and six grounding windows, half of
-    # which catch a unique colour
-    extra = [r["messages"][-1]["content"] for r in rows if "-xsub" in r["id"]]
-    assert len(extra) == 80 and sum(x.startswith("colour ") for x in extra) == 60
-    assert sum(x.startswith("colour ") and not x.endswith("none") for x in extra) >= 30  # the unique-colour half
+    # sub-agent samples: the question is not shown (sub-agents list what they see) and the target is the listing
+    subs = [r for r in rows if "-sub" in r["id"] or "-xsub" in r["id"]]
+    for r in subs:
+        assert r["messages"][1]["content"][-1]["text"] == "Summarise this window."
+        entries = r["messages"][-1]["content"].split("; ")
+        assert all(e.split()[0].isdigit() and e.split()[1] in COLOURS for e in entries)
+    extra = [r for r in rows if "-xsub" in r["id"]]
+    assert len(extra) == 40 and len({len(r["messages"][-1]["content"].split("; ")) for r in extra}) > 4
     # the no-tool think has its own shape: the colour comes from an image, not from a tool response
     assert all(r["messages"][-1]["content"].startswith(("<think>\nframe ", "<think>\nframes at:")) for r in direct)
 
 
+def test_grounding_plan_copies_the_duration():
+    for seed in range(12):
+        w = make_world(seed, mcq=0, oe=0, tvg=1)
+        q = w.questions[0]
+        text = planner_turn(q, windows_for(w, q), w.duration)
+        assert text.startswith(f"<think>\nScan all {w.duration} seconds.</think>")
+        calls = parse_tool_calls(text)
+        assert [(c.arguments["start_time"], c.arguments["end_time"]) for c in calls] == [
+            (a, a + 15) for a in range(0, w.duration, 16)]
+
+
 def test_grounding_answer_covers_the_segment():
-    """[first second seen, last + 1] is the segment itself when the scan is read correctly."""
+    """Copying the run of the colour's entries plus the next one gives the segment itself."""
     for seed in range(30):
         w = make_world(seed, mcq=0, oe=0, tvg=2)
         for q in w.questions:
             text = answer_turn(w, q)
             assert text.endswith(f"<answer>[{q.span[0]}, {q.span[1]}]</answer>")
+            entries = text.split("\n", 1)[1].split("</think>")[0].rstrip(".").split("; ")
+            colours = [e.split()[1] for e in entries]
+            assert colours[:-1] == [q.colour] * (len(entries) - 1) and colours[-1] != q.colour
+            # every copied entry is verbatim in the scan's tool response
+            listing = "; ".join(w.summary(a, b) for a, b in windows_for(w, q))
+            assert all(e in listing.split("; ") for e in entries)
 
 
 class Replay(Policy):
@@ -140,7 +156,7 @@ class Replay(Policy):
     def __init__(self, planner_turns, summaries):
         self.planner_turns, self.summaries, self.calls = list(planner_turns), summaries, []
 
-    async def generate(self, messages, sampling, prefix=""):
+    async def generate(self, messages, sampling, prefix="", continuation=None):
         role = role_of(messages)
         self.calls.append((role, messages))
         if role == "planner":
@@ -169,20 +185,19 @@ def test_training_traces_are_what_the_agent_sends(tmp_path, tiny_model, mode):
         n = 8
         if mode == "parallel":
             trace = parallel_trace(w, q, w.video, n, SCHEMA)
-            turns = [planner_turn(q, wins), answer_turn(w, q)]
+            turns = [planner_turn(q, wins, w.duration), answer_turn(w, q)]
         elif mode == "sequential":
             trace = sequential_trace(w, q, w.video, n, SCHEMA)
-            turns = [planner_turn(q, [x]) for x in wins] + [answer_turn(w, q)]
+            turns = [planner_turn(q, [x], w.duration) for x in wins] + [answer_turn(w, q)]
         else:
             trace = direct_trace(w, q, w.video, n)
             turns = [trace[-1]["content"]]
-        policy = Replay(turns, {float(a): w.summary(q, a, b) for a, b in wins})
+        policy = Replay(turns, {float(a): w.summary(a, b) for a, b in wins})
         agent = Agent(policy=policy, config=toy_agent_config(mode=mode))
         ans = agent.answer(w.video, q.question, q.options, n_frames=n)
         assert ans.trace.response == turns[-1]
-        runtime = [{k: v for k, v in m.items() if k != "generation"} for m in ans.messages]
         want_ids, want_pix = _ids(trace, None, proc)
-        got = build_example(runtime, proc)
+        got = build_example(ans.messages, proc)
         assert got["input_ids"] == want_ids
         assert (got.get("pixel_values") is None) == (want_pix is None)
         if want_pix is not None:
@@ -192,8 +207,8 @@ def test_training_traces_are_what_the_agent_sends(tmp_path, tiny_model, mode):
         for msgs in subs:
             a = float(text_of(msgs[1]["content"]).split()[1].split("-")[0])
             b = next(y for x, y in wins if x == a)
-            sub_ids, sub_pix = _ids(subagent_sample(w, q, w.video, (int(a), b)), None, proc)
-            got = build_example([*msgs, {"role": "assistant", "content": w.summary(q, a, b)}], proc)
+            sub_ids, sub_pix = _ids(subagent_sample(w, w.video, (int(a), b)), None, proc)
+            got = build_example([*msgs, {"role": "assistant", "content": w.summary(a, b)}], proc)
             assert got["input_ids"] == sub_ids and got["pixel_values"].equal(sub_pix)
 
 

@@ -14,22 +14,20 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import AliasChoices, BaseModel, Field, field_validator
 
-from paravt_agent.errors import ToolError
+from paravt_agent.errors import ToolError, VideoError
 from paravt_agent.protocol import parse_time
-from paravt_agent.video import VideoReader
+from paravt_agent.video import FrameConfig, VideoReader
+from paravt_agent.video import check_window as _video_window
 
 __all__ = ["Tool", "ToolContext", "ToolResult", "TimeWindowArgs", "check_window", "clean_schema"]
 
 
 @dataclass
 class ToolContext:
-    """The session a call runs in: the one video it may read and the frame settings."""
+    """The session a call runs in: the one video it may read and the frame protocol (:class:`FrameConfig`)."""
 
     video: VideoReader
-    crop_max_frames: int = 16
-    crop_fps: float | None = 2.0
-    max_pixels: int = 50176
-    factor: int = 32
+    frames: FrameConfig = field(default_factory=FrameConfig)
     strict_video_path: bool = True
 
     @property
@@ -53,14 +51,11 @@ class ToolResult:
 
 
 def check_window(start: float, end: float, duration: float) -> tuple[float, float]:
-    """The one window rule: ``0 <= start < end``, ``start`` inside the video, ``end`` clamped to it."""
-    if start < 0:
-        raise ToolError(f"start_time {start:g}s is negative")
-    if start >= end:
-        raise ToolError(f"start_time {start:g}s must be before end_time {end:g}s")
-    if start >= duration:
-        raise ToolError(f"start_time {start:g}s is beyond the end of the video ({duration:.1f}s)")
-    return start, min(end, duration)
+    """The video module's window rule (:func:`paravt_agent.video.check_window`), as a :class:`ToolError`."""
+    try:
+        return _video_window(start, end, duration)
+    except VideoError as exc:
+        raise ToolError(str(exc)) from None
 
 
 class TimeWindowArgs(BaseModel):

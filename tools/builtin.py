@@ -34,15 +34,7 @@ class CropVideo(Tool):
 
     async def run(self, args: CropVideoArgs, ctx: ToolContext) -> ToolResult:
         try:
-            clip = await asyncio.to_thread(
-                ctx.video.crop,
-                args.start_time,
-                args.end_time,
-                max_frames=ctx.crop_max_frames,
-                fps=ctx.crop_fps,
-                max_pixels=ctx.max_pixels,
-                factor=ctx.factor,
-            )
+            clip = await asyncio.to_thread(ctx.video.crop, args.start_time, args.end_time, ctx.frames)
         except VideoError as exc:
             raise ToolError(str(exc)) from exc
         return ToolResult(frames=clip.frames, timestamps=clip.timestamps, window=(args.start_time, args.end_time))
@@ -150,7 +142,7 @@ class ZoomFrame(Tool):
         region = Image.fromarray(frame).crop(box)
         from paravt_agent.video import fit_size
 
-        th, tw = fit_size(region.height, region.width, ctx.max_pixels, ctx.factor)
+        th, tw = fit_size(region.height, region.width, ctx.frames.max_pixels, ctx.frames.factor)
         region = region.resize((tw, th), Image.BICUBIC)
         return ToolResult(frames=np.asarray(region)[None], timestamps=clip.timestamps, window=(args.time, args.time))
 

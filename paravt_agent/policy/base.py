@@ -1,72 +1,51 @@
-"""The one interface every model backend implements (ARCHITECTURE.md, decision 3)."""
+"""The one interface every model backend implements (ARCHITECTURE.md, decision 3).
+
+``await policy.generate(messages, sampling, prefix="<think>\\n", continuation=...) -> Generation``.
+Messages are plain dicts in one neutral layout that every backend converts to its own wire format::
+
+    {"role": "system" | "user" | "assistant", "content": str | [part, ...]}
+    part = {"type": "text", "text": str}
+         | {"type": "image", "image": np.ndarray (H, W, 3) uint8, "timestamp": float}
+
+A new backend subclasses :class:`Policy` and registers a factory in
+:mod:`paravt_agent.policy.registry` (or through the ``paravt.policies`` entry-point group).
+Backends that tokenise on the client share :mod:`paravt_agent.policy.chat`.
+"""
 
 from __future__ import annotations
 
 import base64
 import io
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel, Field
 
-__all__ = [
-    "Generation",
-    "Policy",
-    "Sampling",
-    "continuation_text",
-    "continued_ids",
-    "encode_image",
-    "last_token_turn",
-    "map_images",
-    "text_of",
-]
+from paravt_agent.types import Continuation, Generation, Sampling
 
-
-class Sampling(BaseModel):
-    """Decoding settings. ``temperature=0`` is greedy."""
-
-    temperature: float = Field(0.0, ge=0, description="0 = greedy; the paper samples RL rollouts at 0.7.")
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0, description="0 = off.")
-    max_new_tokens: int = Field(1024, ge=1)
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-
-
-@dataclass
-class Generation:
-    """What a policy returns. ``text`` is the whole response, forced prefix included.
-
-    Token-level fields are filled where the backend can: ``prefix_ids`` are the
-    forced prefix's tokens (not sampled, never trained), ``output_ids`` the sampled
-    tokens with their ``logprobs`` (log-probabilities under the sampling
-    temperature), ``prompt_ids`` the exact prompt the model saw.
-    """
-
-    text: str
-    prefix: str = ""
-    finish_reason: str = "stop"
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency: float = 0.0
-    prompt_ids: list[int] | None = None
-    prefix_ids: list[int] | None = None
-    output_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    extra: dict = field(default_factory=dict)
+__all__ = ["Continuation", "Generation", "Policy", "Sampling", "encode_image", "images_of", "map_images", "text_of"]
 
 
 class Policy(ABC):
-    """``await policy.generate(messages, sampling, prefix="<think>\\n") -> Generation``.
+    """The model behind the graph. Implementations must be safe to call concurrently from one event loop.
 
-    Implementations must be safe to call concurrently from one event loop.
+    ``prefix`` is forced as the start of the response (the paper's think prefix); a backend that cannot
+    force it must raise :class:`~paravt_agent.errors.PolicyError` rather than ignore it.
+    ``continuation`` (a token backend's business) says which earlier assistant turn the conversation
+    continues token for token.
     """
 
     name: str = "policy"
+    #: whether ``generate`` returns token ids and logprobs (what RL training needs)
+    returns_tokens: bool = False
+
+    @property
+    def supports_prefix(self) -> bool:
+        """Whether this backend can force a response prefix (the think prefix)."""
+        return True
 
     @abstractmethod
-    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation: ...
+    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
+                       continuation: Continuation | None = None) -> Generation: ...
 
     def count_tokens(self, messages: list[dict]) -> int | None:
         """Prompt length in tokens, where the backend can tell without generating."""
@@ -95,6 +74,12 @@ def text_of(content) -> str:
     return "".join(p["text"] for p in content if p.get("type") == "text")
 
 
+def images_of(messages: list[dict]) -> list[np.ndarray]:
+    """The frames of a conversation, in order."""
+    return [p["image"] for m in messages if not isinstance(m["content"], str) for p in m["content"]
+            if p["type"] == "image"]
+
+
 def encode_image(image: np.ndarray, fmt: str = "PNG") -> str:
     """Base64 of an RGB frame (PNG by default: lossless, so every backend sees the same pixels)."""
     from PIL import Image
@@ -102,48 +87,3 @@ def encode_image(image: np.ndarray, fmt: str = "PNG") -> str:
     buf = io.BytesIO()
     Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format=fmt)
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-# --------------------------------------------------------------------------- continuing from token ids
-#
-# A planner turn after the first is the previous turn's exact tokens (prompt, forced prefix, sampled
-# output) followed by the new messages rendered by the chat template. The graph puts the Generation on
-# the assistant message it produced ({"role": "assistant", "content": text, "generation": gen}); token
-# backends continue from it instead of re-tokenising the model's text, so what the trainer scores is
-# exactly what was sampled.
-
-
-def last_token_turn(messages: list[dict]) -> tuple[int | None, Generation | None]:
-    """Index and Generation of the last assistant message that carries token ids, or ``(None, None)``."""
-    for k in range(len(messages) - 1, -1, -1):
-        m = messages[k]
-        gen = m.get("generation") if m["role"] == "assistant" else None
-        if gen is not None and gen.prompt_ids is not None and gen.output_ids is not None:
-            return k, gen
-    return None, None
-
-
-def continued_ids(gen: Generation, eos_id: int) -> list[int]:
-    """The whole token sequence of a finished turn: prompt + forced prefix + sampled output (+ end of turn).
-
-    A turn cut by the token limit gets the end-of-turn token appended (not sampled: never trained).
-    """
-    ids = [*gen.prompt_ids, *(gen.prefix_ids or []), *gen.output_ids]
-    if not gen.output_ids or gen.output_ids[-1] != eos_id:
-        ids.append(eos_id)
-    return ids
-
-
-def continuation_text(render, messages: list[dict], k: int, end_token: str = "<|im_end|>") -> str | None:
-    """The text that follows the end-of-turn token of assistant message ``k``, up to the generation prompt.
-
-    ``render(messages, add_generation_prompt)`` is the chat template. Returns None when the template
-    is not prefix-stable (it re-renders earlier turns differently once later messages exist), in which
-    case the caller must fall back to a full render.
-    """
-    full = render(messages, True)
-    prev = render(messages[: k + 1], False)
-    cut = prev.rfind(end_token)
-    if not full.startswith(prev) or cut < 0:
-        return None
-    return prev[cut + len(end_token):] + full[len(prev):]

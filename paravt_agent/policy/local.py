@@ -24,39 +24,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import (
-    Generation,
-    Policy,
-    Sampling,
-    continuation_text,
-    continued_ids,
-    last_token_turn,
-    map_images,
-)
+from paravt_agent.policy.base import Policy
+from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt
+from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["LocalPolicy", "RowSampler", "to_hf_messages"]
-
-
-def to_hf_messages(messages: list[dict]) -> tuple[list[dict], list]:
-    """Neutral messages -> (chat-template messages, PIL images in order)."""
-    from PIL import Image
-
-    images = []
-
-    def part(img):
-        images.append(img if isinstance(img, Image.Image) else Image.fromarray(np.asarray(img, np.uint8)))
-        return {"type": "image"}
-
-    return map_images(messages, part), images
+__all__ = ["LocalPolicy", "RowSampler"]
 
 
 class LocalPolicy(Policy):
     """A model directory loaded with ``AutoModelForImageTextToText`` + ``AutoProcessor``."""
 
     name = "local"
+    returns_tokens = True
 
     def __init__(self, model: str | Path, device: str = "auto", dtype: str = "auto", model_obj=None, processor=None,
                  max_batch: int = 8, batch_wait: float = 0.005):
@@ -76,6 +56,7 @@ class LocalPolicy(Policy):
         self._model, self._processor = model_obj, processor
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
+        self._chat: ChatTokenizer | None = None
 
     # ------------------------------------------------------------------ loading
 
@@ -112,83 +93,34 @@ class LocalPolicy(Policy):
         return self._load()[1]
 
     @property
+    def chat(self) -> ChatTokenizer:
+        if self._chat is None:
+            self._chat = ChatTokenizer(self.processor)
+        return self._chat
+
+    @property
     def eos_id(self) -> int:
-        tok = self.processor.tokenizer
-        return tok.convert_tokens_to_ids("<|im_end|>")
+        return self.chat.eos_id
 
     # ------------------------------------------------------------------ encoding
 
-    def _render(self, chat: list[dict], add_generation_prompt: bool) -> str:
-        return self.processor.apply_chat_template(chat, add_generation_prompt=add_generation_prompt, tokenize=False)
-
-    def encode(self, messages: list[dict], prefix: str = "") -> tuple[dict, list[int]]:
-        """Model inputs for ``messages`` + generation prompt, with ``prefix`` appended as tokens.
-
-        When an assistant message carries its Generation (the graph puts it there), the prompt is
-        that turn's exact token ids continued by the tokens of the messages after it: model output
-        is never decoded and re-encoded. Returns ``(inputs, prefix_ids)``; ``inputs["input_ids"]``
-        ends with ``prefix_ids``; ``inputs["images"]`` are the prompt's images in order and
-        ``inputs["retokenized"]`` says whether a full re-render was needed (a template that is not
-        prefix-stable).
-        """
-        import torch
-
-        model, proc = self._load()
-        chat, images = to_hf_messages(messages)
-        k, prev = last_token_turn(messages)
-        tail = continuation_text(self._render, chat, k) if prev is not None else None
-        pixel, grid = [], []
-        if tail is None:
-            enc = proc(text=[self._render(chat, True)], images=images or None, return_tensors="pt")
-            ids = enc["input_ids"][0].tolist()
-        else:
-            before = sum(1 for m in messages[: k + 1] if not isinstance(m["content"], str)
-                         for p in m["content"] if p["type"] == "image")
-            if before:
-                old = proc.image_processor(images=images[:before], return_tensors="pt")
-                pixel.append(old["pixel_values"])
-                grid.append(old["image_grid_thw"])
-            enc = proc(text=[tail], images=images[before:] or None, return_tensors="pt")
-            ids = continued_ids(prev, self.eos_id) + enc["input_ids"][0].tolist()
-        if "pixel_values" in enc:
-            pixel.append(enc["pixel_values"])
-            grid.append(enc["image_grid_thw"])
-        prefix_ids = proc.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-        ids = ids + list(prefix_ids)
-        inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
-        if pixel:
-            inputs["pixel_values"] = torch.cat(pixel)
-            inputs["image_grid_thw"] = torch.cat(grid)
-        if "mm_token_type_ids" in enc:
-            inputs["mm_token_type_ids"] = self.mm_token_types(inputs["input_ids"])
-        inputs = {k: v.to(model.device) for k, v in inputs.items()}
-        inputs["images"], inputs["retokenized"] = images, prev is not None and tail is None
-        return inputs, list(prefix_ids)
-
-    def mm_token_types(self, input_ids):
-        """Qwen3-VL's ``mm_token_type_ids``: 1 on image placeholder tokens, 0 elsewhere."""
-        image_id = self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_token)
-        return (input_ids == image_id).long()
-
-    def image_inputs(self, images: list) -> dict:
-        """``pixel_values`` and ``image_grid_thw`` of a list of images (what a forward pass needs)."""
-        if not images:
-            return {}
-        out = self.processor.image_processor(images=images, return_tensors="pt")
-        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    def encode(self, messages: list[dict], prefix: str = "", continuation: Continuation | None = None
+               ) -> EncodedPrompt:
+        """The prompt's tokens (continuing ``continuation``'s exact ids), ``prefix`` appended as tokens."""
+        self._load()
+        return self.chat.encode(messages, prefix, continuation)
 
     def count_tokens(self, messages: list[dict]) -> int:
-        inputs, _ = self.encode(messages)
-        return int(inputs["input_ids"].shape[1])
+        return len(self.encode(messages).ids)
 
     # ------------------------------------------------------------------ generation
 
-    def generate_sync(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:
+    def generate_sync(self, messages: list[dict], sampling: Sampling, prefix: str = "",
+                      continuation: Continuation | None = None) -> Generation:
         """One request, run at once in the calling thread."""
-        return self.generate_batch([(messages, sampling, prefix)])[0]
+        return self.generate_batch([(messages, sampling, prefix, continuation)])[0]
 
-    def generate_batch(self, requests: list[tuple[list[dict], Sampling, str]],
-                       return_exceptions: bool = False) -> list[Generation | Exception]:
+    def generate_batch(self, requests: list[tuple], return_exceptions: bool = False) -> list[Generation | Exception]:
         """Several requests as ONE left-padded ``generate`` call (they must share ``max_new_tokens`` and
         ``stop``). Each row keeps its own temperature, top-p/top-k and seed (:class:`RowSampler`), so a
         row samples the same tokens whatever else is in the batch (up to float rounding of padding).
@@ -196,14 +128,15 @@ class LocalPolicy(Policy):
         and the others still run."""
         if not requests:
             return []
-        keys = {_batch_key(s) for _, s, _ in requests}
+        requests = [(*r, None) if len(r) == 3 else tuple(r) for r in requests]
+        keys = {_batch_key(r[1]) for r in requests}
         if len(keys) > 1:
             raise ValueError("requests in one batch must share max_new_tokens and stop strings")
         results: list = [None] * len(requests)
         rows, where = [], []
-        for i, (m, s, prefix) in enumerate(requests):
+        for i, (m, s, prefix, cont) in enumerate(requests):
             try:
-                rows.append((*self.encode(m, prefix), s, prefix))
+                rows.append((self.encode(m, prefix, cont), s, prefix))
                 where.append(i)
             except Exception as exc:  # handed back to that request's caller
                 if not return_exceptions:
@@ -213,33 +146,34 @@ class LocalPolicy(Policy):
             results[i] = g
         return results
 
-    def _run_rows(self, rows: list[tuple]) -> list[Generation]:
+    def _run_rows(self, rows: list[tuple[EncodedPrompt, Sampling, str]]) -> list[Generation]:
         import torch
         from transformers import LogitsProcessorList
 
         t0 = time.perf_counter()
         model, proc = self._load()
-        width = max(int(inp["input_ids"].shape[1]) for inp, *_ in rows)
-        pad = proc.tokenizer.pad_token_id if proc.tokenizer.pad_token_id is not None else self.eos_id
+        chat = self.chat
+        width = max(len(enc.ids) for enc, *_ in rows)
+        pad = chat.pad_id
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         att = torch.zeros((len(rows), width), dtype=torch.long)
         pixel, grid = [], []
-        for i, (inp, *_rest) in enumerate(rows):
-            n = int(inp["input_ids"].shape[1])
-            ids[i, width - n:] = inp["input_ids"][0].cpu()  # left padding: every row ends where generation starts
+        for i, (enc, *_rest) in enumerate(rows):
+            n = len(enc.ids)
+            ids[i, width - n:] = torch.tensor(enc.ids)  # left padding: every row ends where generation starts
             att[i, width - n:] = 1
-            if "pixel_values" in inp:
-                pixel.append(inp["pixel_values"])
-                grid.append(inp["image_grid_thw"])
+            if enc.pixel_values is not None:
+                pixel.append(enc.pixel_values)
+                grid.append(torch.tensor(enc.image_grid_thw))
         inputs = {"input_ids": ids, "attention_mask": att}
         if pixel:
             inputs["pixel_values"] = torch.cat(pixel)
             inputs["image_grid_thw"] = torch.cat(grid)
-        if any("mm_token_type_ids" in inp for inp, *_ in rows):
-            inputs["mm_token_type_ids"] = self.mm_token_types(ids)
+        if chat.uses_mm_token_types:
+            inputs["mm_token_type_ids"] = chat.mm_token_types(ids)
         inputs = {k: v.to(model.device) for k, v in inputs.items()}
-        first = rows[0][2]
-        sampler = RowSampler([s for *_, s, _ in rows])
+        first = rows[0][1]
+        sampler = RowSampler([s for _, s, _ in rows])
         kw = dict(max_new_tokens=first.max_new_tokens, do_sample=False, eos_token_id=self.eos_id, pad_token_id=pad,
                   output_logits=True, return_dict_in_generate=True, logits_processor=LogitsProcessorList([sampler]))
         if first.stop:
@@ -249,8 +183,8 @@ class LocalPolicy(Policy):
         logits = torch.stack(out.logits, dim=1).float()  # (B, new, vocab): raw, before the sampler
         latency = time.perf_counter() - t0
         gens = []
-        for i, (inp, prefix_ids, s, prefix) in enumerate(rows):
-            n_prompt = int(inp["input_ids"].shape[1])
+        for i, (enc, s, prefix) in enumerate(rows):
+            n_prompt = len(enc.ids)
             new = out.sequences[i, width:].tolist()
             if self.eos_id in new:  # the row's own end; the batch pads finished rows after it
                 new = new[: new.index(self.eos_id) + 1]
@@ -266,20 +200,20 @@ class LocalPolicy(Policy):
             gens.append(Generation(
                 text=text, prefix=prefix, finish_reason="stop" if stopped else "length",
                 prompt_tokens=n_prompt, completion_tokens=len(new), latency=latency,
-                prompt_ids=inp["input_ids"][0, : n_prompt - len(prefix_ids)].tolist(), prefix_ids=list(prefix_ids),
-                output_ids=new, logprobs=logprobs,
-                extra={"images": inp["images"], "retokenized": inp["retokenized"], "temperature": temp,
-                       "batch": len(rows)},
+                prompt_ids=enc.prompt_ids, prefix_ids=list(enc.prefix_ids), output_ids=new, logprobs=logprobs,
+                logprob_temperature=temp, image_grid_thw=list(enc.image_grid_thw), retokenized=enc.retokenized,
+                batch_size=len(rows),
             ))
         return gens
 
-    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:
+    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
+                       continuation: Continuation | None = None) -> Generation:
         """Queued: concurrent calls that arrive together run as one batch (up to ``max_batch``)."""
         if self.max_batch <= 1:
-            return await asyncio.to_thread(self.generate_sync, messages, sampling, prefix)
+            return await asyncio.to_thread(self.generate_sync, messages, sampling, prefix, continuation)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
-            self._pending.append(_Request(messages, sampling, prefix, fut))
+            self._pending.append(_Request(messages, sampling, prefix, continuation, fut))
             self._cv.notify()
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._serve, name="paravt-local-batcher", daemon=True)
@@ -303,7 +237,8 @@ class LocalPolicy(Policy):
             if not live:
                 continue
             try:
-                gens = self.generate_batch([(r.messages, r.sampling, r.prefix) for r in live], return_exceptions=True)
+                gens = self.generate_batch([(r.messages, r.sampling, r.prefix, r.continuation) for r in live],
+                                           return_exceptions=True)
             except BaseException as exc:  # the model call itself failed: every waiting caller gets the error
                 for r in live:
                     r.future.set_exception(exc)
@@ -320,6 +255,7 @@ class _Request:
     messages: list[dict]
     sampling: Sampling
     prefix: str
+    continuation: Continuation | None
     future: concurrent.futures.Future
 
 

@@ -3,8 +3,12 @@
 Frames travel as base64 ``image_url`` parts after their ``<t seconds>`` labels.
 Retries with exponential backoff on connection errors, timeouts, 429 and 5xx
 come from the ``openai`` client (``max_retries``); a semaphore bounds requests
-in flight. A forced response prefix is sent as a trailing assistant message with
-``continue_final_message`` (understood by vLLM and SGLang) when ``prefill=True``.
+in flight. A forced response prefix (the think prefix) is sent as a trailing
+assistant message with ``continue_final_message`` (understood by SGLang and vLLM;
+``prefill=True``, the default). For an endpoint without that extension (e.g.
+``transformers serve``) construct the policy with ``prefill=False`` and run the
+agent with ``think_prefix: ""``: a prefix this backend cannot pin is refused
+with a clear error, never silently dropped.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import asyncio
 import time
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Generation, Policy, Sampling, encode_image, map_images
+from paravt_agent.policy.base import Policy, encode_image, map_images
+from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["DEFAULT_ENDPOINT", "OpenAIPolicy", "to_openai_messages"]
 
@@ -44,7 +49,7 @@ class OpenAIPolicy(Policy):
         timeout: float = 300.0,
         max_retries: int = 3,
         concurrency: int = 16,
-        prefill: bool = False,
+        prefill: bool = True,
         image_format: str = "PNG",
         extra_body: dict | None = None,
     ):
@@ -80,10 +85,19 @@ class OpenAIPolicy(Policy):
         self.model = models.data[0].id
         return self.model
 
-    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:
+    @property
+    def supports_prefix(self) -> bool:
+        return self.prefill
+
+    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
+                       continuation: Continuation | None = None) -> Generation:
         import openai
         from openai.types.chat import ChatCompletion
 
+        if prefix and not self.prefill:
+            raise PolicyError(f"the openai backend was built with prefill=False and cannot pin the response prefix "
+                              f"{prefix!r} on {self.endpoint}; set think_prefix: '' in the agent config, or use an "
+                              "endpoint that understands continue_final_message (SGLang, vLLM) with prefill=True")
         client, sem = self._client()
         t0 = time.perf_counter()
         payload = to_openai_messages(messages, self.image_format)

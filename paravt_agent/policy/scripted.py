@@ -6,7 +6,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from paravt_agent.policy.base import Generation, Policy, Sampling, text_of
+from paravt_agent.policy.base import Policy, text_of
+from paravt_agent.types import Continuation, Generation, Sampling
 
 Script = Callable[[str, list[dict]], str]
 
@@ -26,7 +27,8 @@ class ScriptedPolicy(Policy):
         self.script, self.delay = script, delay
         self.calls: list[tuple[str, list[dict]]] = []
 
-    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "") -> Generation:
+    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
+                       continuation: Continuation | None = None) -> Generation:
         t0 = time.perf_counter()
         role = role_of(messages)
         self.calls.append((role, messages))

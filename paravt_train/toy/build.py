@@ -54,7 +54,8 @@ def toy_agent_config(**overrides) -> AgentConfig:
     """The protocol the toy policy is trained with: 32x32 frames (one visual token), 1 fps crops."""
     cfg = AgentConfig(
         frames={"max_pixels": 1024, "factor": 32, "crop_fps": 1.0, "crop_max_frames": 16},
-        max_calls_per_turn=8,  # a grounding scan of a 2-minute video: 8 windows of 15 s
+        max_calls_per_turn=8,  # a grounding scan of a 128-second video: 8 windows of 16 s
+        question_to_subagents=False,  # the toy's sub-agents list what they see; the planner matches
         max_turns=8,  # the sequential baseline makes the same calls one per turn
         planner_sampling={"max_new_tokens": 384},
         subagent_sampling={"max_new_tokens": 96},
@@ -65,7 +66,8 @@ def toy_agent_config(**overrides) -> AgentConfig:
 def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     """Data + model + SFT; returns the trained model directory."""
     from paravt_train.data import write_parquet
-    from paravt_train.sft import SFTConfig, train
+    from paravt_train.sft import train
+    from paravt_train.sft_config import SFTConfig
     from paravt_train.toy.tiny import build_tiny_model
     from paravt_train.toy.world import check_trace_roundtrip, corpus, make_worlds, rl_rows, sft_rows
     from tools import ToolRegistry

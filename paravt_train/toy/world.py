@@ -1,10 +1,10 @@
 """The toy world: long synthetic videos whose evidence sits in short windows.
 
-A world is a timeline of solid-colour segments over 60, 75, 90, 105 or 120 s
-(multiples of the 15-second scan window), encoded as a 1 fps 32x32 H.264 mp4. Segment lengths scale with the duration: every segment
-is at least as long as the spacing of a 64-frame overview (so a 64-frame
-overview sees every segment) and 2-4 s at these durations (so an 8-frame
-overview, one frame every 7.5-15 s, misses most of them). Two colours (the *unique*
+A world is a timeline of solid-colour segments over 64, 80, 96, 112 or 128 s
+(multiples of the 16-second scan window), encoded as a 1 fps 32x32 H.264 mp4.
+Segments last 2-4 s: every segment is at least as long as the spacing of a
+64-frame overview (so a 64-frame overview sees every segment), while an 8-frame
+overview (one frame every 8-16 s) misses most of them. Two colours (the *unique*
 colours) appear exactly once each. Questions, in the paper's three families:
 
 * ``mcq`` — "What colour is shown at second t?" with four options (answered with the
@@ -16,27 +16,29 @@ Each question is drawn from its own seeded generator, so a world's first k
 questions do not depend on how many are asked (training asks more per video
 than evaluation).
 
-How the tool is used (the traces below are built from ground truth):
+How the tool is used (the traces below are built from ground truth). Every
+sub-agent does the same thing whatever the question: it lists the colour of
+every second of its window ("95 red; 96 red; 97 blue"); the matching against the
+question is left to the planner's answer step, which reads the listings:
 
 * colour-at-t: the planner crops, in one turn, the window [t, t+1] and the window
-  [t-1, t]; each sub-agent lists the colour of every second of its window
-  ("95 red; 96 blue"); the planner copies the entry for t ("95 red.") and answers
-  with the colour's name.
-* grounding: the planner scans the whole video with parallel 15-second windows
-  (16 frames at 1 fps each, at most 8 of them); each sub-agent lists the seconds
-  of its window that show the colour asked about ("colour cyan at: 21 22 23" or
-  "colour cyan at: none"); the planner copies the sightings and answers
-  ``[first, last + 1]``.
+  [t-1, t]; the answer step copies the entry for t ("95 red.") and answers with
+  the colour's name.
+* grounding: the planner copies the duration from the overview's intro line
+  ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
+  windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
+  per duration); the answer step copies the run of entries of the asked colour
+  and the entry after it ("21 cyan; 22 cyan; 23 cyan; 24 red.") and answers
+  ``[first, last]`` of what it copied: the segment's start and the second the
+  next segment starts.
 
 Every step is a copy of tokens the model has in its context (times are single
-digit tokens) or a +/-1 on a time, and every copy is shaped for an induction
-head: what is copied follows the same words where it is read and where it is
-written ("second 29" -> "around second 29"; "colour cyan" -> "colour cyan at:").
+tokens) or a +/-1 on a time, and every copy is shaped for an induction head:
+what is copied follows the same words where it is read and where it is written.
 That is what a model of about a million parameters learns in an hour of CPU
-training. Run-length summaries, larger
-arithmetic and nearest-frame search are what such a model gets wrong; the
-no-tool traces need the last one, which is why the no-tool mode is weak below
-n = 64.
+training. Run-length summaries, larger arithmetic and nearest-frame search are
+what such a model gets wrong; the no-tool traces need the last one, which is
+why the no-tool mode is weak below n = 64.
 
 Trace formats use the runtime's own prompt, protocol and tool-label functions,
 so the trained policy and the agent speak the same protocol (a test renders a
@@ -85,9 +87,9 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "white": (250, 250, 250),
 }
 LETTERS = "ABCD"
-DURATIONS = (60, 75, 90, 105, 120)  # multiples of the scan window: a scan is 4-8 windows that tile the video
+DURATIONS = (64, 80, 96, 112, 128)  # multiples of the scan window: a scan is 4-8 windows that tile the video
 MCQ_WINDOW = 1  # colour-at-t: two parallel windows [t, t+1] and [t-1, t]; both see second t
-SCAN_WINDOW = 15  # grounding: windows of 15 s (16 frames at 1 fps) covering the whole video
+SCAN_WINDOW = 16  # grounding: windows of 16 frames at 1 fps, [0, 15], [16, 31], ..., tiling the whole video
 UNIQUE = 2  # colours that appear exactly once (the grounding targets)
 
 
@@ -125,23 +127,16 @@ class World:
         """The frames (whole seconds) a 1 fps crop of [start, end] returns."""
         return range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
 
-    def summary(self, q: Question, start: float, end: float) -> str:
-        """What a correct sub-agent reports for question ``q`` on window [start, end]."""
-        return self.sightings(q.colour, start, end) if q.task == "tvg" else self.listing(start, end)
-
-    def listing(self, start: float, end: float) -> str:
-        """The colour-at-t sub-agent's target: one entry per second of the window."""
+    def summary(self, start: float, end: float) -> str:
+        """What a correct sub-agent reports on window [start, end]: the colour of every second of it
+        (whatever the question; the planner's answer step does the matching)."""
         return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
 
-    def sightings(self, colour: str, start: float, end: float) -> str:
-        """A grounding sub-agent's target: the seconds of the window that show ``colour``."""
-        seen = [str(s) for s in self.seconds(start, end) if self.colour_at(s) == colour]
-        return f"colour {colour} at: {' '.join(seen) if seen else 'none'}"
+    listing = summary
 
     def scan_windows(self) -> list[tuple[int, int]]:
-        """Windows of SCAN_WINDOW seconds from 0 until every frame is covered (the last one as asked,
-        before the tool clamps it to the duration)."""
-        return [(a, a + SCAN_WINDOW) for a in range(0, self.duration - 1, SCAN_WINDOW)]
+        """Windows of SCAN_WINDOW frames that tile the video: [0, 15], [16, 31], ..., [d - 16, d - 1]."""
+        return [(a, a + SCAN_WINDOW - 1) for a in range(0, self.duration, SCAN_WINDOW)]
 
     def write(self, path: str | Path) -> str:
         from paravt_train.toy.render import write_segments
@@ -152,9 +147,13 @@ class World:
 
 
 def segment_lengths(duration: int) -> tuple[int, int]:
-    """Shortest and longest segment: at least the spacing of a 64-frame overview (so one of its frames
-    falls in every segment), at least 2 s, and at most twice that."""
-    lo = max(2, math.ceil(duration / 64))
+    """Shortest and longest segment: at least the largest gap between two frames of a 64-frame overview
+    (so one of its frames falls in every segment), at least 2 s, and at most twice that."""
+    from paravt_agent.video import overview_times
+
+    times = overview_times(float(duration), n=64)
+    gap = max((b - a for a, b in zip(times, times[1:], strict=False)), default=1.0)
+    lo = max(2, math.ceil(gap))
     return lo, 2 * lo
 
 
@@ -237,32 +236,39 @@ def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
     return [(q.t, q.t + MCQ_WINDOW), (q.t - MCQ_WINDOW, q.t)]
 
 
-def seen_seconds(w: World, q: Question) -> list[int]:
-    """Grounding: the seconds the scan's sub-agents report, in tool-response order (a second on the
-    boundary of two windows is reported by both)."""
-    return [s for a, b in w.scan_windows() for s in w.seconds(a, b) if w.colour_at(s) == q.colour]
+def run_entries(w: World, q: Question) -> list[int]:
+    """Grounding: the seconds whose listing entries the answer step copies: the run of the asked colour
+    and the first second after it (the segment is never the last one)."""
+    a, b = w.span_of(q.colour)
+    return list(range(a, b + 1))
 
 
 def answer_turn(w: World, q: Question) -> str:
     """The planner's final turn: copy the needed entries into the think, then answer with their tokens.
 
     The copy repeats the tool response's own tokens ("32 red" → "32 red.", answer " red"), so each
-    step is a plain copy for a small model. Grounding answers from the first second seen to one
-    second after the last (a 1 fps frame stands for its whole second): the same +1 on a time the
-    planner does when it crops [t, t+1].
+    step is a plain copy for a small model. Grounding copies the run of listing entries showing the
+    colour plus the entry after it ("21 cyan; 22 cyan; 23 red."), stopping right after the first entry
+    of another colour, and answers with the first and the last second it copied: the segment's start
+    and the second the next segment starts (a 1 fps frame stands for its whole second).
     """
     if q.task == "tvg":
-        seen = seen_seconds(w, q)
-        return (f"<think>\ncolour {q.colour} at: {' '.join(map(str, seen))}.</think>\n"
-                f"<answer>[{seen[0]}, {seen[-1] + 1}]</answer>")
+        seen = run_entries(w, q)
+        copied = "; ".join(f"{s} {w.colour_at(s)}" for s in seen)
+        return f"<think>\n{copied}.</think>\n<answer>[{seen[0]}, {seen[-1]}]</answer>"
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
     return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
 
 
-def planner_turn(q: Question, windows: list[tuple[int, int]]) -> str:
-    where = f"around second {q.t}" if q.task != "tvg" else "the whole video"
+def planner_turn(q: Question, windows: list[tuple[int, int]], duration: int | None = None) -> str:
+    """The planner's first turn: a short think, then the calls. Grounding copies the duration from the
+    overview's intro line (one scan plan per duration); colour-at-t copies t from the question."""
+    if q.task == "tvg":
+        think = f"Scan all {duration if duration is not None else windows[-1][1] + 1} seconds."
+    else:
+        think = f"Inspect around second {q.t}."
     calls = "\n".join(render_tool_call("crop_video", {"start_time": a, "end_time": b}) for a, b in windows)
-    return f"<think>\nInspect {where}.</think>\n{calls}"
+    return f"<think>\n{think}</think>\n{calls}"
 
 
 def call_label(w: World, a: float, b: float) -> str:
@@ -282,8 +288,8 @@ def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list
     return [
         {"role": "system", "content": tool_system_prompt(tools_schema)},
         _user(video, n, q),
-        {"role": "assistant", "content": planner_turn(q, wins)},
-        tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in wins]),
+        {"role": "assistant", "content": planner_turn(q, wins, w.duration)},
+        tool_response_message([(call_label(w, a, b), w.summary(a, b)) for a, b in wins]),
         {"role": "assistant", "content": answer_turn(w, q)},
     ]
 
@@ -292,8 +298,8 @@ def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: li
     wins = windows_for(w, q)
     msgs = [{"role": "system", "content": tool_system_prompt(tools_schema, sequential=True)}, _user(video, n, q)]
     for a, b in wins:
-        msgs.append({"role": "assistant", "content": planner_turn(q, [(a, b)])})
-        msgs.append(tool_response_message([(call_label(w, a, b), w.summary(q, a, b))]))
+        msgs.append({"role": "assistant", "content": planner_turn(q, [(a, b)], w.duration)})
+        msgs.append(tool_response_message([(call_label(w, a, b), w.summary(a, b))]))
     msgs.append({"role": "assistant", "content": answer_turn(w, q)})
     return msgs
 
@@ -342,48 +348,35 @@ def direct_trace(w: World, q: Question, video: str, n: int) -> list[dict]:
     ]
 
 
-def subagent_sample(w: World, q: Question, video: str, window: tuple[int, int]) -> list[dict]:
+def subagent_sample(w: World, video: str, window: tuple[int, int]) -> list[dict]:
+    """One sub-agent turn: the window's frames (the question is not shown: the toy agent's sub-agents
+    list what they see, ``question_to_subagents: false``) and the listing."""
     a, b = window
     return [
         {"role": "system", "content": SUBAGENT_SYSTEM_PROMPT},
         {"role": "user", "content": [{"type": "video", "video": video, "start": a, "end": b},
-                                     {"type": "text", "text": subagent_request(q.question)}]},
-        {"role": "assistant", "content": w.summary(q, a, b)},
+                                     {"type": "text", "text": subagent_request(None)}]},
+        {"role": "assistant", "content": w.summary(a, b)},
     ]
 
 
-def extra_subagent_samples(w: World, video: str, rng: random.Random, listings: int = 2,
-                           groundings: int = 6) -> list[list[dict]]:
-    """Sub-agent samples on random windows: ``listings`` colour-at-t listings of 2-4 seconds, and
-    ``groundings`` 15-second grounding windows, half of them catching part or all of a unique segment at
-    a random offset, half asking about any colour (which may show several times, or not at all)."""
+def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int = 4) -> list[list[dict]]:
+    """Sub-agent samples on ``count`` random windows of 2 to 16 frames at random offsets."""
     out = []
-    for _ in range(listings):
-        length = rng.randint(1, 3)
+    for _ in range(count):
+        length = rng.randint(1, SCAN_WINDOW - 1)
         a = rng.randint(0, w.duration - 1 - length)
-        t = rng.randint(a, a + length)
-        q = Question("extra", "oe", f"What colour is shown at second {t}?", w.colour_at(t), t=t, colour=w.colour_at(t))
-        out.append(subagent_sample(w, q, video, (a, a + length)))
-    for i in range(groundings):
-        if i % 2 == 0:
-            colour = rng.choice(w.uniques)
-            s0, s1 = w.span_of(colour)
-            a = rng.randint(max(0, s0 - SCAN_WINDOW + 1), min(s1 - 1, w.duration - 2))
-        else:
-            colour = rng.choice(list(COLOURS))
-            a = rng.randint(0, w.duration - 2)
-        q = Question("extra", "tvg", grounding_question(colour), "", colour=colour)
-        out.append(subagent_sample(w, q, video, (a, a + SCAN_WINDOW)))
+        out.append(subagent_sample(w, video, (a, a + length)))
     return out
 
 
 def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[int, int]]:
     """The windows a question's sub-agent samples come from: both colour-at-t windows; for grounding
-    the windows that see the colour plus two that do not."""
+    the window(s) that see the colour plus two others."""
     wins = windows_for(w, q)
     if q.task != "tvg":
         return wins
-    hits = [x for x in wins if w.seconds(*x) and any(w.colour_at(s) == q.colour for s in w.seconds(*x))]
+    hits = [x for x in wins if any(w.colour_at(s) == q.colour for s in w.seconds(*x))]
     misses = [x for x in wins if x not in hits]
     return hits + rng.sample(misses, min(2, len(misses)))
 
@@ -391,7 +384,7 @@ def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[in
 def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nframes=(4, 8, 16, 32, 64),
              video_root: str | Path | None = None, p_sequential: float = 0.2, p_direct: float = 0.4,
              direct_nframes=(16, 32, 64, 64), answer_only=(("mcq", 0.5), ("oe", 0.5), ("tvg", 1.0)),
-             extra_listings: int = 2, extra_groundings: int = 6) -> list[dict]:
+             extra_subagents: int = 4) -> list[dict]:
     """SFT rows. Per question: a parallel trace; with the task's probability in ``answer_only`` the same
     again with only the answer turn trained; with probability ``p_sequential`` a sequential trace; with
     probability ``p_direct`` a direct-answer (no tool) trace at an n from ``direct_nframes``; sub-agent
@@ -415,8 +408,8 @@ def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nfram
                 rows.append({"id": f"{q.qid}-dir", "messages": direct_trace(w, q, video,
                                                                             rng.choice(direct_nframes))})
             for a, b in subagent_windows(w, q, rng):
-                rows.append({"id": f"{q.qid}-sub{a}", "messages": subagent_sample(w, q, video, (a, b))})
-        for i, msgs in enumerate(extra_subagent_samples(w, video, rng, extra_listings, extra_groundings)):
+                rows.append({"id": f"{q.qid}-sub{a}", "messages": subagent_sample(w, video, (a, b))})
+        for i, msgs in enumerate(extra_subagent_samples(w, video, rng, extra_subagents)):
             rows.append({"id": f"{w.wid}-xsub{i}", "messages": msgs})
     rng.shuffle(rows)
     return rows

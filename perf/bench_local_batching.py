@@ -49,7 +49,7 @@ def main() -> None:
     for w in worlds:
         from paravt_agent.video import VideoReader
 
-        clip = VideoReader(w.video).crop(10, 20, fps=1.0, max_pixels=1024)
+        clip = VideoReader(w.video).crop(10, 20, crop_fps=1.0, max_pixels=1024)
         subs.append(subagent_messages(clip.frames, clip.timestamps, (10, 20), w.questions[0].question))
 
     # every request generates exactly --tokens tokens: the model never stops early

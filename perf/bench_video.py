@@ -95,7 +95,7 @@ def main() -> None:
             r = VideoReader(path, backend=b)
             rows.append((f"{b} exact", lambda r=r: r.overview(), lambda r=r, m=mid: r.crop(m, m + 20)))
             if b != "torchcodec":
-                rows.append((f"{b} fast (keyframes)", lambda r=r: r.overview(fast=True), None))
+                rows.append((f"{b} fast (keyframes)", lambda r=r: r.overview(fast_overview=True), None))
         results = [(name, timed(ov, args.repeat), timed(cr, args.repeat) if cr else None) for name, ov, cr in rows]
         ref_ov, ref_cr = (results[0][1], results[0][2]) if "decord" in backends else (None, None)
         print(f"{'backend':36s} {'overview s':>10s} {'x decord':>9s} {'crop s':>8s} {'x decord':>9s}")

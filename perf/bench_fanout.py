@@ -131,7 +131,7 @@ class Counting(Policy):
         self.counter = counter
         self.planner_tokens: list[int] = []
 
-    async def generate(self, messages, sampling, prefix=""):
+    async def generate(self, messages, sampling, prefix="", continuation=None):
         if not text_of(messages[0]["content"]).startswith("You are a video inspection sub-agent"):
             self.planner_tokens.append(self.counter.count_tokens(messages))
         return await self.inner.generate(messages, sampling, prefix)

@@ -1,0 +1,214 @@
+"""Client-side tokenisation shared by the token backends (``local`` and ``sglang``).
+
+Neutral messages → the model's own chat template and processor → token ids, with
+
+* **continuation from exact ids**: a planner turn after the first is the previous
+  turn's exact tokens (prompt, forced prefix, sampled output, end of turn) followed
+  by the tokens of the messages after it (:class:`~paravt_agent.types.Continuation`),
+  so model output is never decoded and re-encoded;
+* **the protocol's frame sizes kept**: the processor is told not to resize frames
+  the video module already sized (Qwen3-VL's default ``min_pixels`` of 65536 would
+  upscale every 224x224 protocol frame to 256x256, a third more visual tokens);
+* **expanded and compact ids**: ``prompt_ids`` hold one placeholder per visual
+  token (what the model's forward pass consumes); :meth:`ChatTokenizer.compact`
+  gives the one-placeholder-per-image form a server like SGLang expands itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from paravt_agent.policy.base import images_of, map_images
+from paravt_agent.types import Continuation, Generation
+
+__all__ = ["ChatTokenizer", "EncodedPrompt", "continuation_text", "continued_ids", "to_chat_messages"]
+
+END_OF_TURN = "<|im_end|>"
+
+
+def to_chat_messages(messages: list[dict]) -> tuple[list[dict], list]:
+    """Neutral messages -> (chat-template messages, PIL images in order)."""
+    from PIL import Image
+
+    images = []
+
+    def part(img):
+        images.append(img if isinstance(img, Image.Image) else Image.fromarray(np.asarray(img, np.uint8)))
+        return {"type": "image"}
+
+    return map_images(messages, part), images
+
+
+def continued_ids(gen: Generation, eos_id: int) -> list[int]:
+    """The whole token sequence of a finished turn: prompt + forced prefix + sampled output (+ end of turn).
+
+    A turn cut by the token limit gets the end-of-turn token appended (not sampled: never trained).
+    """
+    ids = [*gen.prompt_ids, *(gen.prefix_ids or []), *gen.output_ids]
+    if not gen.output_ids or gen.output_ids[-1] != eos_id:
+        ids.append(eos_id)
+    return ids
+
+
+def continuation_text(render, chat: list[dict], k: int, end_token: str = END_OF_TURN) -> str | None:
+    """The text that follows the end-of-turn token of assistant message ``k``, up to the generation prompt.
+
+    ``render(messages, add_generation_prompt)`` is the chat template. Returns None when the template
+    is not prefix-stable (it re-renders earlier turns differently once later messages exist), in which
+    case the caller must fall back to a full render.
+    """
+    full = render(chat, True)
+    prev = render(chat[: k + 1], False)
+    cut = prev.rfind(end_token)
+    if not full.startswith(prev) or cut < 0:
+        return None
+    return prev[cut + len(end_token):] + full[len(prev):]
+
+
+@dataclass
+class EncodedPrompt:
+    """A tokenised prompt: ``ids`` (expanded placeholders, the forced prefix at the end), the prefix's
+    ids, the prompt's frames with their pixel values and patch grids, and whether the earlier turns had
+    to be re-rendered instead of continued from their ids."""
+
+    ids: list[int]
+    prefix_ids: list[int]
+    images: list[np.ndarray]
+    image_grid_thw: list[tuple[int, int, int]]
+    pixel_values: object | None = None  # torch.Tensor
+    retokenized: bool = False
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.ids[: len(self.ids) - len(self.prefix_ids)]
+
+
+class ChatTokenizer:
+    """A Hugging Face processor (tokenizer + chat template + image processor) used on the client."""
+
+    def __init__(self, processor):
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.eos_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        self.image_token_id = self.tokenizer.convert_tokens_to_ids(processor.image_token)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_id
+        ip = processor.image_processor
+        self.uses_mm_token_types = "mm_token_type_ids" in getattr(processor, "model_input_names", [])
+        self.merge = int(getattr(ip, "merge_size", 2))
+        self.unit = int(getattr(ip, "patch_size", 14)) * self.merge  # a frame side is a multiple of this
+
+    # ------------------------------------------------------------------ text
+
+    def render(self, chat: list[dict], add_generation_prompt: bool) -> str:
+        return self.processor.apply_chat_template(chat, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def tokens(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    # ------------------------------------------------------------------ images
+
+    def size_kwargs(self, images) -> dict:
+        """Processor options that keep frames at the size the frame protocol gave them: no upscaling to
+        the processor's own ``min_pixels`` and no downscaling (only rounding to a multiple of the patch
+        grid, which protocol frames already are)."""
+        if not images:
+            return {}
+        areas = [np.asarray(img).shape[0] * np.asarray(img).shape[1] for img in images]
+        return {"size": {"shortest_edge": self.unit * self.unit, "longest_edge": max(max(areas), self.unit**2)}}
+
+    def image_inputs(self, images: list) -> dict:
+        """``pixel_values`` and ``image_grid_thw`` of frames, as a training forward pass needs them."""
+        if not images:
+            return {}
+        out = self.processor.image_processor(images=list(images), return_tensors="pt", **self.size_kwargs(images))
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def visual_tokens(self, grid) -> int:
+        t, h, w = (int(x) for x in grid)
+        return t * h * w // (self.merge * self.merge)
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode(self, messages: list[dict], prefix: str = "", continuation: Continuation | None = None,
+               pixels: bool = True) -> EncodedPrompt:
+        """``messages`` + generation prompt (+ ``prefix`` as tokens), continuing ``continuation``'s exact
+        ids when given (falling back to a full render when the template is not prefix-stable)."""
+        chat, pil = to_chat_messages(messages)
+        frames = images_of(messages)
+        tail, k = None, None
+        prev = continuation.generation if continuation is not None else None
+        if prev is not None and prev.prompt_ids is not None and prev.output_ids is not None:
+            k = continuation.message_index
+            tail = continuation_text(self.render, chat, k)
+        if tail is None:
+            enc = self.processor(text=[self.render(chat, True)], images=pil or None, return_tensors="pt",
+                                 **self.size_kwargs(pil))
+            ids = enc["input_ids"][0].tolist()
+            pixel = enc.get("pixel_values")
+            grid = enc.get("image_grid_thw")
+            pixel_list = [pixel] if pixel is not None else []
+            grid_list = [grid] if grid is not None else []
+        else:
+            before = len(images_of(messages[: k + 1]))
+            pixel_list, grid_list = [], []
+            if before:
+                old = self.image_inputs(pil[:before])
+                pixel_list.append(old["pixel_values"])
+                grid_list.append(old["image_grid_thw"])
+            new = pil[before:]
+            enc = self.processor(text=[tail], images=new or None, return_tensors="pt", **self.size_kwargs(new))
+            ids = continued_ids(prev, self.eos_id) + enc["input_ids"][0].tolist()
+            if enc.get("pixel_values") is not None:
+                pixel_list.append(enc["pixel_values"])
+                grid_list.append(enc["image_grid_thw"])
+        import torch
+
+        grids = torch.cat(grid_list) if grid_list else None
+        prefix_ids = self.tokens(prefix)
+        return EncodedPrompt(
+            ids=ids + prefix_ids, prefix_ids=prefix_ids, images=frames,
+            image_grid_thw=[tuple(int(x) for x in g) for g in grids] if grids is not None else [],
+            pixel_values=torch.cat(pixel_list) if (pixels and pixel_list) else None,
+            retokenized=prev is not None and tail is None,
+        )
+
+    def mm_token_types(self, input_ids):
+        """Qwen3-VL's ``mm_token_type_ids``: 1 on image placeholder tokens, 0 elsewhere."""
+        return (input_ids == self.image_token_id).long()
+
+    # ------------------------------------------------------------------ placeholder forms
+
+    def compact(self, ids: list[int]) -> list[int]:
+        """One image placeholder per image: each run of placeholders collapsed to one (the form a server
+        that runs its own image processor, like SGLang, expects)."""
+        out: list[int] = []
+        for t in ids:
+            if t == self.image_token_id and out and out[-1] == self.image_token_id:
+                continue
+            out.append(t)
+        return out
+
+    def expand(self, ids: list[int], grids) -> list[int]:
+        """The inverse of :meth:`compact`: the i-th placeholder repeated for image i's visual tokens."""
+        out: list[int] = []
+        k = 0
+        for t in ids:
+            if t == self.image_token_id:
+                if k >= len(grids):
+                    raise ValueError("more image placeholders than images")
+                out.extend([t] * self.visual_tokens(grids[k]))
+                k += 1
+            else:
+                out.append(t)
+        if k != len(grids):
+            raise ValueError(f"{len(grids)} images but {k} placeholders")
+        return out
+
+    def round_trip(self, compact_ids: list[int]) -> list[int]:
+        """What a server that decodes ``input_ids`` to text and tokenises that text again (SGLang does for
+        multimodal requests) ends up with, in compact form."""
+        text = self.tokenizer.decode(compact_ids, skip_special_tokens=False)
+        return self.tokens(text)

@@ -1,0 +1,94 @@
+"""Policy backends by name, as pluggable as tools.
+
+Built-ins: ``local`` (an in-process transformers model), ``openai`` (any
+OpenAI-compatible endpoint), ``sglang`` (SGLang's native token-in/token-out API).
+Third-party backends register through the ``paravt.policies`` entry-point group;
+an entry point names a factory ``(model, endpoint, api_key, **options) -> Policy``
+(a :class:`~paravt_agent.policy.base.Policy` subclass with that constructor works)::
+
+    [project.entry-points."paravt.policies"]
+    my_backend = "my_pkg.policy:MyPolicy"
+
+``make_policy("my_backend", model=..., endpoint=...)`` and ``Agent(backend="my_backend")``
+then find it, as do the CLIs' ``--backend`` options.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from paravt_agent.errors import ConfigError
+from paravt_agent.policy.base import Policy
+
+__all__ = ["ENTRY_POINT_GROUP", "available_policies", "make_policy", "register_policy"]
+
+log = logging.getLogger(__name__)
+ENTRY_POINT_GROUP = "paravt.policies"
+
+Factory = Callable[..., Policy]
+
+
+def _local(model=None, endpoint=None, api_key=None, **kw) -> Policy:
+    from paravt_agent.policy.local import LocalPolicy
+
+    if not model:
+        raise ConfigError("the local backend needs model=<path of a model directory>")
+    return LocalPolicy(model, **kw)
+
+
+def _openai(model=None, endpoint=None, api_key=None, **kw) -> Policy:
+    from paravt_agent.policy.openai_backend import OpenAIPolicy
+
+    return OpenAIPolicy(model=model, endpoint=endpoint, api_key=api_key, **kw)
+
+
+def _sglang(model=None, endpoint=None, api_key=None, **kw) -> Policy:
+    from paravt_agent.policy.sglang_backend import SGLangPolicy
+
+    if not model:
+        raise ConfigError("the sglang backend needs model=<path or name of the served model's processor>")
+    return SGLangPolicy(model=model, endpoint=endpoint, **kw)
+
+
+_REGISTRY: dict[str, Factory] = {"local": _local, "openai": _openai, "sglang": _sglang}
+_loaded = False
+
+
+def register_policy(name: str, factory: Factory) -> None:
+    """Make ``factory`` available as backend ``name`` (replaces an earlier one of that name)."""
+    _REGISTRY[name] = factory
+
+
+def _load_entry_points() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            _REGISTRY[ep.name] = ep.load()
+        except Exception as exc:  # a broken plugin must not break the built-ins
+            log.warning("policy plugin %s could not be loaded: %s", ep.name, exc)
+
+
+def available_policies() -> list[str]:
+    _load_entry_points()
+    return list(_REGISTRY)
+
+
+def make_policy(backend: str, model: str | None = None, endpoint: str | None = None, api_key: str | None = None,
+                **options) -> Policy:
+    """A policy by backend name: ``local`` (a model directory), ``openai`` or ``sglang`` (an endpoint), or a
+    registered plugin."""
+    _load_entry_points()
+    factory = _REGISTRY.get(backend)
+    if factory is None:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(_REGISTRY)}")
+    policy = factory(model=model, endpoint=endpoint, api_key=api_key, **options)
+    if not isinstance(policy, Policy):
+        raise ConfigError(f"backend {backend!r} returned {type(policy).__name__}, not a paravt Policy")
+    return policy

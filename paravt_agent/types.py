@@ -1,0 +1,214 @@
+"""The public types that cross ParaVT's layers, in one module.
+
+What a policy returns (:class:`Generation`), what the graph records of every
+model call (:class:`GenerationRecord`), how a later planner turn continues from
+the exact tokens of an earlier one (:class:`Continuation`), what
+``Agent.astream`` yields (the :data:`StreamEvent` types), what a prepared prompt
+is (:class:`RolloutInput`) and what an answer is (:class:`Answer`). The graph,
+``Agent``, the Gradio page, evaluation and the RL rollout all speak these types;
+nothing travels in string-keyed dicts or tuple positions between them.
+
+::
+
+    video + question ──Agent.prepare──► RolloutInput (overview frames, first messages, tool context)
+        │
+        ▼  graph: planner ─► sub-agents ─► aggregate ─► planner ...   (each model call: Generation)
+        │        stream:  OverviewEvent, PlannerEvent, SubAgentEvent ..., AnswerEvent
+        ▼
+    Answer (text, choice/span, Trace, records: [GenerationRecord], messages)
+        │
+        ▼  paravt_train.rollout: records → token sequences → rewards → GRPO
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from paravt_agent.trajectory import SubAgentRecord, Trace
+    from tools.base import ToolContext
+
+__all__ = [
+    "Answer",
+    "AnswerEvent",
+    "CallInfo",
+    "Continuation",
+    "Generation",
+    "GenerationRecord",
+    "OverviewEvent",
+    "PlannerEvent",
+    "RolloutInput",
+    "Sampling",
+    "StreamEvent",
+    "SubAgentEvent",
+]
+
+
+class Sampling(BaseModel):
+    """Decoding settings of one model call. ``temperature=0`` is greedy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(0.0, ge=0, description="0 = greedy; the paper samples RL rollouts at τ = 0.7.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    max_new_tokens: int = Field(1024, ge=1, description="Tokens generated at most.")
+    seed: int | None = Field(None, description="Sampling seed (reproducible sampling where the backend honours it).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (the generation ends after them).")
+
+
+@dataclass
+class Generation:
+    """What a policy returns for one call. ``text`` is the whole response, forced prefix included.
+
+    Token-level fields are filled where the backend can (``local``, ``sglang``):
+    ``prompt_ids`` are the exact tokens the model consumed (image placeholders
+    expanded, as in the model's forward pass), ``prefix_ids`` the forced prefix's
+    tokens (not sampled, never trained), ``output_ids`` the sampled tokens with
+    their ``logprobs`` under ``logprob_temperature``; ``image_grid_thw`` are the
+    (t, h, w) patch grids of the prompt's images as the processor computed them.
+    ``retokenized`` says the prompt's earlier turns were not continued from their
+    exact ids (a full re-render, or a server that re-tokenises).
+    """
+
+    text: str
+    prefix: str = ""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency: float = 0.0
+    prompt_ids: list[int] | None = None
+    prefix_ids: list[int] | None = None
+    output_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    logprob_temperature: float | None = None
+    image_grid_thw: list[tuple[int, int, int]] | None = None
+    retokenized: bool = False
+    batch_size: int = 1
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.prompt_ids is not None and self.output_ids is not None and self.logprobs is not None
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The conversation up to and including assistant message ``message_index`` was, token for token,
+    ``generation``'s prompt ids + prefix ids + output ids (+ the end-of-turn token).
+
+    A token backend renders only the messages after it and appends their tokens, so
+    model output is never decoded and re-encoded. The graph passes the planner's
+    last turn; backends without token ids ignore it."""
+
+    message_index: int
+    generation: Generation
+
+
+@dataclass
+class GenerationRecord:
+    """One model call of an episode: who made it (``planner`` turn ``turn``, or the sub-agent of call
+    ``index`` of that turn), the :class:`Generation`, and the prompt's frames in order (what a training
+    forward pass needs besides the ids)."""
+
+    role: Literal["planner", "subagent"]
+    turn: int
+    index: int | None
+    generation: Generation
+    images: list[np.ndarray] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- stream events
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """One tool call of a planner turn as dispatched: its slot ``index``, label, time window (when it
+    has one) and the error that replaced it (an invalid call)."""
+
+    index: int
+    label: str
+    window: tuple[float, float] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class OverviewEvent:
+    """The overview was decoded: the planner sees frames at ``timestamps`` of a ``duration``-second video."""
+
+    kind: ClassVar[str] = "overview"
+    timestamps: list[float]
+    duration: float
+
+
+@dataclass(frozen=True)
+class PlannerEvent:
+    """A planner turn finished: its text and the calls it dispatched (none when it answered)."""
+
+    kind: ClassVar[str] = "planner"
+    turn: int
+    text: str
+    calls: list[CallInfo] = field(default_factory=list)
+    forced_final: bool = False
+
+
+@dataclass(frozen=True)
+class SubAgentEvent:
+    """A tool call's slot is filled (a summary, a tool's text, or an error), as each finishes."""
+
+    kind: ClassVar[str] = "subagent"
+    turn: int
+    record: SubAgentRecord
+
+
+@dataclass(frozen=True)
+class AnswerEvent:
+    """The run ended; the last event of every stream."""
+
+    kind: ClassVar[str] = "answer"
+    answer: Answer
+
+
+StreamEvent = OverviewEvent | PlannerEvent | SubAgentEvent | AnswerEvent
+
+
+# --------------------------------------------------------------------------- inputs and results
+
+
+@dataclass
+class RolloutInput:
+    """A prepared question: the decoded overview turned into the planner's first messages, and the tool
+    context the calls run in. Built once by ``Agent.prepare`` and run any number of times (the G
+    rollouts of a GRPO group share one)."""
+
+    question: str
+    options: list[str] | None
+    messages: list[dict]
+    context: ToolContext
+    trace: Trace  # the trace every run starts from (video, question, overview timestamps)
+    n_frames: int | None = None
+
+
+@dataclass
+class Answer:
+    """The final answer text, the parsed choice or span where the question asks for one, the trace,
+    every model call's record, and the planner's final conversation (frames included)."""
+
+    text: str
+    trace: Trace
+    choice: str | None = None
+    span: tuple[float, float] | None = None
+    records: list[GenerationRecord] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.choice or self.text
+
+    def planner_records(self) -> list[GenerationRecord]:
+        return sorted((r for r in self.records if r.role == "planner"), key=lambda r: r.turn)
+
+    def subagent_records(self) -> list[GenerationRecord]:
+        return [r for r in self.records if r.role == "subagent"]

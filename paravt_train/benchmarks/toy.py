@@ -1,0 +1,25 @@
+"""The toy benchmark written by ``paravt-train toy``.
+
+Layout: ``rl_test.parquet`` with the videos beside it in ``../videos``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paravt_train.benchmarks.base import EvalItem, need
+
+__all__ = ["load_toy"]
+
+
+def load_toy(root: Path) -> list[EvalItem]:
+    from paravt_train.data import load_rl, resolve_video
+
+    path = root / "rl_test.parquet" if root.is_dir() else root
+    need(path, "toy benchmark (run `paravt-train toy`)")
+    vroot = path.parent.parent / "videos"
+    items = []
+    for s in load_rl(path, vroot):
+        items.append(EvalItem("toy", s.id or "", str(resolve_video(s.videos[0], vroot)), s.question_text(),
+                              s.task, s.answer, s.options, s.task))
+    return items

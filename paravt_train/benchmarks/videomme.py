@@ -1,0 +1,37 @@
+"""VideoMME (with and without subtitles).
+
+Layout: ``videomme/test-*.parquet`` (video_id, videoID, duration, question_id, question, options,
+answer), videos ``data/<videoID>.mp4``, subtitles ``subtitle/<videoID>.srt``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paravt_train.benchmarks.base import BenchmarkError, EvalItem, labelled
+
+__all__ = ["load_videomme"]
+
+
+def load_videomme(root: Path, subtitles: bool = False) -> list[EvalItem]:
+    import pyarrow.parquet as pq
+
+    files = sorted((root / "videomme").glob("*.parquet")) or sorted(root.glob("*.parquet"))
+    if not files:
+        raise BenchmarkError(f"VideoMME annotations not found: expected {root / 'videomme' / 'test-*.parquet'}")
+    items = []
+    name = "videomme_sub" if subtitles else "videomme"
+    for f in files:
+        for r in pq.read_table(f).to_pylist():
+            vid = r.get("videoID") or r["video_id"]
+            q = r["question"]
+            if subtitles:
+                srt = root / "subtitle" / f"{vid}.srt"
+                if srt.is_file():
+                    from tools.builtin import read_subtitles
+
+                    text = " ".join(t for _, _, t in read_subtitles(srt))
+                    q = f"Subtitles: {text[:4000]}\n{q}"
+            items.append(EvalItem(name, str(r["question_id"]), str(root / "data" / f"{vid}.mp4"), q, "mcq",
+                                  r["answer"], labelled(list(r["options"])), str(r.get("duration", ""))))
+    return items

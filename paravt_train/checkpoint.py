@@ -1,0 +1,85 @@
+"""Training checkpoints shared by the SFT and GRPO trainers.
+
+A checkpoint folder ``OUTPUT_DIR/checkpoint-<step>`` holds the model and
+optimizer (``torch.distributed.checkpoint``, sharded under FSDP2), the
+scheduler, the RNG state, the step, JSON ``extra`` and pickled ``blobs`` (the
+replay buffer, the online learner's cursor). It is written under a temporary
+name and renamed, so a crash mid-save leaves the previous checkpoint whole;
+:func:`latest_checkpoint` only returns complete ones.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from paravt_train.distributed import barrier, rank_world
+
+__all__ = ["latest_checkpoint", "load_blobs", "load_checkpoint", "prune_checkpoints", "save_checkpoint"]
+
+STATE_FILE = "trainer_state.json"
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest complete ``checkpoint-<step>`` folder under ``out``, or None."""
+    ckpts = sorted((p for p in Path(out).glob("checkpoint-*") if p.name.split("-")[1].isdigit()),
+                   key=lambda p: int(p.name.split("-")[1]))
+    done = [c for c in ckpts if (c / STATE_FILE).is_file()]
+    return done[-1] if done else None
+
+
+def prune_checkpoints(out: str | Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest complete checkpoints (rank 0 only); returns what was deleted."""
+    if rank_world()[0] != 0 or keep <= 0:
+        return []
+    ckpts = sorted((p for p in Path(out).glob("checkpoint-*")
+                    if p.name.split("-")[1].isdigit() and (p / STATE_FILE).is_file()),
+                   key=lambda p: int(p.name.split("-")[1]))
+    old = ckpts[:-keep]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
+
+
+def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, extra: dict | None = None,
+                    blobs: dict | None = None) -> None:
+    """Model + optimizer (DCP, sharded under FSDP), scheduler, RNG, ``extra`` (JSON) and ``blobs`` (pickled),
+    written to a temporary folder and renamed: a crash mid-save leaves the previous checkpoint whole."""
+    rank, _ = rank_world()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    if rank == 0:
+        torch.save({"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "blobs": blobs or {}},
+                   tmp / "extra.pt")
+        (tmp / STATE_FILE).write_text(json.dumps({"step": step, **(extra or {})}))
+    barrier()
+    if rank == 0:
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)  # complete checkpoints only: a crash mid-save leaves the old one usable
+    barrier()
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler) -> int:
+    """Restore model, optimizer, scheduler and RNG from ``path``; returns the step."""
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    extra = torch.load(Path(path) / "extra.pt", weights_only=False)
+    scheduler.load_state_dict(extra["scheduler"])
+    torch.set_rng_state(extra["rng"])
+    return json.loads((Path(path) / STATE_FILE).read_text())["step"]
+
+
+def load_blobs(path: Path) -> dict:
+    """The ``blobs`` a checkpoint was saved with."""
+    return torch.load(Path(path) / "extra.pt", weights_only=False).get("blobs", {})

@@ -96,13 +96,24 @@ def serve_cmd(
     mem_fraction: float = typer.Option(None, help="--mem-fraction-static for SGLang."),
     context_length: int = typer.Option(65536, help="Context length (64 frames of 256 tokens need ~17K)."),
     vlm_cache_mb: int = typer.Option(4096, help="SGLANG_VLM_CACHE_SIZE_MB (at least 4096 for 64-frame inputs)."),
+    deterministic: bool = typer.Option(False, "--deterministic", help="--enable-deterministic-inference: honour "
+                                       "each request's sampling seed (reproducible RL rollouts); without it SGLang "
+                                       "ignores seeds."),
+    max_pixels: int = typer.Option(50176, help="The frame protocol's pixels per frame: a processor that would "
+                                   "upscale such frames (Qwen3-VL's min_pixels 65536) is served through an overlay "
+                                   "directory that keeps their size."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
     """Serve a model with SGLang (GPU) and wait until it is healthy."""
     from paravt_agent.errors import ParaVTError
-    from paravt_agent.serve import launch, sglang_command
+    from paravt_agent.serve import launch, protocol_model_dir, sglang_command
 
-    argv, env = sglang_command(model, host, port, tp, mem_fraction, context_length, vlm_cache_mb=vlm_cache_mb)
+    served = protocol_model_dir(model, max_pixels=max_pixels)
+    if served != model:
+        typer.echo(f"serving {served}: {model} with an image processor that keeps the protocol's frame sizes",
+                   err=True)
+    argv, env = sglang_command(served, host, port, tp, mem_fraction, context_length, vlm_cache_mb=vlm_cache_mb,
+                               deterministic=deterministic)
     line = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv)
     if dry_run:
         typer.echo(line)

@@ -13,13 +13,82 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 
-__all__ = ["sglang_command", "wait_healthy", "launch"]
+__all__ = ["launch", "protocol_model_dir", "sglang_command", "wait_healthy"]
 
 #: 64-frame inputs need a larger multimodal cache (paper, Appendix B: ~134 MB per 64-frame video).
 MIN_VLM_CACHE_MB = 4096
+
+
+def _processor_files(model_dir: Path) -> list[Path]:
+    return [p for p in (model_dir / "preprocessor_config.json", model_dir / "processor_config.json") if p.is_file()]
+
+
+def _image_sections(data: dict) -> list[dict]:
+    """The image-processor settings in a processor config (top level, or under ``image_processor``)."""
+    out = [data] if "image_processor_type" in data or "size" in data or "min_pixels" in data else []
+    if isinstance(data.get("image_processor"), dict):
+        out.append(data["image_processor"])
+    return out
+
+
+def _min_pixels(section: dict) -> int | None:
+    size = section.get("size") or {}
+    values = [v for v in (section.get("min_pixels"), size.get("shortest_edge"), size.get("min_pixels")) if v]
+    return max(values) if values else None
+
+
+def protocol_model_dir(model: str, max_pixels: int = 50176, factor: int = 32, cache: str | Path | None = None) -> str:
+    """A model directory whose image processor keeps the frame protocol's sizes.
+
+    Qwen3-VL's processor upscales every image to at least ``min_pixels`` (65536): a 224x224 protocol
+    frame would reach the model as 256x256, a third more visual tokens than the client (and the
+    trainer) count. When ``model`` is a local directory with such a setting, this returns an overlay
+    directory (every file linked, the processor configs rewritten with ``min_pixels`` = one patch
+    grid, ``factor``²) that SGLang serves instead; otherwise ``model`` itself.
+    """
+    import hashlib
+    import json
+
+    src = Path(model)
+    if not src.is_dir():
+        return model
+    files = _processor_files(src)
+    fixes = {}
+    for f in files:
+        data = json.loads(f.read_text())
+        changed = False
+        for section in _image_sections(data):
+            low = _min_pixels(section)
+            if low is not None and low > factor * factor:
+                if "min_pixels" in section:
+                    section["min_pixels"] = factor * factor
+                size = section.get("size")
+                if isinstance(size, dict):
+                    for key in ("shortest_edge", "min_pixels"):
+                        if key in size:
+                            size[key] = factor * factor
+                changed = True
+        if changed:
+            fixes[f.name] = data
+    if not fixes:
+        return model
+    from paravt_agent.defaults import paravt_home
+
+    key = hashlib.sha256(f"{src.resolve()}:{sorted(fixes)}:{factor}".encode()).hexdigest()[:12]
+    out = Path(cache or paravt_home() / "serve") / f"{src.name}-protocol-{key}"
+    out.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        target = out / item.name
+        if item.name in fixes or target.exists() or target.is_symlink():
+            continue
+        target.symlink_to(item.resolve())
+    for name, data in fixes.items():
+        (out / name).write_text(json.dumps(data, indent=2))
+    return str(out)
 
 
 def sglang_command(
@@ -32,14 +101,21 @@ def sglang_command(
     tool_call_parser: str = "qwen25",
     vlm_cache_mb: int = MIN_VLM_CACHE_MB,
     extra: list[str] | None = None,
+    deterministic: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
-    """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen3-VL checkpoint."""
+    """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen3-VL checkpoint.
+
+    ``deterministic`` adds ``--enable-deterministic-inference``: SGLang honours a request's
+    ``sampling_seed`` only then (the RL trainer seeds every rollout call; without it seeds are ignored
+    and rollouts are not reproducible)."""
     argv = [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", model, "--host", host, "--port", str(port),
         "--tp", str(tp), "--context-length", str(context_length),
         "--tool-call-parser", tool_call_parser, "--trust-remote-code",
     ]
+    if deterministic:
+        argv.append("--enable-deterministic-inference")
     if mem_fraction is not None:
         argv += ["--mem-fraction-static", str(mem_fraction)]
     argv += list(extra or [])

@@ -8,7 +8,7 @@ it implements what ParaVT relies on, with SGLang's semantics (read from its sour
 
 * ``POST /generate`` — ``input_ids`` (one ``<|image_pad|>`` per image) + ``image_data`` (base64 images)
   + ``sampling_params`` {temperature, top_p, top_k (-1 = all), max_new_tokens, stop, stop_token_ids,
-  skip_special_tokens, sampling_seed} + ``return_logprob`` / ``logprob_start_len``. For a multimodal
+  ignore_eos, skip_special_tokens, sampling_seed} + ``return_logprob`` / ``logprob_start_len``. For a multimodal
   request the ids are decoded to text and tokenised again, then the model's own processor expands the
   images (as SGLang does). Response: ``text``, top-level ``output_ids``, ``meta_info`` with
   ``prompt_tokens``, ``completion_tokens``, ``finish_reason`` {type: stop | length | abort},
@@ -172,7 +172,7 @@ class Engine:
         top_k = int(params.get("top_k", -1))
         max_new = int(params.get("max_new_tokens", 128))
         stops = list(params.get("stop") or [])
-        stop_ids = set(params.get("stop_token_ids") or []) | {self.eos}
+        stop_ids = set(params.get("stop_token_ids") or []) | (set() if params.get("ignore_eos") else {self.eos})
         seed = params.get("sampling_seed") if self.deterministic else None
         inputs = self._inputs(list(body["input_ids"]), body.get("image_data"))
         n_prompt = int(inputs["input_ids"].shape[1])
@@ -245,7 +245,8 @@ class Engine:
                 return out
 
         with self.lock, torch.no_grad():
-            self.model.generate(**inputs, max_new_tokens=max_new, do_sample=False, eos_token_id=sorted(stop_ids),
+            self.model.generate(**inputs, max_new_tokens=max_new, min_new_tokens=0 if stop_ids else max_new,
+                                do_sample=False, eos_token_id=sorted(stop_ids) or None,
                                 pad_token_id=self.tok.pad_token_id, logits_processor=LogitsProcessorList([Step()]))
         if aborted["flag"]:
             n = len(lps)

@@ -57,3 +57,19 @@ def test_paravt_answer_default_is_the_toy_policy(media, tmp_path):
 def test_help_texts():
     for cmd in (["paravt", "--help"], ["paravt", "answer", "--help"], ["paravt", "serve", "--help"]):
         assert run(*cmd).returncode == 0
+
+
+def test_paravt_serve_keeps_the_protocol_frame_size_and_seeds(tmp_path):
+    from paravt_train.toy.tiny import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "m", ["a b c"] * 4, size="test", min_pixels=65536))
+    out = run("paravt", "serve", model, "--deterministic", "--dry-run", env={"PARAVT_HOME": str(tmp_path / "h")})
+    assert "--enable-deterministic-inference" in out.stdout  # SGLang honours sampling seeds only then
+    served = out.stdout.split("--model-path ")[1].split()[0]
+    assert served != model and "keeps the protocol's frame sizes" in out.stderr
+    from pathlib import Path
+
+    cfg = json.loads(Path(served, "processor_config.json").read_text())
+    assert cfg["image_processor"]["size"]["shortest_edge"] == 32 * 32
+    assert os.path.realpath(os.path.join(served, "model.safetensors")) == os.path.realpath(
+        os.path.join(model, "model.safetensors"))

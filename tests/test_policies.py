@@ -294,3 +294,44 @@ def test_sglang_unreachable(tiny_model, media):
     pol = SGLangPolicy(model=tiny_model, endpoint=f"http://127.0.0.1:{free_port()}", max_retries=0)
     with pytest.raises(PolicyError, match="paravt serve"):
         asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
+
+
+def test_frames_reach_the_model_at_the_protocol_size(tmp_path, media, sglang_stub):
+    """Qwen3-VL's processor upscales every image to min_pixels 65536 (224x224 -> 256x256: 64 visual tokens
+    instead of 49). Every path keeps the protocol's size: the local backend, SFT examples, the trainer's
+    pixel values, and SGLang through `paravt serve`'s processor overlay; a server that still resizes is
+    refused with a clear error, never trained on silently."""
+    import numpy as np
+    import torch
+
+    from paravt_agent.policy.chat import ChatTokenizer
+    from paravt_agent.prompts import planner_messages
+    from paravt_agent.serve import protocol_model_dir
+    from paravt_train.sft import build_example
+    from paravt_train.toy.tiny import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "qwen-like", ["red green blue"] * 4, size="test", min_pixels=65536))
+    frames = np.stack([np.full((224, 224, 3), 40 * i, np.uint8) for i in range(3)])
+    msgs = planner_messages("sys", frames, [0.0, 1.0, 2.0], 3.0, "Which colour?")
+    local = LocalPolicy(model)
+    enc = local.encode(msgs)
+    assert enc.image_grid_thw == [(1, 14, 14)] * 3  # 224 / 16 = 14 patches a side: 49 visual tokens a frame
+    assert enc.ids.count(local.chat.image_token_id) == 3 * 49
+    proc = local.processor
+    ex = build_example([*msgs, {"role": "assistant", "content": "red"}], proc)
+    assert ex["input_ids"].count(local.chat.image_token_id) == 3 * 49
+    assert ChatTokenizer(proc).image_inputs(list(frames))["image_grid_thw"].tolist() == [[1, 14, 14]] * 3
+    naive = proc.image_processor(images=list(frames), return_tensors="pt")["image_grid_thw"]
+    assert naive.tolist() == [[1, 16, 16]] * 3  # what the processor alone would have done
+    # SGLang: a server on the raw directory resizes: the client says so instead of recording other tokens
+    raw = sglang_stub(model)
+    with pytest.raises(PolicyError, match="sizes frames differently"):
+        asyncio.run(SGLangPolicy(model=model, endpoint=raw.url).generate(msgs, Sampling(max_new_tokens=4)))
+    overlay = protocol_model_dir(model, cache=tmp_path / "serve")
+    assert overlay != model and protocol_model_dir(overlay) == overlay  # idempotent
+    served = sglang_stub(overlay)
+    gen = asyncio.run(SGLangPolicy(model=model, endpoint=served.url).generate(msgs, Sampling(max_new_tokens=4)))
+    assert gen.prompt_ids == enc.prompt_ids and gen.image_grid_thw == [(1, 14, 14)] * 3
+    ref = local.generate_sync(msgs, Sampling(max_new_tokens=4))
+    assert gen.output_ids == ref.output_ids and gen.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+    assert torch.equal(torch.tensor(gen.image_grid_thw), torch.tensor(ref.image_grid_thw))

@@ -339,3 +339,260 @@ def test_online_learning_neither_loses_nor_repeats_feedback(toy_policy_dir, toy_
     logged = [p for r in recs for p in r["prompts"]]
     assert sorted(logged) == sorted(trained)
     assert [r["step"] for r in recs] == list(range(1, len(recs) + 1))
+
+
+# --------------------------------------------------------------------------- SGLang-API RL loop
+
+
+def _server_logprobs(stub, ids: list[int]) -> list[float]:
+    """The server's log-probabilities of a fixed text sequence (SGLang: max_new_tokens 0, logprob_start_len 0)."""
+    out = stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+                                  "return_logprob": True, "logprob_start_len": 0})
+    return [x[0] for x in out["meta_info"]["input_token_logprobs"][1:]]
+
+
+def _model_logprobs(model_dir: str, ids: list[int]) -> list[float]:
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_paper_config_trains_on_sglang_rollouts_under_torchrun(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+    """The paper's config (model and endpoint swapped for the tiny model and the SGLang-API test server):
+    2 gloo ranks, FSDP2, rollouts from the server, the weights pushed after each step — the next step's
+    rollouts come from the pushed weights (behaviour/trainer logprob mismatch ~0 at every step) and the
+    server scores a fixed sequence exactly as the trained model does."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    stub = sglang_stub(toy_policy_dir)
+    root = Path(__file__).resolve().parents[1]
+    tok_ids = [int(x) for x in torch.randint(10, 300, (24,))]
+    before = _server_logprobs(stub, tok_ids)
+    assert before == pytest.approx(_model_logprobs(toy_policy_dir, tok_ids), abs=1e-4)
+    out = tmp_path / "run"
+    sets = {"model": toy_policy_dir, "endpoint": stub.url, "data": toy_rl["data"], "video_root": toy_rl["video_root"],
+            "eval_data": "null", "output_dir": str(out), "steps": 2, "prompts_per_step": 2, "group_size": 2,
+            "max_new_tokens": 96, "subagent_max_new_tokens": 40, "save_every": 1, "lr": 1e-3}
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+            "-m", "paravt_train.cli", "grpo", "--config", str(root / "examples/configs/paragrpo_qwen3vl_8b.yaml")]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    run = subprocess.run(args, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert len(r["prompts"]) == 2  # both ranks' prompts: metrics are gathered over the ranks
+        assert r["logprob_mismatch"] < 1e-4  # the trainer scores exactly what the server sampled, step 2 included
+        assert r["sequences"] > 0 and r["trained_tokens"] > 0 and r["sync_seconds"] > 0
+    after = _server_logprobs(stub, tok_ids)
+    final = _model_logprobs(str(out / "final"), tok_ids)
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-3  # the server holds new weights
+    assert after == pytest.approx(final, abs=1e-4)  # ... exactly the trained ones
+
+
+def _perturbed_copy(model_dir: str, out: Path, scale: float = 0.05) -> Path:
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(model_dir, out)
+    sd = load_file(str(out / "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    sd = {k: (v + scale * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v) for k, v in sd.items()}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sglang_stub):
+    """Pushing weights to a server that is answering (the online learner's case). The default pause (retract +
+    flush) finishes every request, on the new weights; in_place without a flush keeps them running; the old
+    combination (in_place + flush) is what SGLang's scheduler asserts on: the server dies."""
+    import threading as th
+
+    new = _perturbed_copy(toy_policy_dir, tmp_path / "new")
+    ids = [int(x) for x in torch.randint(10, 300, (12,))]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 300, "temperature": 0.0, "ignore_eos": True},
+            "return_logprob": True}
+
+    def in_flight(stub, n=3):
+        results = []
+
+        def ask():
+            try:
+                results.append(stub.post("/generate", body))
+            except Exception as exc:  # the server died under it (the last case)
+                results.append(exc)
+
+        threads = [th.Thread(target=ask) for _ in range(n)]
+        for t in threads:
+            t.start()
+        time.sleep(0.4)
+        return threads, results
+
+    import time
+
+    stub = sglang_stub(toy_policy_dir)
+    threads, results = in_flight(stub)
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="retract").push(new)
+    for t in threads:
+        t.join(120)
+    assert stub.proc.poll() is None and len(results) == 3
+    fresh = stub.post("/generate", body)
+    for r in results:  # retracted requests restarted on the new weights: the same tokens a new request gets
+        assert r["meta_info"]["finish_reason"]["type"] != "abort" and r["output_ids"] == fresh["output_ids"]
+    threads, results = in_flight(stub)
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").push(toy_policy_dir)  # no flush with in_place
+    for t in threads:
+        t.join(120)
+    assert stub.proc.poll() is None and len(results) == 3
+    threads, results = in_flight(stub)
+    requests_post = __import__("httpx").post
+    requests_post(stub.url + "/pause_generation", json={"mode": "in_place"})
+    try:
+        requests_post(stub.url + "/update_weights_from_disk", json={"model_path": str(new), "flush_cache": True})
+    except Exception:
+        pass
+    stub.proc.wait(30)
+    assert stub.proc.returncode == 3  # the crash our sync never causes
+
+
+# --------------------------------------------------------------------------- failure hygiene, DAPO, evaluation
+
+
+def test_tensor_sync_tags_cuda_devices_by_uuid(monkeypatch):
+    """SGLang's server maps a device UUID at position 6 of a CUDA tensor's reduction back to its own device
+    ordinal: the trainer and the server may see the GPUs in different orders."""
+    from paravt_train import weight_sync
+
+    monkeypatch.setattr(weight_sync, "_device_uuid", lambda index: f"GPU-uuid-of-{index}")
+    fn = object()
+    args = ("cls", (4,), (1,), 0, "dtype", False, 3, "handle", 64, 0)
+    tagged_fn, tagged = weight_sync._uuid_tagged((fn, args))
+    assert tagged_fn is fn and tagged[6] == "GPU-uuid-of-3" and tagged[:6] == args[:6] and tagged[7:] == args[7:]
+
+
+def test_failed_episodes_are_counted_and_dropped_or_kept(toy_policy_dir, toy_rl, tmp_path):
+    from paravt_agent.agent import Agent
+    from paravt_agent.policy.base import Policy, text_of
+    from paravt_train.rollout import PromptCache
+
+    class FailsAfterTools(Policy):
+        """The wrapped policy, but a planner turn that follows a tool response raises on odd seeds."""
+
+        name = "local"
+        returns_tokens = True
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def generate(self, messages, sampling, prefix="", continuation=None):
+            if "<tool_response>" in text_of(messages[-1]["content"]) and (sampling.seed or 0) % 2:
+                raise RuntimeError("the endpoint fell over mid-episode")
+            return await self.inner.generate(messages, sampling, prefix, continuation)
+
+    for policy in ("drop", "keep"):
+        tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / policy, group_size=4, failed_episodes=policy,
+                              gating=False), progress=False)
+        tr.setup()
+        tr.agent = Agent(policy=FailsAfterTools(tr.agent.policy), config=tr.agent.config)
+        tr.cache = PromptCache(tr.agent)
+        prompts = [p for p in prompts_from_rl(toy_rl["data"], toy_rl["video_root"]) if p.task == "mcq"][:2]
+        rec = tr.train_step(prompts)
+        assert rec["failed_episodes"] > 0  # counted in metrics.jsonl
+        groups = tr.rollout(prompts, salt=7)
+        failed = [e for g in groups for e in g if e.failed]
+        assert failed and all("fell over" in e.failed for e in failed)
+        trained = [e for g in groups for e in tr._advantages(g)]
+        assert all(e.failed is None for e in trained) == (policy == "drop")
+
+
+def test_dapo_dynamic_sampling_refills_zero_variance_groups(toy_policy_dir, toy_rl, tmp_path):
+    import copy
+
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "dapo", preset="dapo", group_size=2, gating=False),
+                     progress=False)
+    tr.setup()
+    assert (tr.cfg.aggregation, tr.cfg.clip_high, tr.ref) == ("token-mean", 0.28, None)  # DAPO: no reference
+    prompts = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])
+    real = tr.rollout(prompts[:1])[0]
+    calls = []
+
+    def fake_rollout(ps, salt=0):
+        calls.append(len(ps))
+        groups = []
+        for k, _ in enumerate(ps):
+            g = copy.deepcopy(real)
+            flat = salt == 0 and k == 0  # the first group of the step has no reward spread
+            for i, e in enumerate(g):
+                e.reward.total = 1.0 if flat else float(i)
+                e.prompt_id = f"{salt}-{k}"
+                for s in e.sequences:
+                    s.episode = f"{salt}-{k}#{i}"
+            groups.append(g)
+        return groups
+
+    tr.rollout = fake_rollout
+    rec = tr.train_step(prompts[:2], pool=prompts)
+    assert calls == [2, 1]  # the zero-variance group was replaced by one more prompt's group
+    assert rec["groups"] == 3 and rec["zero_std_groups"] == 1
+    assert rec["sequences"] == 2 * sum(len(e.sequences) for e in real)  # two informative groups trained
+
+
+def test_heldout_evaluation_is_paravt_train_eval(toy_policy_dir, toy_rl, tmp_path):
+    """RL's held-out numbers are `paravt-train eval`'s: the same agent config (the model's, greedy, its token
+    limits and the 64-frame protocol) and the same scorer."""
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import resolve_agent_config
+    from paravt_train.benchmarks import load_benchmark
+    from paravt_train.eval import run_eval
+
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "ev"), progress=False)
+    tr.setup()
+    held = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])[:4]
+    got = tr.evaluate(held)
+    items = load_benchmark("toy", Path(toy_rl["data"]), check_videos=True)[:4]
+    agent = Agent(model=toy_policy_dir, config=resolve_agent_config(None, toy_policy_dir, ["mode=parallel"]))
+    recs = run_eval(agent, items, tmp_path / "eval.jsonl", progress=False)
+    want = [r.get("correct", r.get("iou", r.get("f1"))) for r in recs]
+    assert got["eval/scores"] == pytest.approx(want) and got["eval/n"] == 4
+    assert tr.eval_agent_config().frames == resolve_agent_config(None, toy_policy_dir).frames
+
+
+class _Judge(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"id": "j", "object": "chat.completion", "created": 0, "model": "judge",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "0.25"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_llm_judge_from_the_grpo_config(toy_policy_dir, toy_rl, tmp_path):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        judge = {"endpoint": f"http://127.0.0.1:{srv.server_address[1]}/v1", "model": "judge"}
+        tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "j", reward={"judge": judge}, gating=False),
+                         progress=False)
+        tr.setup()
+        oe = [p for p in prompts_from_rl(toy_rl["data"], toy_rl["video_root"]) if p.task == "oe"][:1]
+        [group] = tr.rollout(oe)
+        assert all(e.reward.acc == 0.25 for e in group)  # the judge's verdict, scored off the event loop
+    finally:
+        srv.shutdown()

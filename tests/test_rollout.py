@@ -131,17 +131,19 @@ def test_all_rollouts_of_a_prompt_see_exactly_n_frames(toy, toy_rl):
     w = toy_rl["worlds"][0]
     q = next(q for q in w.questions if q.task == "tvg")
     tok = toy.policy.processor.tokenizer
-    seen = {}
+    first_images = {}
     for n in (4, 16):
         eps = _group(toy, w, q, n=n, G=2)
         for ep in eps:
-            first = ep.answer.planner_records()[0].generation
-            assert _vision_starts(tok, first.prompt_ids) == n
-            assert len(ep.answer.trace.overview_timestamps) == n
+            first = ep.answer.planner_records()[0]
+            assert _vision_starts(tok, first.generation.prompt_ids) == n  # n frames reached the model
+            assert len(first.images) == n and len(ep.answer.trace.overview_timestamps) == n
             assert ep.n_frames == n
-        seen[n] = eps[0].sequences[0].images[:n]
-    # different n: different frames actually reached the model (the research code's gating did not)
-    assert len(seen[4]) == 4 and len(seen[16]) == 16
+        first_images[n] = eps[0].answer.planner_records()[0].images
+    # different n: frames from different moments (the research code's gating never changed them)
+    t4 = toy.prepare(w.video, q.question, None, 4).trace.overview_timestamps
+    t16 = toy.prepare(w.video, q.question, None, 16).trace.overview_timestamps
+    assert len(first_images[4]) == 4 and len(first_images[16]) == 16 and not set(t4) >= set(t16)
 
 
 def test_prompt_cache_is_keyed_by_video_question_and_n(toy, toy_rl, tmp_path):

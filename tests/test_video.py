@@ -66,12 +66,6 @@ def test_overview_exactly_n(media, n):
     assert clip.timestamps == sorted(clip.timestamps)
 
 
-def test_gating_changes_the_frames(media):
-    r = VideoReader(media["video"])
-    a, b = r.overview(n=4), r.overview(n=16)
-    assert a.timestamps != b.timestamps and len(a) != len(b)
-
-
 def test_max_pixels_and_factor(media):
     clip = VideoReader(media["video"]).overview(n=2, max_pixels=32 * 32 * 2, factor=32)
     assert clip.frames.shape[1:] == (32, 32, 3)

@@ -1,6 +1,7 @@
 """The toy benchmark written by ``paravt-train toy``.
 
-Layout: ``rl_test.parquet`` with the videos beside it in ``../videos``.
+Layout: ``rl_test.parquet`` (``paravt-train toy`` writes ``OUT/data/rl_test.parquet``) with the videos in
+``../videos`` (or in ``videos/`` beside the file); any RL Parquet file of toy questions works.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ def load_toy(root: Path) -> list[EvalItem]:
 
     path = root / "rl_test.parquet" if root.is_dir() else root
     need(path, "toy benchmark (run `paravt-train toy`)")
-    vroot = path.parent.parent / "videos"
+    # `paravt-train toy` writes OUT/data/rl_test.parquet and OUT/videos; a file beside its videos works too
+    vroot = next((c for c in (path.parent / "videos", path.parent.parent / "videos") if c.is_dir()),
+                 path.parent.parent / "videos")
     items = []
     for s in load_rl(path, vroot):
         items.append(EvalItem("toy", s.id or "", str(resolve_video(s.videos[0], vroot)), s.question_text(),

@@ -92,6 +92,7 @@ def build_tiny_model(
     vocab_size: int = 2048,
     seed: int = 0,
     max_pixels: int = 50176,
+    min_pixels: int = 32 * 32,
 ) -> Path:
     """Write tokenizer, processor and a randomly initialised Qwen3-VL model to ``out_dir``."""
     import torch
@@ -135,7 +136,7 @@ def build_tiny_model(
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.generation_config.bos_token_id = None
-    size_kw = {"shortest_edge": 32 * 32, "longest_edge": max_pixels}
+    size_kw = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     image_processor = Qwen2VLImageProcessor(
         patch_size=16, merge_size=2, temporal_patch_size=2, size=size_kw,
         image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],

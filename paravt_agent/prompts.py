@@ -173,8 +173,17 @@ def neutralize(text: str) -> str:
     return _PROTOCOL_TAG_RE.sub(esc, text)
 
 
+#: Characters of one slot of a tool response (a label or a text beyond it is cut, saying so).
+MAX_SLOT_CHARS = 4000
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f" … [{len(text) - limit} characters cut]"
+
+
 def tool_response_message(results: Sequence[tuple[str, str]]) -> dict:
     """ONE user turn holding every result of the turn, in call order: ``[(label, text), ...]``; labels and
-    texts are neutralised (:func:`neutralize`)."""
-    body = "\n".join(f"[{i}] {neutralize(label)}: {neutralize(text.strip())}" for i, (label, text) in enumerate(results, 1))
+    texts are neutralised (:func:`neutralize`) and each slot is at most :data:`MAX_SLOT_CHARS` long."""
+    body = "\n".join(f"[{i}] {_clip(neutralize(label), 200)}: {_clip(neutralize(text.strip()), MAX_SLOT_CHARS)}"
+                     for i, (label, text) in enumerate(results, 1))
     return {"role": "user", "content": f"<tool_response>\n{body}\n</tool_response>"}

@@ -4,6 +4,13 @@ What the agent accepts at deployment is exactly what RL rewards as parseable
 (ARCHITECTURE.md, decision 7): :func:`parse_tool_calls` is the one parser,
 :func:`extract_answer` the one answer extractor (the paper's three-level
 fallback), :func:`tag_stats` the one structural check.
+
+Model output is untrusted input: every parser here runs in time linear in its
+input (no regular expression that backtracks over long runs of spaces or digits;
+tested on adversarial inputs of 100k characters), never raises on what a model
+wrote (a call that cannot be parsed becomes a :class:`CallError`), and bounds its
+work (at most :data:`MAX_CALLS` call blocks, :data:`MAX_CALL_CHARS` characters
+each, numbers of at most 15 digits).
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ __all__ = [
 
 TAGS = ("think", "tool_call", "tool_code", "answer")
 CALL_TAGS = ("tool_call", "tool_code")
+
+#: Call blocks parsed per response; the rest are reported in one error.
+MAX_CALLS = 64
+#: Characters of one call block; a longer block is an error, never parsed.
+MAX_CALL_CHARS = 8192
+#: Largest time in seconds a call may name (a 100-year video).
+MAX_SECONDS = 3.2e9
 
 #: Positional parameter names of tools, for python-call style ``crop_video("v.mp4", 80, 150)``.
 DEFAULT_SIGNATURES: dict[str, list[str]] = {"crop_video": ["video_path", "start_time", "end_time"]}
@@ -76,27 +90,40 @@ class CallError:
 # --------------------------------------------------------------------------- times
 
 
-_TIME_RE = re.compile(r"^\s*(?:(\d+):)?(\d{1,2}):(\d{1,2}(?:\.\d+)?)\s*$")
-_NUM_RE = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?|[-+]?\.\d+)\s*(?:s|sec|secs|second|seconds)?\s*$", re.I)
+_TIME_RE = re.compile(r"^(?:(\d{1,6}):)?(\d{1,2}):(\d{1,2}(?:\.\d{1,6})?)$")
+_NUM_RE = re.compile(r"^([-+]?\d{1,15}(?:\.\d{1,9})?|[-+]?\.\d{1,9})\s?(?:s|sec|secs|second|seconds)?$", re.I)
+
+
+def _short(value, n: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def parse_time(value) -> float:
-    """Seconds from a number, a numeric string (``"80"``, ``"80.5s"``), ``MM:SS`` or ``HH:MM:SS``."""
+    """Seconds from a number, a numeric string (``"80"``, ``"80.5s"``), ``MM:SS`` or ``HH:MM:SS``.
+
+    Raises ``ValueError`` for anything else, including numbers no video has (non-finite, beyond
+    :data:`MAX_SECONDS`) and strings of more than 40 characters."""
     if isinstance(value, bool):
         raise ValueError(f"not a time: {value!r}")
-    if isinstance(value, int | float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"not a finite time: {value!r}")
+    if isinstance(value, int):
+        if abs(value) > MAX_SECONDS:
+            raise ValueError(f"not a time: {_short(value)} is beyond any video")
         return float(value)
-    if isinstance(value, str):
-        m = _NUM_RE.match(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or abs(value) > MAX_SECONDS:
+            raise ValueError(f"not a finite time: {_short(value)}")
+        return value
+    if isinstance(value, str) and len(value) <= 40:
+        v = value.strip()
+        m = _NUM_RE.match(v)
         if m:
-            return float(m.group(1))
-        m = _TIME_RE.match(value)
+            return parse_time(float(m.group(1)))
+        m = _TIME_RE.match(v)
         if m:
             h, mm, ss = m.groups()
             return int(h or 0) * 3600 + int(mm) * 60 + float(ss)
-    raise ValueError(f"not a time: {value!r} (use seconds, MM:SS or HH:MM:SS)")
+    raise ValueError(f"not a time: {_short(value)} (use seconds, MM:SS or HH:MM:SS)")
 
 
 def format_time(seconds: float) -> str:
@@ -110,25 +137,37 @@ def format_time(seconds: float) -> str:
 # --------------------------------------------------------------------------- tool calls
 
 
-_BLOCK_RE = re.compile(r"<(tool_call|tool_code)>(.*?)(?:</\1>|(?=<(?:tool_call|tool_code)>)|\Z)", re.S)
-_FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.S)
+_OPEN_RE = re.compile(r"<(tool_call|tool_code)>")
 
 
 def _blocks(text: str):
-    """``(tag, body, closed)`` for every tool block in order; an unclosed block runs to the next one or the end."""
-    for m in _BLOCK_RE.finditer(text):
-        closed = m.group(0).endswith(f"</{m.group(1)}>")
-        yield m.group(1), m.group(2), closed, m.group(0)
+    """``(tag, body, closed, raw)`` for every tool block in order; an unclosed block runs to the next opening
+    or the end. One left-to-right scan: linear in the text."""
+    opens = list(_OPEN_RE.finditer(text))
+    for k, m in enumerate(opens):
+        if k and m.start() < ends:  # inside the previous block (it was closed after this opening)
+            continue
+        tag = m.group(1)
+        limit = opens[k + 1].start() if k + 1 < len(opens) else len(text)
+        close = text.find(f"</{tag}>", m.end(), limit)
+        if close >= 0:
+            ends = close + len(tag) + 3
+            yield tag, text[m.end():close], True, text[m.start():ends]
+        else:
+            ends = limit
+            yield tag, text[m.end():limit], False, text[m.start():limit]
 
 
 def _clean_body(body: str) -> str:
     body = body.strip()
-    fence = _FENCE_RE.match(body)
-    if fence:
-        body = fence.group(1).strip()
-    elif body.startswith("```"):
+    if body.startswith("```"):  # a code fence: drop the opening line and the closing fence
         body = body.split("\n", 1)[1] if "\n" in body else ""
-        body = body.rsplit("```", 1)[0].strip()
+        body = body.strip()
+        if body.endswith("```"):
+            body = body[:-3]
+        else:
+            body = body.rsplit("```", 1)[0]
+        body = body.strip()
     # a bare language word on its own first line: "python\ncrop_video(...)"
     first, _, rest = body.partition("\n")
     if rest and first.strip().lower() in {"python", "py", "json", "tool_code"}:
@@ -177,8 +216,10 @@ def _json_objects(body: str) -> tuple[list, bool] | None:
             try:  # single quotes, True/False/None
                 value = ast.literal_eval(body[pos:])
                 pos = len(body)
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError):
                 return out, True
+        except (ValueError, RecursionError, OverflowError, MemoryError):  # huge numbers, deep nesting
+            return out, True
         out.extend(value if isinstance(value, list) else [value])
     return out, False
 
@@ -206,6 +247,8 @@ def _python_calls(body: str, signatures: Mapping[str, Sequence[str]], raw, tag, 
         tree = ast.parse(body.strip(), mode="exec")
     except SyntaxError as exc:
         return [CallError(f"tool call is neither JSON nor a Python call ({exc.msg})", raw, tag, closed)]
+    except (ValueError, RecursionError, MemoryError, OverflowError) as exc:  # huge numbers, deep nesting
+        return [CallError(f"tool call cannot be parsed ({exc.__class__.__name__})", raw, tag, closed)]
     calls = []
     for stmt in tree.body:
         node = stmt.value if isinstance(stmt, ast.Expr | ast.Assign) else None
@@ -254,25 +297,45 @@ def parse_tool_calls(
     """
     sigs = DEFAULT_SIGNATURES if signatures is None else signatures
     out: list[ToolCall | CallError] = []
+    skipped = 0
     for tag, body, closed, raw in _blocks(text):
+        if len(out) >= MAX_CALLS:
+            skipped += 1
+            continue
+        if len(body) > MAX_CALL_CHARS:
+            out.append(CallError(f"tool call block of {len(body)} characters is too long (at most "
+                                 f"{MAX_CALL_CHARS})", raw[:200], tag, closed))
+            continue
         body = _clean_body(body)
         if not body:
             out.append(CallError("empty tool call block", raw, tag, closed))
             continue
-        parsed = _json_objects(body)
-        if parsed is not None:
-            objs, malformed = parsed
-            for obj in objs:
-                if isinstance(obj, Mapping):
-                    out.append(_from_mapping(obj, raw, tag, closed))
-                else:
-                    kind = type(obj).__name__
-                    out.append(CallError(f"tool call must be a JSON object, got {kind}", raw, tag, closed))
-            if malformed:
-                msg = "tool call JSON is malformed (unbalanced braces or bad syntax)"
-                out.append(CallError(msg, raw, tag, closed))
-            continue
-        out.extend(_python_calls(body, sigs, raw, tag, closed))
+        try:
+            out.extend(_parse_block(body, sigs, raw, tag, closed))
+        except (ValueError, TypeError, RecursionError, MemoryError, OverflowError) as exc:  # never raise on output
+            out.append(CallError(f"tool call cannot be parsed ({exc.__class__.__name__})", raw[:200], tag, closed))
+    if len(out) > MAX_CALLS:
+        skipped += len(out) - MAX_CALLS
+        out = out[:MAX_CALLS]
+    if skipped:
+        out.append(CallError(f"{skipped} more tool call blocks not parsed (at most {MAX_CALLS} per response)", "",
+                             "tool_call", True))
+    return out
+
+
+def _parse_block(body: str, sigs, raw: str, tag: str, closed: bool) -> list[ToolCall | CallError]:
+    parsed = _json_objects(body)
+    if parsed is None:
+        return _python_calls(body, sigs, raw, tag, closed)
+    objs, malformed = parsed
+    out: list[ToolCall | CallError] = []
+    for obj in objs:
+        if isinstance(obj, Mapping):
+            out.append(_from_mapping(obj, raw, tag, closed))
+        else:
+            out.append(CallError(f"tool call must be a JSON object, got {type(obj).__name__}", raw, tag, closed))
+    if malformed:
+        out.append(CallError("tool call JSON is malformed (unbalanced braces or bad syntax)", raw, tag, closed))
     return out
 
 
@@ -423,7 +486,8 @@ def extract_choice(text: str, options: Sequence[str] | None = None, letters: str
     """
     if not text:
         return None
-    s = text.strip()
+    # one space between words and no empty lines: the patterns' adjacent \s* then never backtrack over a run
+    s = "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
     allowed = set(letters[: len(options)] if options else letters)
     for pat in _CHOICE_PATTERNS:
         for m in re.finditer(pat, s, re.I | re.M):
@@ -452,7 +516,9 @@ def _norm(s: str) -> str:
     return re.sub(r"[^a-z0-9]+", " ", s.lower()).strip()
 
 
-_T = r"(\d+:\d{1,2}(?::\d{1,2})?(?:\.\d+)?|\d+(?:\.\d+)?)"
+# a time: numbers start where a digit run starts and have at most 12 digits (a run of 20,000 digits is tried
+# once, not at every position), so matching is linear in the text
+_T = r"(?<![\d.:])(\d{1,6}:\d{1,2}(?::\d{1,2})?(?:\.\d{1,6})?|\d{1,12}(?:\.\d{1,6})?)(?![\d:])"
 _U = r"\s*(?:s|sec|secs|seconds?)?"
 _SPAN_PATTERNS = [
     rf"\[\s*{_T}{_U}\s*,\s*{_T}{_U}\s*\]",
@@ -468,6 +534,7 @@ def parse_span(text: str) -> tuple[float, float] | None:
     ``from a to b seconds``, ``between a and b``, with seconds or mm:ss; None if absent or inverted."""
     if not text:
         return None
+    text = " ".join(text.split())  # one space between words: no backtracking over whitespace runs
     for pat in _SPAN_PATTERNS:
         for m in re.finditer(pat, text, re.I):
             try:

@@ -400,7 +400,7 @@ class GRPOTrainer:
         self.model.eval()
         return self.agent.run(all_())
 
-    def _advantages(self, group: list[Episode]) -> list[Episode]:
+    def advantages(self, group: list[Episode]) -> list[Episode]:
         """Group-normalised advantages over the group's usable episodes (failed ones dropped unless kept);
         returns the episodes that train."""
         cfg = self.cfg
@@ -558,7 +558,7 @@ class GRPOTrainer:
         items: list[UpdateItem] = []
         trained: list[Episode] = []
         for g in groups:
-            for e in self._advantages(g):
+            for e in self.advantages(g):
                 trained.append(e)
                 items.extend(UpdateItem(s, e.advantage) for s in e.sequences)
         replayed, drawn = [], []

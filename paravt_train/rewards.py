@@ -302,7 +302,6 @@ class RewardSample:
 
 TermFn = Callable[[str, RewardSample, RewardConfig], float]
 _TERMS: dict[str, TermFn] = {}
-_terms_loaded = False
 
 
 def reward_term(name: str):
@@ -318,9 +317,7 @@ def reward_term(name: str):
 
 
 def _term(name: str) -> TermFn:
-    global _terms_loaded
-    if name not in _TERMS and not _terms_loaded:
-        _terms_loaded = True
+    if name not in _TERMS:
         for ep in entry_points(group="paravt.rewards"):
             try:
                 _TERMS.setdefault(ep.name, ep.load())

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 
-__all__ = ["PAUSE_MODES", "SGLangTensorSync", "SGLangWeightSync", "serialize_named_tensors"]
+__all__ = ["PAUSE_MODES", "SGLangTensorSync", "SGLangWeightSync", "device_uuid", "serialize_named_tensors",
+           "tag_device_uuid"]
 
 PAUSE_MODES = ("retract", "in_place", "abort")
 
@@ -109,18 +110,19 @@ class SGLangWeightSync:
         return results[0] if len(results) == 1 else {"success": True, "servers": results}
 
 
-def _device_uuid(index: int) -> str:
+def device_uuid(index: int) -> str:
+    """The UUID of CUDA device ``index`` (the same GPU has the same UUID in every process)."""
     import torch
 
     return str(torch.cuda.get_device_properties(index).uuid)
 
 
-def _uuid_tagged(reduced: tuple) -> tuple:
+def tag_device_uuid(reduced: tuple, uuid_of=None) -> tuple:
     """``torch.multiprocessing`` reduces a CUDA tensor to ``(rebuild_cuda_tensor, args)`` with the device
     ordinal at ``args[6]``; SGLang's server maps a device UUID there back to its own ordinal."""
     fn, args = reduced
     if len(args) > 6 and isinstance(args[6], int):
-        args = (*args[:6], _device_uuid(args[6]), *args[7:])
+        args = (*args[:6], (uuid_of or device_uuid)(args[6]), *args[7:])
     return fn, args
 
 
@@ -128,28 +130,21 @@ def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
     """SGLang's wire format for ``/update_weights_from_tensor``: a ``ForkingPickler`` pickle (tensors as
     shared-memory / CUDA IPC handles, CUDA devices tagged by UUID), base64."""
     import base64
-    import copyreg
     import io
     from multiprocessing.reduction import ForkingPickler
 
     import torch
     from torch.multiprocessing import reductions
 
-    class _Pickler(ForkingPickler):
-        pass
-
-    table = dict(copyreg.dispatch_table)
-    table.update(ForkingPickler._extra_reducers)
-
     def reduce_tensor(t):
         out = reductions.reduce_tensor(t)
-        return _uuid_tagged(out) if t.is_cuda else out
+        return tag_device_uuid(out) if t.is_cuda else out
 
-    table[torch.Tensor] = reduce_tensor
-    for cls in (torch.nn.Parameter,):
-        table[cls] = reduce_tensor
     buf = io.BytesIO()
-    pickler = _Pickler(buf)
+    pickler = ForkingPickler(buf)
+    table = dict(pickler.dispatch_table)  # copyreg's table + torch's reductions
+    table[torch.Tensor] = reduce_tensor
+    table[torch.nn.Parameter] = reduce_tensor
     pickler.dispatch_table = table
     pickler.dump(named_tensors)
     return base64.b64encode(buf.getvalue()).decode("ascii")

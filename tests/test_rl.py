@@ -468,15 +468,14 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
 # --------------------------------------------------------------------------- failure hygiene, DAPO, evaluation
 
 
-def test_tensor_sync_tags_cuda_devices_by_uuid(monkeypatch):
+def test_tensor_sync_tags_cuda_devices_by_uuid():
     """SGLang's server maps a device UUID at position 6 of a CUDA tensor's reduction back to its own device
     ordinal: the trainer and the server may see the GPUs in different orders."""
-    from paravt_train import weight_sync
+    from paravt_train.weight_sync import tag_device_uuid
 
-    monkeypatch.setattr(weight_sync, "_device_uuid", lambda index: f"GPU-uuid-of-{index}")
     fn = object()
     args = ("cls", (4,), (1,), 0, "dtype", False, 3, "handle", 64, 0)
-    tagged_fn, tagged = weight_sync._uuid_tagged((fn, args))
+    tagged_fn, tagged = tag_device_uuid((fn, args), uuid_of=lambda index: f"GPU-uuid-of-{index}")
     assert tagged_fn is fn and tagged[6] == "GPU-uuid-of-3" and tagged[:6] == args[:6] and tagged[7:] == args[7:]
 
 
@@ -511,7 +510,7 @@ def test_failed_episodes_are_counted_and_dropped_or_kept(toy_policy_dir, toy_rl,
         groups = tr.rollout(prompts, salt=7)
         failed = [e for g in groups for e in g if e.failed]
         assert failed and all("fell over" in e.failed for e in failed)
-        trained = [e for g in groups for e in tr._advantages(g)]
+        trained = [e for g in groups for e in tr.advantages(g)]
         assert all(e.failed is None for e in trained) == (policy == "drop")
 
 

@@ -67,10 +67,21 @@ def test_window_validation(reg, ctx):
 
 
 def test_cap_on_calls_per_turn(reg, ctx):
-    text = "".join(f"<tool_call>crop_video({i}, {i + 1})</tool_call>" for i in range(6))
+    text = "".join(f"<tool_call>crop_video({i}, {i + 1})</tool_call>" for i in range(5))
     p = prep(reg, ctx, text, max_calls=4)
-    assert [x.ok for x in p] == [True] * 4 + [False] * 2
-    assert "at most 4" in p[5].error
+    assert [x.ok for x in p] == [True] * 4 + [False]
+    assert "at most 4" in p[4].error
+    # past the cap, one slot sums up the rest, however many there are (invalid calls included)
+    text = "".join(f"<tool_call>crop_video({i}, {i + 1})</tool_call>" for i in range(30)) + "<tool_call>{bad"
+    p = prep(reg, ctx, text, max_calls=4)
+    assert len(p) == 5 and "27 more tool calls not run" in p[4].error
+
+
+def test_a_tool_response_turn_is_bounded():
+    from paravt_agent.prompts import MAX_SLOT_CHARS, tool_response_message
+
+    msg = tool_response_message([("x" * 10_000, "y" * 100_000)] * 3)["content"]
+    assert len(msg) < 3 * (MAX_SLOT_CHARS + 400) and "characters cut" in msg
 
 
 def test_video_path_is_never_opened(reg, ctx, tmp_path):

@@ -123,6 +123,11 @@ class ToolRegistry:
         """
         out: list[PreparedCall] = []
         seen: dict[tuple, int] = {}
+        if max_calls is not None and len(calls) > max_calls + 1:
+            # one slot sums up the calls past the cap: what one turn can produce stays bounded
+            extra = len(calls) - max_calls
+            summary = CallError(f"{extra} more tool calls not run: at most {max_calls} per turn", "", "tool_call")
+            calls = [*calls[:max_calls], summary]
         for i, call in enumerate(calls):
             p = PreparedCall(i, call)
             out.append(p)

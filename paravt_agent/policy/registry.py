@@ -53,7 +53,6 @@ def _sglang(model=None, endpoint=None, api_key=None, **kw) -> Policy:
 
 
 _REGISTRY: dict[str, Factory] = {"local": _local, "openai": _openai, "sglang": _sglang}
-_loaded = False
 
 
 def register_policy(name: str, factory: Factory) -> None:
@@ -62,10 +61,6 @@ def register_policy(name: str, factory: Factory) -> None:
 
 
 def _load_entry_points() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in _REGISTRY:
             continue

@@ -46,18 +46,17 @@ BENCHMARKS: dict[str, Callable[[Path], list[EvalItem]]] = {
     "charades": load_charades,
     "toy": load_toy,
 }
-_loaded = False
 
 
 def available_benchmarks() -> list[str]:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for ep in entry_points(group="paravt.benchmarks"):
-            try:
-                BENCHMARKS.setdefault(ep.name, ep.load())
-            except Exception as exc:  # a broken plugin must not break the built-ins
-                log.warning("benchmark plugin %s could not be loaded: %s", ep.name, exc)
+    """The built-in loaders and every ``paravt.benchmarks`` entry point."""
+    for ep in entry_points(group="paravt.benchmarks"):
+        if ep.name in BENCHMARKS:
+            continue
+        try:
+            BENCHMARKS[ep.name] = ep.load()
+        except Exception as exc:  # a broken plugin must not break the built-ins
+            log.warning("benchmark plugin %s could not be loaded: %s", ep.name, exc)
     return list(BENCHMARKS)
 
 

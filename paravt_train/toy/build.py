@@ -22,21 +22,24 @@ TEST_SEED0 = 900_000  # held-out worlds use seeds from here: disjoint from the t
 
 
 class ToyConfig(BaseModel):
+    """The toy world's build: how many videos and questions, the tiny model, its SFT."""
+
     model_config = ConfigDict(extra="forbid")
 
     out: str = Field(description="Output folder (data, videos, model).")
-    train_worlds: int = 400
-    test_worlds: int = 60
-    mcq: int = Field(4, description="Colour-at-t multiple-choice questions per training video.")
-    oe: int = Field(2, description="Colour-at-t open-ended questions per training video.")
-    tvg: int = Field(2, description="Grounding questions per training video (at most 2: the unique colours).")
-    seed: int = 0
+    train_worlds: int = Field(400, ge=1, description="Training videos.")
+    test_worlds: int = Field(60, ge=1, description="Held-out videos (disjoint seeds).")
+    mcq: int = Field(4, ge=0, description="Colour-at-t multiple-choice questions per training video.")
+    oe: int = Field(2, ge=0, description="Colour-at-t open-ended questions per training video.")
+    tvg: int = Field(2, ge=0, le=2, description="Grounding questions per training video (at most 2: the unique "
+                                                "colours).")
+    seed: int = Field(0, description="World and training seed.")
     size: str = Field("toy", description="Tiny model size: toy (~1.3 M parameters) or test.")
-    vocab_size: int = 1024
-    steps: int = 2000
-    batch_size: int = 16
-    lr: float = 2e-3
-    warmup_ratio: float = 0.05
+    vocab_size: int = Field(1024, ge=300, description="Byte-level BPE vocabulary trained on the toy corpus.")
+    steps: int = Field(2000, ge=1, description="SFT steps.")
+    batch_size: int = Field(16, ge=1, description="SFT samples per step.")
+    lr: float = Field(2e-3, gt=0, description="SFT peak learning rate (warmup, then cosine).")
+    warmup_ratio: float = Field(0.05, ge=0, le=1, description="SFT warmup, as a fraction of the steps.")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
 
     def digest(self) -> str:

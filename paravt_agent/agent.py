@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from paravt_agent.config import AgentConfig
-from paravt_agent.errors import ConfigError, ParaVTError
+from paravt_agent.errors import ConfigError, ParaVTError, PolicyError
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.registry import make_policy
 from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, planner_messages, tool_system_prompt
-from paravt_agent.protocol import extract_answer, extract_choice, parse_span
+from paravt_agent.protocol import extract_answer, extract_choice, is_degenerate, parse_span
 from paravt_agent.trajectory import Trace
 from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, RolloutInput, StreamEvent
 from paravt_agent.video import VideoReader
@@ -116,6 +116,7 @@ class Agent:
         trace = Trace(
             video=os.fspath(video), question=question, options=list(options) if options else None,
             mode=self.config.mode, duration=info.duration, overview_timestamps=list(overview.timestamps),
+            warnings=[f"overview: {w}" for w in overview.warnings],
         )
         return RolloutInput(question, list(options) if options else None, messages, ctx, trace,
                             n_frames if n_frames is not None else f.n_frames)
@@ -130,12 +131,23 @@ class Agent:
         *, n_frames: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Typed events as they happen (:mod:`paravt_agent.types`): an ``OverviewEvent``, a
-        ``PlannerEvent`` per turn, a ``SubAgentEvent`` as each slot fills, and finally an ``AnswerEvent``."""
+        ``PlannerEvent`` per turn, a ``SubAgentEvent`` as each slot fills, and finally an ``AnswerEvent``.
+
+        A question that fails before any answer (a bad video, an endpoint down) raises; with a store,
+        the failure is stored too, with its error, so an operator sees it."""
         t0 = time.perf_counter()
-        inp = await asyncio.to_thread(self.prepare, video, question, options, n_frames)
-        yield OverviewEvent(list(inp.trace.overview_timestamps), inp.trace.duration)
-        async for event in self.astream_input(inp, t0=t0):
-            yield event
+        try:
+            inp = await asyncio.to_thread(self.prepare, video, question, options, n_frames)
+            yield OverviewEvent(list(inp.trace.overview_timestamps), inp.trace.duration)
+            async for event in self.astream_input(inp, t0=t0):
+                yield event
+        except Exception as exc:
+            if self.store is not None:
+                kind = "" if isinstance(exc, ParaVTError) else f"{exc.__class__.__name__}: "
+                self.store.add(Trace(video=os.fspath(video), question=question or "",
+                                     options=list(options) if options else None, mode=self.config.mode,
+                                     errors=[f"{kind}{exc}"], latency=time.perf_counter() - t0))
+            raise
 
     async def astream_input(self, inp: RolloutInput, *, seed: int | None = None, t0: float | None = None
                             ) -> AsyncIterator[StreamEvent]:
@@ -149,16 +161,29 @@ class Agent:
                  "continuation": None}
         trace = inp.trace.model_copy(deep=True, update={"id": uuid.uuid4().hex})
         last = state
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        expired = []
+        left = self.config.request_timeout - (time.perf_counter() - t0)
+        deadline = loop.call_later(max(left, 0.001), lambda: (expired.append(True), task.cancel()))
         try:
             async for mode, chunk in self.graph.astream(state, self._graph_config(), stream_mode=["custom", "values"]):
                 if mode == "values":
                     last = chunk
                 else:
                     yield chunk
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            trace.errors.append(f"the question took longer than request_timeout ({self.config.request_timeout:g}s)")
+            if not last.get("turns"):
+                raise PolicyError(trace.errors[-1], transient=True) from None
         except Exception as exc:  # keep everything done so far
             if not last.get("turns"):
                 raise  # nothing to keep: the planner never answered
             trace.errors.append(f"{exc.__class__.__name__}: {exc}")
+        finally:
+            deadline.cancel()
         yield AnswerEvent(self._finish(last, trace, time.perf_counter() - t0))
 
     async def arun(self, inp: RolloutInput, *, seed: int | None = None) -> Answer:
@@ -230,6 +255,11 @@ class Agent:
             response = turns[-1].text if turns else ""
         trace.response = response
         trace.answer = extract_answer(response)
+        if is_degenerate(response):
+            trace.errors.append("degenerate output: the model repeats its chat template (<|im_start|> loops); "
+                                "the answer is not reliable (a model that does not fit this agent's protocol?)")
+        elif not trace.answer.strip():
+            trace.errors.append("empty answer: the model returned no answer text")
         if trace.options:
             trace.choice = extract_choice(trace.answer, trace.options)
         else:

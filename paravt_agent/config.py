@@ -46,9 +46,11 @@ class AgentConfig(BaseModel):
                                        description="Decoding of planner turns (greedy by default).")
     subagent_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=256),
                                         description="Decoding of sub-agent summaries (greedy by default).")
-    planner_timeout: float = Field(600.0, gt=0, description="Seconds per planner attempt.")
-    subagent_timeout: float = Field(300.0, gt=0, description="Seconds per sub-agent attempt.")
-    retries: int = Field(2, ge=0, description="Retries per node on transient failures (timeouts, endpoint errors).")
+    planner_timeout: float = Field(300.0, gt=0, description="Seconds per planner attempt.")
+    subagent_timeout: float = Field(60.0, gt=0, description="Seconds per sub-agent attempt (its crop and summary).")
+    retries: int = Field(1, ge=0, description="Retries per node on transient failures (timeouts, endpoint errors).")
+    request_timeout: float = Field(900.0, gt=0, description="Seconds for a whole question; past it the run stops "
+                                   "and the trace says so (what finished is kept).")
     max_concurrency: int = Field(16, ge=1, description="Sub-agents running at once.")
     system_prompt: str | None = Field(None, description="Planner system prompt; None = the paper's (Appendix C).")
     subagent_prompt: str | None = Field(None, description="Sub-agent system prompt; None = the built-in one.")

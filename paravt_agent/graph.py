@@ -167,7 +167,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         result = await p.tool.run(p.args, ctx)
         rec = SubAgentRecord(
             index=p.index, raw=p.call.raw, name=p.call.name, arguments=dict(p.call.arguments), label=p.label,
-            window=result.window, frame_timestamps=list(result.timestamps),
+            window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings),
         )
         update: dict[str, Any] = {}
         if result.is_visual:

@@ -145,16 +145,12 @@ def _blocks(text: str):
     or the end. One left-to-right scan: linear in the text."""
     opens = list(_OPEN_RE.finditer(text))
     for k, m in enumerate(opens):
-        if k and m.start() < ends:  # inside the previous block (it was closed after this opening)
-            continue
         tag = m.group(1)
         limit = opens[k + 1].start() if k + 1 < len(opens) else len(text)
         close = text.find(f"</{tag}>", m.end(), limit)
         if close >= 0:
-            ends = close + len(tag) + 3
-            yield tag, text[m.end():close], True, text[m.start():ends]
+            yield tag, text[m.end():close], True, text[m.start():close + len(tag) + 3]
         else:
-            ends = limit
             yield tag, text[m.end():limit], False, text[m.start():limit]
 
 
@@ -162,12 +158,7 @@ def _clean_body(body: str) -> str:
     body = body.strip()
     if body.startswith("```"):  # a code fence: drop the opening line and the closing fence
         body = body.split("\n", 1)[1] if "\n" in body else ""
-        body = body.strip()
-        if body.endswith("```"):
-            body = body[:-3]
-        else:
-            body = body.rsplit("```", 1)[0]
-        body = body.strip()
+        body = body.strip().rsplit("```", 1)[0].strip()
     # a bare language word on its own first line: "python\ncrop_video(...)"
     first, _, rest = body.partition("\n")
     if rest and first.strip().lower() in {"python", "py", "json", "tool_code"}:

@@ -24,6 +24,7 @@ class SubAgentRecord(BaseModel):
     frame_timestamps: list[float] = Field(default_factory=list)
     summary: str = ""
     error: str | None = None
+    warnings: list[str] = Field(default_factory=list)
     latency: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -61,7 +62,13 @@ class Trace(BaseModel):
     choice: str | None = None
     span: tuple[float, float] | None = None
     errors: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)  # e.g. frames a damaged video could not give
     latency: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """An answer came back and nothing went wrong on the way (``errors`` says what did)."""
+        return bool(self.answer.strip()) and not self.errors
 
     @property
     def tool_calls(self) -> int:
@@ -101,11 +108,17 @@ class Trace(BaseModel):
             if t.reasoning:
                 lines.append(f"   think: {clip(t.reasoning)}")
             for c in t.calls:
-                where = f" {format_time(c.window[0])}-{format_time(c.window[1])}" if c.window else ""
-                lines.append(f"   [{c.index + 1}] {c.label or c.name or 'call'}{where} [{c.latency:.2f}s]")
+                label = c.label or c.name or "call"
+                span = f"{format_time(c.window[0])}-{format_time(c.window[1])}" if c.window else ""
+                where = f" {span}" if span and span not in label else ""
+                lines.append(f"   [{c.index + 1}] {label}{where} [{c.latency:.2f}s]")
                 lines.append(f"       -> {clip(c.slot_text)}")
+                for w in c.warnings:
+                    lines.append(f"       warning: {clip(w)}")
         lines.append(f"Answer: {self.answer}" + (f"  (choice {self.choice})" if self.choice else "")
                      + (f"  (span {self.span[0]:g}-{self.span[1]:g}s)" if self.span else ""))
+        if self.warnings:
+            lines.append("Warnings: " + "; ".join(self.warnings))
         if self.errors:
             lines.append("Errors: " + "; ".join(self.errors))
         lines.append(f"Total {self.latency:.2f}s, {self.tool_calls} tool calls, "

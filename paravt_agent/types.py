@@ -207,6 +207,11 @@ class Answer:
     def __str__(self) -> str:
         return self.choice or self.text
 
+    @property
+    def ok(self) -> bool:
+        """An answer came back and nothing went wrong (``trace.errors`` is empty)."""
+        return self.trace.ok
+
     def planner_records(self) -> list[GenerationRecord]:
         return sorted((r for r in self.records if r.role == "planner"), key=lambda r: r.turn)
 

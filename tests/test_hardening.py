@@ -91,3 +91,137 @@ def test_a_flood_of_calls_is_bounded():
     array = "<tool_call>[" + ", ".join(['{"name": "zoom_frame", "arguments": {"time": 1}}'] * 100) + "]</tool_call>"
     calls = parse_tool_calls(array)
     assert len(calls) == MAX_CALLS + 1 and all(c.ok for c in calls[:-1]) and "36 more" in calls[-1].message
+
+
+# --------------------------------------------------------------------------- videos
+
+
+def _write(path, frames, rate=4, rotation=None, gop=None):
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=rate)
+        s.height, s.width = frames[0].shape[:2]
+        s.pix_fmt = "yuv420p"
+        if gop:
+            s.codec_context.gop_size = gop
+        if rotation is not None:
+            s.set_display_rotation(rotation)
+        for f in frames:
+            for p in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return str(path)
+
+
+def test_rotated_phone_videos_reach_the_model_upright(tmp_path):
+    import numpy as np
+
+    from paravt_agent.video import VideoReader
+
+    img = np.zeros((32, 64, 3), np.uint8)
+    img[:, :32] = (230, 20, 20)  # left half red, right half blue (as coded)
+    img[:, 32:] = (20, 20, 230)
+    for rotation, k in ((90, 1), (270, 3), (180, 2)):
+        path = _write(tmp_path / f"rot{rotation}.mp4", [img] * 8, rotation=rotation)
+        r = VideoReader(path)
+        assert r.info.rotation == rotation
+        frame = r.overview(n=2, max_pixels=64 * 32, factor=32).frames[0]
+        want = np.rot90(img, k)  # displayed: turned counter-clockwise by the display matrix
+        assert frame.shape == want.shape
+        assert np.abs(frame.astype(int) - want.astype(int)).mean() < 20
+    plain = VideoReader(_write(tmp_path / "plain.mp4", [img] * 8))
+    assert plain.info.rotation == 0 and (plain.info.width, plain.info.height) == (64, 32)
+
+
+def test_a_text_file_is_not_a_video(tmp_path, media):
+    from paravt_agent.agent import Agent
+    from paravt_agent.errors import VideoError
+    from paravt_agent.policy.scripted import ScriptedPolicy
+    from paravt_agent.video import open_video
+
+    text = tmp_path / "notes.txt"
+    text.write_text("hello world this is a longer text file with some content " * 50)
+    with pytest.raises(VideoError, match="not a video"):
+        open_video(text)
+    agent = Agent(policy=ScriptedPolicy(lambda role, m: "<answer>A</answer>"))
+    with pytest.raises(VideoError, match="not a video"):
+        agent.answer(text, "What is shown?")
+
+
+def test_keyframe_overview_fills_every_target(tmp_path):
+    import numpy as np
+
+    from paravt_agent.video import VideoReader
+
+    frames = [np.full((32, 32, 3), 6 * i, np.uint8) for i in range(40)]
+    path = _write(tmp_path / "sparse.mp4", frames, rate=4, gop=250)  # one keyframe in 10 s
+    clip = VideoReader(path).overview(n=8, fast_overview=True)
+    assert len(clip) == 8 and clip.timestamps == sorted(set(clip.timestamps))  # exactly n, increasing
+    assert not clip.warnings
+
+
+def test_damaged_video_warnings_reach_the_trace(media, tmp_path):
+    from pathlib import Path
+
+    from paravt_agent.agent import Agent
+    from paravt_agent.policy.scripted import ScriptedPolicy
+
+    data = Path(media["faststart"]).read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: int(len(data) * 0.6)])
+    agent = Agent(policy=ScriptedPolicy(lambda role, m: "<think>seen</think><answer>A</answer>"))
+    with pytest.warns(RuntimeWarning):
+        ans = agent.answer(cut, "What is shown?")
+    assert ans.trace.warnings and "truncated" in ans.trace.warnings[0] and "Warnings:" in ans.trace.render()
+
+
+def test_empty_and_degenerate_answers_are_flagged(media):
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import AgentConfig
+    from paravt_agent.policy.scripted import ScriptedPolicy
+
+    empty = Agent(policy=ScriptedPolicy(lambda role, m: ""), config=AgentConfig(mode="none", think_prefix=""))
+    ans = empty.answer(media["video"], "q?")
+    assert not ans.ok and "empty answer" in ans.trace.errors[0]
+    loop = Agent(policy=ScriptedPolicy(lambda role, m: "<|im_start|>assistant\n" * 8), config=AgentConfig(mode="none"))
+    ans = loop.answer(media["video"], "q?")
+    assert not ans.ok and "degenerate" in ans.trace.errors[0]
+    good = Agent(policy=ScriptedPolicy(lambda role, m: "<think>fine</think><answer>A</answer>"),
+                 config=AgentConfig(mode="none"))
+    assert good.answer(media["video"], "q?").ok
+
+
+def test_failed_requests_are_stored_with_their_error(media, tmp_path):
+    from paravt_agent.agent import Agent
+    from paravt_agent.errors import PolicyError
+    from paravt_agent.policy.scripted import ScriptedPolicy
+    from paravt_agent.store import TrajectoryStore
+
+    def down(role, messages):
+        raise PolicyError("endpoint down")
+
+    store = TrajectoryStore(tmp_path / "t.db")
+    agent = Agent(policy=ScriptedPolicy(down), store=store)
+    with pytest.raises(PolicyError):
+        agent.answer(media["video"], "q?")
+    [row] = store.export()
+    assert row["errors"] == ["endpoint down"] and row["question"] == "q?"
+
+
+def test_a_request_deadline(media):
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import AgentConfig
+    from paravt_agent.policy.scripted import ScriptedPolicy
+
+    def script(role, messages):
+        if role == "planner" and "<tool_response>" not in str(messages[-1]["content"]):
+            return '<think>look</think><tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 3}}</tool_call>'
+        return "<think>x</think><answer>A</answer>"
+
+    agent = Agent(policy=ScriptedPolicy(script, delay=0.6), config=AgentConfig(request_timeout=1.0, retries=0))
+    t0 = time.perf_counter()
+    ans = agent.answer(media["video"], "q?")
+    assert time.perf_counter() - t0 < 2.5 and not ans.ok and "request_timeout" in ans.trace.errors[0]
+    assert ans.trace.turns  # what finished is kept

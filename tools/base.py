@@ -44,6 +44,7 @@ class ToolResult:
     timestamps: list[float] = field(default_factory=list)
     window: tuple[float, float] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what the caller should know (frames a damaged file lacked)
 
     @property
     def is_visual(self) -> bool:

@@ -37,7 +37,8 @@ class CropVideo(Tool):
             clip = await asyncio.to_thread(ctx.video.crop, args.start_time, args.end_time, ctx.frames)
         except VideoError as exc:
             raise ToolError(str(exc)) from exc
-        return ToolResult(frames=clip.frames, timestamps=clip.timestamps, window=(args.start_time, args.end_time))
+        return ToolResult(frames=clip.frames, timestamps=clip.timestamps, window=(args.start_time, args.end_time),
+                          warnings=list(clip.warnings))
 
     def describe_call(self, args: CropVideoArgs) -> str:
         return f"crop_video({format_time(args.start_time)}-{format_time(args.end_time)})"

@@ -127,6 +127,13 @@ class OpenAIPolicy(Policy):
                 transient = exc.status_code >= 500 or exc.status_code == 429
                 msg = f"{self.endpoint} answered HTTP {exc.status_code}: {exc.message}"
                 raise PolicyError(msg, transient=transient) from exc
+            except (ValueError, openai.APIResponseValidationError) as exc:  # 200 with a body that is not JSON
+                raise PolicyError(f"{self.endpoint} answered 200 with a body that is not a chat completion "
+                                  f"(not JSON: {exc}); is the URL an OpenAI-compatible /v1 endpoint?") from exc
+        if not isinstance(resp, ChatCompletion):
+            shown = str(resp)[:120].replace("\n", " ")
+            raise PolicyError(f"{self.endpoint} answered 200 with {type(resp).__name__} {shown!r}, not a chat "
+                              "completion (a proxy or web page?); is the URL an OpenAI-compatible /v1 endpoint?")
         if not resp.choices:
             raise PolicyError(f"{self.endpoint} returned no choices")
         choice = resp.choices[0]

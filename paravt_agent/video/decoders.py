@@ -42,6 +42,17 @@ def _resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(rgb).resize((w, h), Image.BILINEAR))
 
 
+#: Containers and codecs FFmpeg opens that are not videos (a text file opens as ANSI art through "tty").
+NOT_VIDEO_FORMATS = {"tty", "txt", "srt", "webvtt", "ass", "lrc", "jacosub", "microdvd", "mpl2", "sami", "subviewer"}
+NOT_VIDEO_CODECS = {"ansi", "bintext", "xbin", "idf", "text", "subrip", "webvtt", "ass"}
+
+
+def _rotate(rgb: np.ndarray, rotation: int) -> np.ndarray:
+    """A decoded frame as it is displayed: turned counter-clockwise by the display matrix's rotation."""
+    k = (rotation // 90) % 4
+    return np.ascontiguousarray(np.rot90(rgb, k)) if k else rgb
+
+
 class _PyAVDecoder(Decoder):
     def __init__(self, path: str):
         import av
@@ -61,6 +72,11 @@ class _PyAVDecoder(Decoder):
             what = "an audio-only file" if kinds == ["audio"] else f"a file without a video stream ({kinds})"
             raise VideoError(f"{path}: {what}; a video is needed")
         s = self._stream = streams[0]
+        fmt = (self._container.format.name or "").split(",")
+        if set(fmt) & NOT_VIDEO_FORMATS or s.codec_context.name in NOT_VIDEO_CODECS:
+            self._container.close()
+            raise VideoError(f"{path}: not a video (FFmpeg reads it as {fmt[0]} / {s.codec_context.name}, e.g. a text "
+                             "file); give a video file (mp4, mkv, webm, mov, avi, ...)")
         # Frame threading makes every seek refill a pipeline of frames: measured here it made the
         # keyframe overview 3.5x slower and exact seeks no faster; slice threading costs nothing.
         s.thread_type = "SLICE"
@@ -78,17 +94,37 @@ class _PyAVDecoder(Decoder):
         if fps <= 0 or num <= 0 or duration <= 0:
             self._container.close()
             raise VideoError(f"{path}: the video stream is empty (zero length)")
+        self.rotation = self._display_rotation()
+        w, h = s.codec_context.width, s.codec_context.height
+        if self.rotation % 180:  # a phone video held upright: displayed sideways to how it is coded
+            w, h = h, w
         self.info = VideoInfo(
             path=path,
             duration=float(duration),
             fps=fps,
             num_frames=int(num),
-            width=s.codec_context.width,
-            height=s.codec_context.height,
+            width=w,
+            height=h,
             codec=s.codec_context.name,
+            rotation=self.rotation,
         )
         self._gop: int | None = None  # smallest keyframe distance seen, in frames
         self._last_key: int | None = None
+
+    def _display_rotation(self) -> int:
+        """The display matrix's rotation (counter-clockwise degrees, a multiple of 90), from the first frame."""
+        import av
+
+        try:
+            for frame in self._container.decode(self._stream):
+                rotation = int(round((getattr(frame, "rotation", 0) or 0) / 90.0)) * 90
+                break
+            else:
+                rotation = 0
+            self._container.seek(self._start, stream=self._stream, backward=True, any_frame=False)
+        except (av.error.FFmpegError, ValueError):
+            rotation = 0
+        return rotation % 360
 
     def _index(self, frame) -> int:
         pts = frame.pts if frame.pts is not None else frame.dts
@@ -146,7 +182,11 @@ class _PyAVDecoder(Decoder):
                 if not problems:
                     problems.append(f"no frame decodes at or after frame {target} (truncated file?)")
                 break
-            out.append(got.to_ndarray(width=w, height=h, format="rgb24", interpolation="BILINEAR"))
+            if self.rotation % 180:
+                coded = got.to_ndarray(width=h, height=w, format="rgb24", interpolation="BILINEAR")
+            else:
+                coded = got.to_ndarray(width=w, height=h, format="rgb24", interpolation="BILINEAR")
+            out.append(_rotate(coded, self.rotation))
             stamps.append(round(float((got.pts - self._start) * self._tb), 6))
             if self._gop is not None:
                 forward = self._gop
@@ -157,7 +197,20 @@ class _PyAVDecoder(Decoder):
         return self._decode(indices, size, keyframes_only=False)
 
     def keyframes(self, indices, size):
-        return self._decode(indices, size, keyframes_only=True)
+        """Keyframes near ``indices``; when the keyframes run out before the targets do (a short video with
+        sparse keyframes), the remaining targets are filled with exactly decoded frames after the last
+        keyframe, so an overview of n frames has n frames."""
+        out, stamps, problems = self._decode(indices, size, keyframes_only=True)
+        missing = len(indices) - len(out)
+        if missing <= 0 or problems and "truncated" not in problems[-1]:
+            return out, stamps, problems
+        last = round(stamps[-1] * self.info.fps) if stamps else -1
+        later = [i for i in indices[len(out):] if i > last]
+        pool = list(range(last + 1, self.info.num_frames))
+        if len(later) < missing and len(pool) >= missing:  # spread the rest over the frames that are left
+            later = [pool[round(k * (len(pool) - 1) / max(missing - 1, 1))] for k in range(missing)]
+        more, more_stamps, more_problems = self._decode(sorted(set(later))[:missing], size, keyframes_only=False)
+        return out + more, stamps + more_stamps, more_problems
 
     def close(self) -> None:
         self._container.close()

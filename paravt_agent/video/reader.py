@@ -159,10 +159,12 @@ class VideoReader:
         if not frames:
             detail = "; ".join(problems) or "no frame decoded"
             raise VideoError(f"{self.path}: no frame of the {kind} decodes ({detail}); the file may be corrupt")
+        notes = []
         if problems:
-            msg = f"{self.path}: {kind} returned {len(frames)} of {len(indices)} frames ({'; '.join(problems)})"
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-        return Clip(np.stack(frames), stamps, info, keyframe_snapped=fast, warnings=problems)
+            notes.append(f"{kind} returned {len(frames)} of {len(indices)} frames, the file may be damaged or "
+                         f"truncated ({'; '.join(problems)})")
+            warnings.warn(f"{self.path}: {notes[0]}", RuntimeWarning, stacklevel=3)
+        return Clip(np.stack(frames), stamps, info, keyframe_snapped=fast, warnings=notes)
 
     def sample(self, times: Sequence[float], *, max_pixels: int = 50176, factor: int = 32) -> Clip:
         """The frames showing at ``times`` (seconds), resized under ``max_pixels``. Not cached."""
@@ -203,8 +205,28 @@ class VideoReader:
             times = crop_times(start, end, info.fps, max_frames=f.crop_max_frames, fps=f.crop_fps)
             times = [min(t, info.duration - 0.5 / info.fps) for t in times]
             clip = self._sample("crop", times, fit_size(info.height, info.width, f.max_pixels, f.factor), False)
+            clip = _inside(clip, start, end)
             self._pool.store(key, clip)
         return clip
+
+
+def _inside(clip: Clip, start: float, end: float) -> Clip:
+    """A crop keeps its frames inside its window, each once: a variable-frame-rate or damaged file can hand
+    back frames from elsewhere or the same frame twice; what was dropped is said in the clip's warnings."""
+    slack = 1.0 / max(clip.info.fps, 1e-3)
+    keep, seen = [], set()
+    for k, t in enumerate(clip.timestamps):
+        if start - slack <= t <= end + slack and t not in seen:
+            keep.append(k)
+            seen.add(t)
+    if len(keep) == len(clip.timestamps):
+        return clip
+    if not keep:
+        raise VideoError(f"{clip.info.path}: no frame of the window [{start:g}, {end:g}]s decodes")
+    note = (f"crop [{start:g}, {end:g}]s: {len(clip.timestamps) - len(keep)} of {len(clip.timestamps)} frames were "
+            "outside the window or repeated (a variable frame rate or a damaged file) and were dropped")
+    return Clip(clip.frames[keep], [clip.timestamps[k] for k in keep], clip.info, clip.keyframe_snapped,
+                [*clip.warnings, note])
 
 
 def open_video(path: str | os.PathLike, backend: str = "pyav") -> VideoReader:

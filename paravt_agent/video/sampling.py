@@ -67,9 +67,10 @@ class VideoInfo:
     duration: float
     fps: float
     num_frames: int
-    width: int
+    width: int  # as displayed (a rotated phone video: its display width)
     height: int
     codec: str = ""
+    rotation: int = 0  # counter-clockwise degrees the display matrix turns coded frames (applied to frames)
 
 
 @dataclass

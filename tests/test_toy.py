@@ -78,8 +78,11 @@ def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
             a, b = c.arguments["start_time"], min(c.arguments["end_time"], w.duration)
             clip = r.crop(a, b, crop_fps=1.0, max_pixels=1024)
             frames = zip(clip.frames, clip.timestamps, strict=True)
-            seen = [f"{round(t)} {nearest_colour(f.reshape(-1, 3).mean(0))}" for f, t in frames]
-            assert w.summary(a, b) == "; ".join(seen)  # every sub-agent lists what its frames show
+            seen = [f"{nearest_colour(f.reshape(-1, 3).mean(0))} {round(t)}" for f, t in frames]
+            if q.task == "tvg":  # a grounding sub-agent lists what its frames show
+                assert w.summary(q, a, b) == "; ".join(seen)
+            else:  # a colour-at-t sub-agent reports the frame at t
+                assert w.summary(q, a, b) in seen and w.summary(q, a, b).endswith(f" {q.t}")
         if q.task == "tvg":  # the scan tiles the video: every frame exactly once, 16 per window
             seconds = [s for a, b in windows_for(w, q) for s in w.seconds(a, b)]
             assert seconds == list(range(w.duration)) and all(len(w.seconds(a, b)) == 16 for a, b in windows_for(w, q))
@@ -112,12 +115,14 @@ def test_sft_rows_mix():
     direct = [r for r in rows if r["id"].endswith("-dir")]
     assert len(direct) > 15 and all(len(r["messages"]) == 3 and "<tool_call>" not in r["messages"][-1]["content"]
                                     for r in direct)
-    # sub-agent samples: the question is not shown (sub-agents list what they see) and the target is the listing
+    # sub-agent samples see the question: colour-at-t ones report the frame at t, grounding ones list the window
     subs = [r for r in rows if "-sub" in r["id"] or "-xsub" in r["id"]]
     for r in subs:
-        assert r["messages"][1]["content"][-1]["text"] == "Summarise this window."
+        asked = r["messages"][1]["content"][-1]["text"]
         entries = r["messages"][-1]["content"].split("; ")
-        assert all(e.split()[0].isdigit() and e.split()[1] in COLOURS for e in entries)
+        assert all(e.split()[0] in COLOURS and e.split()[1].isdigit() for e in entries)
+        if "at second" in asked:
+            assert len(entries) == 1 and asked.split("second ")[1].split("?")[0] == entries[0].split()[1]
     extra = [r for r in rows if "-xsub" in r["id"]]
     assert len(extra) == 40 and len({len(r["messages"][-1]["content"].split("; ")) for r in extra}) > 4
     # the no-tool think has its own shape: the colour comes from an image, not from a tool response
@@ -143,10 +148,11 @@ def test_grounding_answer_covers_the_segment():
             text = answer_turn(w, q)
             assert text.endswith(f"<answer>[{q.span[0]}, {q.span[1]}]</answer>")
             entries = text.split("\n", 1)[1].split("</think>")[0].rstrip(".").split("; ")
-            colours = [e.split()[1] for e in entries]
+            colours = [e.split()[0] for e in entries]
             assert colours[:-1] == [q.colour] * (len(entries) - 1) and colours[-1] != q.colour
-            # every copied entry is verbatim in the scan's tool response
-            listing = "; ".join(w.summary(a, b) for a, b in windows_for(w, q))
+            # the copy starts with the asked colour's name, and every entry is verbatim in the tool response
+            assert entries[0].startswith(q.colour)
+            listing = "; ".join(w.summary(q, a, b) for a, b in windows_for(w, q))
             assert all(e in listing.split("; ") for e in entries)
 
 
@@ -192,7 +198,7 @@ def test_training_traces_are_what_the_agent_sends(tmp_path, tiny_model, mode):
         else:
             trace = direct_trace(w, q, w.video, n)
             turns = [trace[-1]["content"]]
-        policy = Replay(turns, {float(a): w.summary(a, b) for a, b in wins})
+        policy = Replay(turns, {float(a): w.summary(q, a, b) for a, b in wins})
         agent = Agent(policy=policy, config=toy_agent_config(mode=mode))
         ans = agent.answer(w.video, q.question, q.options, n_frames=n)
         assert ans.trace.response == turns[-1]
@@ -207,8 +213,8 @@ def test_training_traces_are_what_the_agent_sends(tmp_path, tiny_model, mode):
         for msgs in subs:
             a = float(text_of(msgs[1]["content"]).split()[1].split("-")[0])
             b = next(y for x, y in wins if x == a)
-            sub_ids, sub_pix = _ids(subagent_sample(w, w.video, (int(a), b)), None, proc)
-            got = build_example([*msgs, {"role": "assistant", "content": w.summary(a, b)}], proc)
+            sub_ids, sub_pix = _ids(subagent_sample(w, q, w.video, (int(a), b)), None, proc)
+            got = build_example([*msgs, {"role": "assistant", "content": w.summary(q, a, b)}], proc)
             assert got["input_ids"] == sub_ids and got["pixel_values"].equal(sub_pix)
 
 

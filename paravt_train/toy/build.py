@@ -58,7 +58,6 @@ def toy_agent_config(**overrides) -> AgentConfig:
     cfg = AgentConfig(
         frames={"max_pixels": 1024, "factor": 32, "crop_fps": 1.0, "crop_max_frames": 16},
         max_calls_per_turn=8,  # a grounding scan of a 128-second video: 8 windows of 16 s
-        question_to_subagents=False,  # the toy's sub-agents list what they see; the planner matches
         max_turns=8,  # the sequential baseline makes the same calls one per turn
         planner_sampling={"max_new_tokens": 384},
         subagent_sampling={"max_new_tokens": 96},

@@ -67,11 +67,11 @@ async def _one(agent: Agent, w: World, q, n: int, scores: dict) -> None:
         msgs = subagent_messages(result.frames, result.timestamps, result.window, question,
                                  system=cfg.subagent_prompt or SUBAGENT_SYSTEM_PROMPT)
         gen = await agent.policy.generate(msgs, cfg.subagent_sampling)
-        scores["subagent", q.task].append(float(gen.text.strip() == w.summary(a, b)))
+        scores["subagent", q.task].append(float(gen.text.strip() == w.summary(q, a, b)))
 
     async def answer():
         msgs = [*messages, {"role": "assistant", "content": plan},
-                tool_response_message([(call_label(w, a, b), w.summary(a, b)) for a, b in wins])]
+                tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in wins])]
         gen = await agent.policy.generate(msgs, cfg.planner_sampling, prefix=cfg.think_prefix)
         scores["answer", q.task].append(score(gen.text, q))
         if q.task == "tvg":  # the best the answer step can do: [first, last + 1] of the seconds seen

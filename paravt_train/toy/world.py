@@ -16,21 +16,20 @@ Each question is drawn from its own seeded generator, so a world's first k
 questions do not depend on how many are asked (training asks more per video
 than evaluation).
 
-How the tool is used (the traces below are built from ground truth). Every
-sub-agent does the same thing whatever the question: it lists the colour of
-every second of its window ("95 red; 96 red; 97 blue"); the matching against the
-question is left to the planner's answer step, which reads the listings:
+How the tool is used (the traces below are built from ground truth). Each
+sub-agent sees its window's frames and the question:
 
 * colour-at-t: the planner crops, in one turn, the window [t, t+1] and the window
-  [t-1, t]; the answer step copies the entry for t ("95 red.") and answers with
-  the colour's name.
+  [t-1, t]; each sub-agent reads the frame labelled t and reports it ("red 95");
+  the answer step copies the report ("red 95.") and answers with the colour's name.
 * grounding: the planner copies the duration from the overview's intro line
   ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
   windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
-  per duration); the answer step copies the run of entries of the asked colour
-  and the entry after it ("21 cyan; 22 cyan; 23 cyan; 24 red.") and answers
-  ``[first, last]`` of what it copied: the segment's start and the second the
-  next segment starts.
+  per duration); each sub-agent lists every second of its window, colour first
+  ("red 16; red 17; cyan 18"); the answer step starts from the asked colour's name
+  and copies the run of its entries and the entry after it ("cyan 18; cyan 19;
+  blue 20.") and answers ``[first, last]`` of what it copied: the segment's start
+  and the second the next segment starts.
 
 Every step is a copy of tokens the model has in its context (times are single
 tokens) or a +/-1 on a time, and every copy is shaped for an induction head:
@@ -127,12 +126,16 @@ class World:
         """The frames (whole seconds) a 1 fps crop of [start, end] returns."""
         return range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
 
-    def summary(self, start: float, end: float) -> str:
-        """What a correct sub-agent reports on window [start, end]: the colour of every second of it
-        (whatever the question; the planner's answer step does the matching)."""
-        return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
+    def summary(self, q: Question, start: float, end: float) -> str:
+        """What a correct sub-agent reports on window [start, end] for question ``q``: the frame at t for a
+        colour-at-t question ("red 95"), every second of the window for grounding ("red 16; cyan 17")."""
+        if q.task != "tvg" and q.t is not None and q.t in self.seconds(start, end):
+            return f"{self.colour_at(q.t)} {q.t}"
+        return self.listing(start, end)
 
-    listing = summary
+    def listing(self, start: float, end: float) -> str:
+        """Every second of the window, colour first: "red 16; red 17; cyan 18"."""
+        return "; ".join(f"{self.colour_at(s)} {s}" for s in self.seconds(start, end))
 
     def scan_windows(self) -> list[tuple[int, int]]:
         """Windows of SCAN_WINDOW frames that tile the video: [0, 15], [16, 31], ..., [d - 16, d - 1]."""
@@ -246,18 +249,18 @@ def run_entries(w: World, q: Question) -> list[int]:
 def answer_turn(w: World, q: Question) -> str:
     """The planner's final turn: copy the needed entries into the think, then answer with their tokens.
 
-    The copy repeats the tool response's own tokens ("32 red" → "32 red.", answer " red"), so each
-    step is a plain copy for a small model. Grounding copies the run of listing entries showing the
-    colour plus the entry after it ("21 cyan; 22 cyan; 23 red."), stopping right after the first entry
-    of another colour, and answers with the first and the last second it copied: the segment's start
-    and the second the next segment starts (a 1 fps frame stands for its whole second).
+    Colour-at-t copies the sub-agents' report ("red 32" → "red 32.", answer " red"). Grounding starts
+    from the asked colour's name and copies the run of its listing entries plus the entry after it
+    ("cyan 21; cyan 22; red 23."): each next token is the one that follows the last copied one in the
+    tool response. It answers with the first and the last second it copied: the segment's start and the
+    second the next segment starts (a 1 fps frame stands for its whole second).
     """
     if q.task == "tvg":
         seen = run_entries(w, q)
-        copied = "; ".join(f"{s} {w.colour_at(s)}" for s in seen)
+        copied = "; ".join(f"{w.colour_at(s)} {s}" for s in seen)
         return f"<think>\n{copied}.</think>\n<answer>[{seen[0]}, {seen[-1]}]</answer>"
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
-    return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
+    return f"<think>\n{q.colour} {q.t}.</think>\n<answer> {q.colour}</answer>"
 
 
 def planner_turn(q: Question, windows: list[tuple[int, int]], duration: int | None = None) -> str:
@@ -289,7 +292,7 @@ def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list
         {"role": "system", "content": tool_system_prompt(tools_schema)},
         _user(video, n, q),
         {"role": "assistant", "content": planner_turn(q, wins, w.duration)},
-        tool_response_message([(call_label(w, a, b), w.summary(a, b)) for a, b in wins]),
+        tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in wins]),
         {"role": "assistant", "content": answer_turn(w, q)},
     ]
 
@@ -299,7 +302,7 @@ def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: li
     msgs = [{"role": "system", "content": tool_system_prompt(tools_schema, sequential=True)}, _user(video, n, q)]
     for a, b in wins:
         msgs.append({"role": "assistant", "content": planner_turn(q, [(a, b)], w.duration)})
-        msgs.append(tool_response_message([(call_label(w, a, b), w.summary(a, b))]))
+        msgs.append(tool_response_message([(call_label(w, a, b), w.summary(q, a, b))]))
     msgs.append({"role": "assistant", "content": answer_turn(w, q)})
     return msgs
 
@@ -348,25 +351,32 @@ def direct_trace(w: World, q: Question, video: str, n: int) -> list[dict]:
     ]
 
 
-def subagent_sample(w: World, video: str, window: tuple[int, int]) -> list[dict]:
-    """One sub-agent turn: the window's frames (the question is not shown: the toy agent's sub-agents
-    list what they see, ``question_to_subagents: false``) and the listing."""
+def subagent_sample(w: World, q: Question, video: str, window: tuple[int, int]) -> list[dict]:
+    """One sub-agent turn: the window's frames and the question, and the report."""
     a, b = window
     return [
         {"role": "system", "content": SUBAGENT_SYSTEM_PROMPT},
         {"role": "user", "content": [{"type": "video", "video": video, "start": a, "end": b},
-                                     {"type": "text", "text": subagent_request(None)}]},
-        {"role": "assistant", "content": w.summary(a, b)},
+                                     {"type": "text", "text": subagent_request(q.question)}]},
+        {"role": "assistant", "content": w.summary(q, a, b)},
     ]
 
 
 def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int = 4) -> list[list[dict]]:
-    """Sub-agent samples on ``count`` random windows of 2 to 16 frames at random offsets."""
+    """Sub-agent samples on ``count`` random windows of 2 to 16 frames at random offsets: half asking the
+    colour at a second of the window, half a grounding question (any colour: a listing)."""
     out = []
-    for _ in range(count):
+    for i in range(count):
         length = rng.randint(1, SCAN_WINDOW - 1)
         a = rng.randint(0, w.duration - 1 - length)
-        out.append(subagent_sample(w, video, (a, a + length)))
+        if i % 2 == 0:
+            t = rng.randint(a, a + length)
+            q = Question("extra", "oe", f"What colour is shown at second {t}?", w.colour_at(t), t=t,
+                         colour=w.colour_at(t))
+        else:
+            colour = rng.choice(list(COLOURS))
+            q = Question("extra", "tvg", grounding_question(colour), "", colour=colour)
+        out.append(subagent_sample(w, q, video, (a, a + length)))
     return out
 
 
@@ -408,7 +418,7 @@ def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nfram
                 rows.append({"id": f"{q.qid}-dir", "messages": direct_trace(w, q, video,
                                                                             rng.choice(direct_nframes))})
             for a, b in subagent_windows(w, q, rng):
-                rows.append({"id": f"{q.qid}-sub{a}", "messages": subagent_sample(w, video, (a, b))})
+                rows.append({"id": f"{q.qid}-sub{a}", "messages": subagent_sample(w, q, video, (a, b))})
         for i, msgs in enumerate(extra_subagent_samples(w, video, rng, extra_subagents)):
             rows.append({"id": f"{w.wid}-xsub{i}", "messages": msgs})
     rng.shuffle(rows)

@@ -1,10 +1,15 @@
 """ParaVT web demo (Gradio): upload a video (or make a toy one), ask, watch the sub-agents work.
 
     python gradio_app.py [--host 127.0.0.1] [--port 7860] [--model DIR] [--store runs/traces.db]
+                         [--allow-endpoint http://127.0.0.1:30000]
 
-Binds 127.0.0.1 unless told otherwise. The embedded tiny toy policy is the
-default backend; an OpenAI-compatible endpoint (SGLang, vLLM, transformers
-serve) can be chosen in the page. Everything updates live as sub-agents finish.
+Binds 127.0.0.1 unless told otherwise (``--host``/``--port``, or Gradio's own
+``GRADIO_SERVER_NAME``/``GRADIO_SERVER_PORT``). The embedded tiny toy policy is
+the default backend. Switching to an OpenAI-compatible endpoint from the page is
+off unless the operator allows it with ``--allow-endpoint PREFIX`` (repeatable):
+otherwise anyone who can open the page could make the server post frames to any
+URL. Everything updates live as sub-agents finish; errors show as messages in
+the page, never with the server's file paths.
 """
 
 from __future__ import annotations
@@ -60,8 +65,9 @@ def timeline_html(duration: float, overview: list[float], windows: list[dict]) -
 
 class Demo:
     def __init__(self, model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB,
-                 seed: int | None = None):
+                 seed: int | None = None, allow_endpoints: list[str] | None = None):
         self.model_dir = model_dir
+        self.allow_endpoints = [a.rstrip("/") for a in allow_endpoints or []]
         self._rng = random.Random(seed)
         self.store = TrajectoryStore(store) if store else None
         self.max_upload_mb = max_upload_mb
@@ -72,8 +78,14 @@ class Demo:
         key = (backend, endpoint, model_name, mode)
         if key not in self._agents:
             if backend == "endpoint":
+                if not self.allow_endpoints:
+                    raise ParaVTError("endpoint switching is off on this server; the operator can allow endpoints "
+                                      "with --allow-endpoint URL")
                 if not endpoint:
                     raise ParaVTError("enter the endpoint URL (e.g. http://127.0.0.1:30000/v1)")
+                if not any(endpoint.rstrip("/").startswith(a) for a in self.allow_endpoints):
+                    raise ParaVTError(f"endpoint {endpoint} is not allowed on this server (allowed: "
+                                      f"{', '.join(self.allow_endpoints)})")
                 agent = Agent(backend="openai", endpoint=endpoint, model=model_name or None,
                               config=AgentConfig(mode=mode, retries=0), store=self.store,
                               policy_kwargs={"max_retries": 1, "timeout": 120})
@@ -167,9 +179,18 @@ class Demo:
                 outputs["timeline"] = timeline_html(duration, overview, [v for _, v in sorted(windows.items())
                                                                          if v.get("window")])
                 yield emit()
-        except ParaVTError as exc:
-            outputs["status"] = f"**error:** {html.escape(str(exc))}"
+        except Exception as exc:  # every failure is a message in the page; the server keeps serving
+            outputs["status"] = f"**error:** {html.escape(self._public(exc, video))}"
             yield emit()
+
+    def _public(self, exc: Exception, video) -> str:
+        """An error as the page shows it: its message, with the server's temporary paths hidden."""
+        msg = str(exc) if isinstance(exc, ParaVTError) else f"{exc.__class__.__name__}: {exc}"
+        if video:
+            msg = msg.replace(str(video), os.path.basename(str(video)))
+        for folder in {str(self.workdir), tempfile.gettempdir()}:
+            msg = msg.replace(folder + os.sep, "").replace(folder, "")
+        return msg
 
     def feedback(self, trace_id, correct, thumbs):
         if self.store is None:
@@ -179,14 +200,14 @@ class Demo:
         try:
             self.store.feedback(trace_id, answer=(correct or "").strip() or None,
                                 thumbs=None if thumbs is None else thumbs == "up")
-        except ParaVTError as exc:
-            return f"error: {exc}"
+        except Exception as exc:  # a message, never a crash
+            return f"error: {self._public(exc, None)}"
         return f"Thanks, feedback stored for trace {trace_id[:8]}."
 
 
 def build_demo(model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB,
-               seed: int | None = None):
-    d = Demo(model_dir, store, max_upload_mb, seed)
+               seed: int | None = None, allow_endpoints: list[str] | None = None):
+    d = Demo(model_dir, store, max_upload_mb, seed, allow_endpoints)
     with gr.Blocks(title="ParaVT") as demo:
         gr.Markdown("# ParaVT — parallel video tool calling\nA planner looks at an overview, sends K sub-agents "
                     "to crop windows in parallel, and answers from their summaries.")
@@ -236,14 +257,19 @@ def build_demo(model_dir: str | None = None, store: str | None = None, max_uploa
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1).")
-    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                    help="Bind address (default $GRADIO_SERVER_NAME or 127.0.0.1).")
+    ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+                    help="Port (default $GRADIO_SERVER_PORT or 7860).")
+    ap.add_argument("--allow-endpoint", action="append", default=[], metavar="PREFIX",
+                    help="Let page users switch to an endpoint whose URL starts with PREFIX (repeatable); off by "
+                         "default.")
     ap.add_argument("--model", default=None, help="Toy/local model directory (default: the shipped toy policy).")
     ap.add_argument("--store", default=None, help="SQLite trajectory store for traces and feedback.")
     ap.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB)
     ap.add_argument("--seed", type=int, default=None, help="Seed of the generated toy videos.")
     args = ap.parse_args(argv)
-    demo = build_demo(args.model, args.store, args.max_upload_mb, args.seed)
+    demo = build_demo(args.model, args.store, args.max_upload_mb, args.seed, args.allow_endpoint)
     demo.queue().launch(server_name=args.host, server_port=args.port, max_file_size=f"{args.max_upload_mb}mb",
                         css=CSS, show_error=True)
 

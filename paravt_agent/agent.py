@@ -100,12 +100,13 @@ class Agent:
     def prepare(self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
                 n_frames: int | None = None) -> RolloutInput:
         """Decode the overview and build the planner's first messages (no model call)."""
+        from paravt_agent.video.fetch import local_video
         from tools import ToolContext
 
         if not question or not question.strip():
             raise ParaVTError("the question is empty")
         f = self.config.frames
-        reader = VideoReader(video, backend=f.backend)
+        reader = VideoReader(local_video(video), backend=f.backend)
         overview = reader.overview(n_frames, f)
         info = overview.info
         ctx = ToolContext(video=reader, frames=f, strict_video_path=self.config.strict_video_path)

@@ -50,7 +50,7 @@ def _fail(msg: str) -> None:
 
 @app.command("answer")
 def answer_cmd(
-    video: Path = typer.Argument(..., help="The video file."),
+    video: str = typer.Argument(..., help="The video: a local file or an http(s) URL (downloaded once)."),
     question: str = typer.Argument(..., help="The question about the video."),
     options: list[str] = typer.Option(None, "--options", "-o", help="An MCQ option; repeat for each (A, B, ...)."),
     backend: str = typer.Option("local", help="local (a model directory), openai (any endpoint) or sglang."),

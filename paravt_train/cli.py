@@ -106,14 +106,14 @@ def sft_cmd(
     set_: list[str] = typer.Option(None, "--set", help="Override key=value, e.g. --set lr=1e-5 --set lora.enabled=true."),
 ) -> None:
     """Supervised fine-tuning (cold start). Run under `torchrun --nproc_per_node N` for FSDP2."""
-    from paravt_agent.errors import ConfigError
+    from paravt_agent.errors import ConfigError, ParaVTError
     from paravt_train.sft import train
     from paravt_train.sft_config import SFTConfig
 
     try:
         cfg = SFTConfig.from_yaml(config, list(set_ or []))
         result = train(cfg)
-    except ConfigError as exc:
+    except (ConfigError, ParaVTError) as exc:
         _fail(str(exc))
     typer.echo(f"trained {result['steps']} steps; final loss {result['losses'][-1]:.4f}; "
                f"model in {Path(result['output_dir']) / 'final'}" if result["losses"] else "nothing to train")
@@ -143,6 +143,24 @@ def toy_cmd(
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
     build(cfg, log=lambda m: typer.echo(m, err=True))
+
+
+@app.command("toy-video")
+def toy_video_cmd(
+    out: Path = typer.Argument(..., help="Where to write the mp4."),
+    seed: int = typer.Option(123, help="The world's seed (the same seed gives the same video)."),
+) -> None:
+    """Write one toy video (a timeline of solid colours, 64-128 s) and print questions about it with their
+    answers: a sample input for `paravt answer` and the Gradio demo (the toy policy only knows such videos)."""
+    from paravt_train.toy.world import make_world
+
+    w = make_world(seed, mcq=1, oe=1, tvg=1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    w.write(out)
+    typer.echo(f"wrote {out}: {w.duration} s, {len(w.segments)} colour segments")
+    for q in w.questions:
+        opts = "".join(f' -o "{o.split(". ", 1)[1]}"' for o in q.options or [])
+        typer.echo(f'  paravt answer {out} "{q.question}"{opts}    # answer: {q.answer}')
 
 
 @app.command("eval")
@@ -219,14 +237,14 @@ def grpo_cmd(
 
     Metrics per step go to OUTPUT_DIR/metrics.jsonl; `paravt-train plot OUTPUT_DIR` draws them.
     Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
-    from paravt_agent.errors import ConfigError
+    from paravt_agent.errors import ConfigError, ParaVTError
     from paravt_train.grpo_config import GRPOConfig
     from paravt_train.grpo_trainer import GRPOTrainer
 
     try:
         cfg = GRPOConfig.from_yaml(config, list(set_ or []))
         summary = GRPOTrainer(cfg).run()
-    except ConfigError as exc:
+    except (ConfigError, ParaVTError) as exc:
         _fail(str(exc))
     last = summary.get("last_step") or {}
     typer.echo(f"done: reward {last.get('reward', float('nan')):.3f}, f_tau {last.get('f_tau', float('nan')):.3f}, "

@@ -81,6 +81,14 @@ class OnlineLearner:
             except ParaVTError as exc:  # the trace is gone: skip the row, say so
                 self.log(f"feedback {row['seq']}: {exc}; skipped")
                 item = None
+            if item is not None:
+                try:  # a trace of a URL: its download (cached) is the video
+                    from paravt_agent.video.fetch import local_video
+
+                    item.video = local_video(item.video)
+                except ParaVTError as exc:
+                    self.log(f"feedback {row['seq']}: {exc}; skipped")
+                    item = None
             if item is None:
                 st["skipped"] += 1
             elif not Path(item.video).is_file():

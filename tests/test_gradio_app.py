@@ -50,10 +50,17 @@ def test_handler_errors_are_messages(demo, tmp_path):
     text.write_text("not a video")
     out = collect(demo.ask(str(text), "q?", "", "embedded", "", "", 8, "parallel"))[-1]
     assert out[0].startswith("**error:**") and "not a readable video" in out[0]
+    assert str(tmp_path) not in out[0]  # the server's paths are not shown
     out = collect(demo.ask(None, "q?", "", "embedded", "", "", 8, "parallel"))[-1]
     assert "upload a video" in out[0]
     video, *_ = demo.toy_video()
-    out = collect(demo.ask(video, "q?", "", "endpoint", "http://127.0.0.1:9/v1", "m", 8, "parallel"))[-1]
+    # endpoint switching is off unless the operator allows it (a page user must not make the server post anywhere)
+    out = collect(demo.ask(video, "q?", "", "endpoint", "http://169.254.169.254/v1", "m", 8, "parallel"))[-1]
+    assert "endpoint switching is off" in out[0]
+    allowed = type(demo)(str(CHECKPOINT), allow_endpoints=["http://127.0.0.1:9"])
+    out = collect(allowed.ask(video, "q?", "", "endpoint", "http://10.0.0.1/v1", "m", 8, "parallel"))[-1]
+    assert "not allowed" in out[0]
+    out = collect(allowed.ask(video, "q?", "", "endpoint", "http://127.0.0.1:9/v1", "m", 8, "parallel"))[-1]
     assert out[0].startswith("**error:**") and "cannot reach" in out[0]
     small = type(demo)(str(CHECKPOINT), max_upload_mb=0)
     out = collect(small.ask(video, "q?", "", "embedded", "", "", 8, "parallel"))[-1]

@@ -225,3 +225,78 @@ def test_a_request_deadline(media):
     ans = agent.answer(media["video"], "q?")
     assert time.perf_counter() - t0 < 2.5 and not ans.ok and "request_timeout" in ans.trace.errors[0]
     assert ans.trace.turns  # what finished is kept
+
+
+def test_videos_by_url_are_downloaded_with_limits(media, tmp_path, monkeypatch):
+    import functools
+    import http.server
+    import shutil
+    import subprocess
+    import sys
+    import threading
+
+    from paravt_agent.agent import Agent
+    from paravt_agent.errors import VideoError
+    from paravt_agent.policy.scripted import ScriptedPolicy
+    from paravt_agent.video.fetch import local_video
+
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(media["video"], site / "clip.mp4")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *a: None
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/clip.mp4"
+    monkeypatch.setenv("PARAVT_HOME", str(tmp_path / "home"))
+    try:
+        agent = Agent(policy=ScriptedPolicy(lambda role, m: "<think>seen</think><answer>A</answer>"))
+        ans = agent.answer(url, "What is shown?")
+        assert ans.ok and ans.trace.video == url and ans.trace.duration == pytest.approx(40.0)
+        with pytest.raises(VideoError, match="download limit"):
+            local_video(url.replace("clip", "clip") + "?again", max_bytes=1000)
+        with pytest.raises(VideoError, match="only local files and http"):
+            local_video("file:///etc/passwd")
+        with pytest.raises(VideoError, match="HTTP 404"):
+            local_video(url.replace("clip.mp4", "missing.mp4"))
+        # the CLI keeps the URL whole (a path argument would have made it "http:/...")
+        res = subprocess.run([sys.executable, "-m", "paravt_agent.cli", "answer", url.replace("clip", "nope"), "q?",
+                              "--backend", "openai", "--endpoint", "http://127.0.0.1:9/v1", "--model", "m"],
+                             capture_output=True, text=True, env={**__import__("os").environ,
+                                                                 "PARAVT_HOME": str(tmp_path / "home")})
+        assert res.returncode == 1 and "http://127.0.0.1" in res.stderr and "http:/1" not in res.stderr
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.parametrize("body,ctype", [(b"this is not json", "application/json"),
+                                        (b"<html><body>proxy login</body></html>", "text/html")])
+def test_an_endpoint_answering_200_with_junk_is_a_policy_error(media, body, ctype):
+    import http.server
+    import threading
+
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import AgentConfig
+    from paravt_agent.errors import PolicyError
+
+    class Junk(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Junk)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        agent = Agent(backend="openai", endpoint=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="m",
+                      config=AgentConfig(retries=0, mode="none"), policy_kwargs={"max_retries": 0})
+        with pytest.raises(PolicyError, match="not a chat completion"):
+            agent.answer(media["video"], "q?")
+    finally:
+        srv.shutdown()

@@ -178,3 +178,34 @@ def test_fsdp2_two_ranks_match_one_process(tiny_model, sft_data, tmp_path):
     a, b = load_file(tmp_path / "one" / "final" / "model.safetensors"), load_file(tmp_path / "two" / "final" / "model.safetensors")
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4  # the gathered FSDP2 weights match
+
+
+def test_rows_that_cannot_render_are_refused_before_training(tiny_model, sft_data, tmp_path):
+    """A crop past the video's end and a text file as the video pass the schema but would crash rendering:
+    validate-data reports them with their row numbers, and sft refuses them before the model loads."""
+    (tmp_path / "notes.mp4").write_text("not a video at all")
+    import shutil
+
+    shutil.copy(sft_data / "v0.mp4", tmp_path / "v0.mp4")
+    q = "Which colour comes first?"
+    rows = [
+        {"messages": json.dumps([{"role": "user", "content": [{"type": "video", "video": "v0.mp4", "n_frames": 2},
+                                                              {"type": "text", "text": q}]},
+                                 {"role": "assistant", "content": "red"}])},
+        {"messages": json.dumps([{"role": "user", "content": [{"type": "video", "video": "v0.mp4", "start": 50.0,
+                                                               "end": 60.0}, {"type": "text", "text": q}]},
+                                 {"role": "assistant", "content": "red"}])},
+        {"messages": json.dumps([{"role": "user", "content": [{"type": "video", "video": "notes.mp4"},
+                                                              {"type": "text", "text": q}]},
+                                 {"role": "assistant", "content": "red"}])},
+    ]
+    write_parquet(rows, tmp_path / "d.parquet")
+    ok, bad = validate_file(tmp_path / "d.parquet", "sft", tmp_path)
+    assert len(ok) == 1 and [r for r, _ in bad] == [1, 2]
+    assert "beyond the end" in bad[0][1] and "not a readable video" in bad[1][1]
+    from paravt_train.data import DataError
+
+    cfg = cfg_for(tiny_model, sft_data, tmp_path / "out", data=str(tmp_path / "d.parquet"), video_root=str(tmp_path))
+    with pytest.raises(DataError, match="row 1"):
+        train(cfg, progress=False)
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing trained

@@ -74,6 +74,10 @@ class LocalPolicy(Policy):
                 dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
             else:
                 dtype = getattr(torch, self.dtype)
+            from transformers.utils import logging as hf_logging
+
+            bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # no "Loading weights" bar on every CLI call
             try:
                 if self._processor is None:
                     self._processor = AutoProcessor.from_pretrained(self.path)
@@ -82,6 +86,9 @@ class LocalPolicy(Policy):
                     self._model.eval()
             except OSError as exc:
                 raise PolicyError(f"cannot load a model from {self.path}: {exc}") from exc
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
             return self._model, self._processor
 
     @property

@@ -47,7 +47,7 @@ class OpenAIPolicy(Policy):
         endpoint: str | None = None,
         api_key: str | None = None,
         timeout: float = 300.0,
-        max_retries: int = 3,
+        max_retries: int = 1,
         concurrency: int = 16,
         prefill: bool = True,
         image_format: str = "PNG",

@@ -110,7 +110,7 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
     summary: dict = {"model": str(model_dir), "worlds": len(test)}
     if roles:
         log("=== each role alone (held-out, n = 8; the other roles' outputs are the correct ones) ===")
-        r = role_accuracy(example_agent, test[:roles], n=8, concurrency=16)
+        r = role_accuracy(example_agent, test[:roles], n=8, concurrency=16, progress=progress)
         log(role_table(r) + "\n")
         summary["roles"] = {f"{k[0]}/{k[1]}": v for k, v in r.items()}
     log("=== held-out evaluation ===")

@@ -83,9 +83,13 @@ async def _one(agent: Agent, w: World, q, n: int, scores: dict) -> None:
     await asyncio.gather(planner(), answer(), *(subagent(p, a, b) for p, (a, b) in zip(calls, wins, strict=True)))
 
 
-def role_accuracy(agent: Agent, worlds: list[World], n: int = 8, concurrency: int = 4) -> dict:
+def role_accuracy(agent: Agent, worlds: list[World], n: int = 8, concurrency: int = 4, progress: bool = True) -> dict:
     """``{(role, task): mean score}`` over every question of ``worlds`` (overview of ``n`` frames)."""
+    from tqdm.auto import tqdm
+
     scores: dict = defaultdict(list)
+    items = [(w, q) for w in worlds for q in w.questions]
+    bar = tqdm(total=len(items), desc="roles", disable=not progress, leave=False)
 
     async def run():
         sem = asyncio.Semaphore(concurrency)
@@ -93,8 +97,12 @@ def role_accuracy(agent: Agent, worlds: list[World], n: int = 8, concurrency: in
         async def guarded(w, q):
             async with sem:
                 await _one(agent, w, q, n, scores)
+                bar.update(1)
 
-        await asyncio.gather(*(guarded(w, q) for w in worlds for q in w.questions))
+        await asyncio.gather(*(guarded(w, q) for w, q in items))
 
-    agent.run(run())
+    try:
+        agent.run(run())
+    finally:
+        bar.close()
     return {k: sum(v) / len(v) for k, v in sorted(scores.items())}

@@ -331,10 +331,10 @@ def nearest_frame_answer(w: World, q: Question, n: int) -> str:
     return LETTERS[names.index(colour)] if colour in names else "A"
 
 
-def direct_trace(w: World, q: Question, video: str, n: int) -> list[dict]:
-    """Mode none: answer from the overview, reading the nearest frame (what can be seen). The think
-    ("frame 36: red.") differs from the tool traces' ("37 red."): the colour comes from an image here,
-    from the tool response there, and one shape for both made a small model mix the two up."""
+def direct_trace(w: World, q: Question, video: str, n: int, tools_schema: list[dict] | None = None) -> list[dict]:
+    """Answer from the overview, reading the nearest frame (what can be seen): mode none, or — with
+    ``tools_schema`` — a planner that has the tool and skips it. The think ("frame 36: red.") differs from
+    the tool traces' ("red 37."): the colour comes from an image here, from the tool response there."""
     secs = overview_seconds(w.duration, n)
     if q.task == "tvg":
         seen = [s for s in secs if w.colour_at(s) == q.colour]
@@ -344,8 +344,9 @@ def direct_trace(w: World, q: Question, video: str, n: int) -> list[dict]:
         near = _nearest(secs, q.t)
         think = f"frame {near}: {w.colour_at(near)}."
         guess = " " + w.colour_at(near)  # answered with the colour's name, as in the tool traces
+    system = tool_system_prompt(tools_schema) if tools_schema is not None else NO_TOOL_SYSTEM_PROMPT
     return [
-        {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
+        {"role": "system", "content": system},
         _user(video, n, q),
         {"role": "assistant", "content": f"<think>\n{think}</think>\n<answer>{guess}</answer>"},
     ]

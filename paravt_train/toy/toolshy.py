@@ -1,0 +1,62 @@
+"""A starting policy for RL that leaves room to learn: the toy policy made tool-shy by a short SFT.
+
+The shipped toy policy answers colour-at-t questions by cropping (accuracy ~1 at n = 8) and is nearly
+deterministic, so RL has nothing to improve. This fine-tunes it for a few steps on a weaker mix: for
+colour-at-t questions at small overviews (n in {4, 8, 16}), most traces answer directly from the nearest
+overview frame although the tool is offered (``skip_share``), the rest crop as before. The result
+usually skips the tool at n = 8 (greedy accuracy near the nearest-frame shortcut's) but still crops in
+some samples at τ = 0.7 — the situation the paper's nFrames gating is about: tool-using rollouts score
+higher on sparse overviews, and GRPO can move the policy towards them. The worlds use their own seeds,
+disjoint from the toy's training, RL and held-out worlds.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+__all__ = ["TOOLSHY_SEED0", "build_toolshy"]
+
+TOOLSHY_SEED0 = 700_000
+
+
+def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: int = 120, skip_share: float = 0.75,
+                  lr: float = 5e-4, seed: int = 0, progress: bool = True, log=print) -> Path:
+    """Write the tool-shy policy to ``out`` (cached: an existing model directory is returned as is)."""
+    from paravt_train.data import write_parquet
+    from paravt_train.sft import train
+    from paravt_train.sft_config import SFTConfig
+    from paravt_train.toy.build import toy_agent_config
+    from paravt_train.toy.world import direct_trace, make_worlds, parallel_trace
+    from tools import ToolRegistry
+
+    out = Path(out)
+    if (out / "config.json").is_file():
+        log(f"tool-shy start already built: {out}")
+        return out
+    work = out.with_name(out.name + ".build")
+    rng = random.Random(seed)
+    ws = make_worlds(range(TOOLSHY_SEED0 + seed, TOOLSHY_SEED0 + seed + worlds), work / "videos", progress,
+                     mcq=3, oe=1, tvg=0)
+    schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
+    rows = []
+    for w in ws:
+        for q in w.questions:
+            n = rng.choice((4, 8, 16))
+            msgs = (direct_trace(w, q, w.video, n, schema) if rng.random() < skip_share
+                    else parallel_trace(w, q, w.video, n, schema))
+            rows.append({"id": q.qid, "messages": msgs})
+    data = write_parquet(rows, work / "sft.parquet")
+    frames = toy_agent_config().frames
+    cfg = SFTConfig(model=str(model), data=str(data), output_dir=str(work / "sft"), frames=frames, lr=lr,
+                    batch_size=8, micro_batch_size=1, max_steps=steps, warmup_ratio=0.1, save_every=0, seed=seed,
+                    resume=False)
+    result = train(cfg, progress=progress)
+    final = work / "sft" / "final"  # with the toy's agent_config.yaml (SFT writes the model's own)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(final, out)
+    log(f"tool-shy start: {steps} SFT steps on {len(rows)} traces ({skip_share:.0%} skip the tool), final loss "
+        f"{result['losses'][-1]:.3f} -> {out}")
+    return out

@@ -40,10 +40,10 @@ demo: install
 	$(BIN)/paravt-train quickstart
 
 bench: install
-	$(BIN)/python benchmarks/bench_video.py
-	$(BIN)/python benchmarks/bench_fanout.py
-	$(BIN)/python benchmarks/bench_local_batching.py
-	$(BIN)/python benchmarks/bench_sft.py
+	$(BIN)/python perf/bench_video.py
+	$(BIN)/python perf/bench_fanout.py
+	$(BIN)/python perf/bench_local_batching.py
+	$(BIN)/python perf/bench_sft.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

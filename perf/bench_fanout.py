@@ -15,7 +15,7 @@ requests) for both modes at K = 1..8, counted with the tiny model's processor
 on a 64-frame 640x360 overview: parallel mode encodes the overview twice
 whatever K is, sequential K+1 times.
 
-    python benchmarks/bench_fanout.py [--delay 0.25] [--repeat 3] [--ks 1 2 4 8 16 32]
+    python perf/bench_fanout.py [--delay 0.25] [--repeat 3] [--ks 1 2 4 8 16 32]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ identical-shape requests concurrently (toy planner prompts: system prompt + an
 overview of n frames + a question; and sub-agent prompts: 2-16 frames) and prints
 generated tokens per second for B = 1, 4, 8, 16, and the ratio to B = 1.
 
-    .venv/bin/python benchmarks/bench_local_batching.py [--model checkpoints/toy] [--tokens 48]
+    .venv/bin/python perf/bench_local_batching.py [--model checkpoints/toy] [--tokens 48]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main() -> None:
     worlds = make_worlds(range(990_000, 990_016), tmp)
     policy = LocalPolicy(args.model, max_batch=16, batch_wait=0.02)
     agent = Agent(policy=policy, config=toy_agent_config())
-    planner = [agent.initial_state(w.video, w.questions[0].question, w.questions[0].options, n_frames=16)[0]["messages"]
+    planner = [agent.prepare(w.video, w.questions[0].question, w.questions[0].options, n_frames=16).messages
                for w in worlds]
     subs = []
     for w in worlds:

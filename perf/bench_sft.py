@@ -1,6 +1,6 @@
 """SFT throughput on the tiny model on CPU: tokens/s, samples/s and peak memory, full and LoRA.
 
-    python benchmarks/bench_sft.py [--steps 20] [--size test|toy]
+    python perf/bench_sft.py [--steps 20] [--size test|toy]
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 CHILD = r"""
 import json, sys, time, resource
-from paravt_train.sft import SFTConfig, train
+from paravt_train.sft import train
+from paravt_train.sft_config import SFTConfig
 cfg = SFTConfig(**json.loads(sys.argv[1]))
 t0 = time.perf_counter()
 res = train(cfg, progress=False)

@@ -5,7 +5,7 @@ encoder's default keyframe interval (x264: 250 frames), then prints, per backend
 the median time (each call opens the file: the decoder pool is cleared first) and
 the ratio to decord's ``get_batch`` in the same run.
 
-    python benchmarks/bench_video.py [--minutes 10 60] [--repeat 3] [--videos a.mp4 b.mp4]
+    python perf/bench_video.py [--minutes 10 60] [--repeat 3] [--videos a.mp4 b.mp4]
 """
 
 from __future__ import annotations

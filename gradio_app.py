@@ -65,8 +65,9 @@ def timeline_html(duration: float, overview: list[float], windows: list[dict]) -
 
 class Demo:
     def __init__(self, model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB,
-                 seed: int | None = None, allow_endpoints: list[str] | None = None):
+                 seed: int | None = None, allow_endpoints: list[str] | None = None, preset: str = "paravt"):
         self.model_dir = model_dir
+        self.preset = preset
         self.allow_endpoints = [a.rstrip("/") for a in allow_endpoints or []]
         self._rng = random.Random(seed)
         self.store = TrajectoryStore(store) if store else None
@@ -87,7 +88,7 @@ class Demo:
                     raise ParaVTError(f"endpoint {endpoint} is not allowed on this server (allowed: "
                                       f"{', '.join(self.allow_endpoints)})")
                 agent = Agent(backend="openai", endpoint=endpoint, model=model_name or None,
-                              config=AgentConfig(mode=mode, retries=0), store=self.store,
+                              config=AgentConfig(preset=self.preset, mode=mode, retries=0), store=self.store,
                               policy_kwargs={"max_retries": 1, "timeout": 120})
             else:
                 from paravt_agent.defaults import default_model_dir
@@ -154,14 +155,16 @@ class Demo:
                     rec = ev.record
                     key = (ev.turn, rec.index)
                     w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": ""})
-                    w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"])
+                    w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"],
+                             frames=rec.evidence == "frames")
                     if rec.frame_timestamps and reader is not None and key not in thumbs:
                         mid = rec.frame_timestamps[len(rec.frame_timestamps) // 2]
                         img = reader.sample([mid], max_pixels=96 * 96, factor=8).frames[0]
                         thumbs[key] = (img, f"[{rec.index + 1}] {rec.label}")
                     outputs["summaries"] = "\n\n".join(
                         f"**[{v['index'] + 1}]** {format_time(v['window'][0])}-{format_time(v['window'][1])}: "
-                        + (f"*error: {html.escape(v['error'])}*" if v["error"] else html.escape(v["summary"] or "…"))
+                        + (f"*error: {html.escape(v['error'])}*" if v["error"] else
+                           ("*frames to the planner:* " if v.get("frames") else "") + html.escape(v["summary"] or "…"))
                         for _, v in sorted(windows.items()) if v.get("window"))
                     outputs["gallery"] = [thumbs[k] for k in sorted(thumbs)]
                     done = sum(1 for v in windows.values() if v["summary"] or v["error"])
@@ -206,8 +209,9 @@ class Demo:
 
 
 def build_demo(model_dir: str | None = None, store: str | None = None, max_upload_mb: int = MAX_UPLOAD_MB,
-               seed: int | None = None, allow_endpoints: list[str] | None = None):
-    d = Demo(model_dir, store, max_upload_mb, seed, allow_endpoints)
+               seed: int | None = None, allow_endpoints: list[str] | None = None, preset: str = "paravt"):
+    AgentConfig(preset=preset)  # an unknown preset fails here, at start-up
+    d = Demo(model_dir, store, max_upload_mb, seed, allow_endpoints, preset)
     with gr.Blocks(title="ParaVT") as demo:
         gr.Markdown("# ParaVT — parallel video tool calling\nA planner looks at an overview, sends K sub-agents "
                     "to crop windows in parallel, and answers from their summaries.")
@@ -265,11 +269,13 @@ def main(argv=None) -> None:
                     help="Let page users switch to an endpoint whose URL starts with PREFIX (repeatable); off by "
                          "default.")
     ap.add_argument("--model", default=None, help="Toy/local model directory (default: the shipped toy policy).")
+    ap.add_argument("--preset", default="paravt", help="Protocol preset of endpoint models: paravt, paravt-rl, "
+                    "paravt-eval or longvt (a released checkpoint: the protocol it was trained with).")
     ap.add_argument("--store", default=None, help="SQLite trajectory store for traces and feedback.")
     ap.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB)
     ap.add_argument("--seed", type=int, default=None, help="Seed of the generated toy videos.")
     args = ap.parse_args(argv)
-    demo = build_demo(args.model, args.store, args.max_upload_mb, args.seed, args.allow_endpoint)
+    demo = build_demo(args.model, args.store, args.max_upload_mb, args.seed, args.allow_endpoint, args.preset)
     demo.queue().launch(server_name=args.host, server_port=args.port, max_file_size=f"{args.max_upload_mb}mb",
                         css=CSS, show_error=True)
 

@@ -14,7 +14,7 @@ from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.registry import make_policy
-from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, planner_messages, tool_system_prompt
+from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, layout_planner_messages, layout_system_prompt
 from paravt_agent.protocol import extract_answer, extract_choice, is_degenerate, parse_span
 from paravt_agent.trajectory import Trace
 from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, RolloutInput, StreamEvent
@@ -89,13 +89,21 @@ class Agent:
                 self._graph = build_graph(self.policy, self.registry, self.config)
             return self._graph
 
+    def tool_schemas(self) -> list[dict]:
+        """The tools as the planner's prompt describes them: a preset's literal ``crop_video`` schema
+        (``layout.tool_schema``), the native schema of every other tool."""
+        from paravt_agent.presets import TOOL_SCHEMAS
+
+        literal = TOOL_SCHEMAS.get(self.config.layout.tool_schema)
+        return [literal if literal is not None and t.name == "crop_video" else t.schema() for t in self.registry]
+
     def system_prompt(self) -> str:
         cfg = self.config
         if cfg.mode == "none":
             return cfg.system_prompt or NO_TOOL_SYSTEM_PROMPT
         if cfg.system_prompt:
             return cfg.system_prompt
-        return tool_system_prompt(self.registry.schemas(), sequential=cfg.mode == "sequential")
+        return layout_system_prompt(cfg.layout, self.tool_schemas(), sequential=cfg.mode == "sequential")
 
     def prepare(self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
                 n_frames: int | None = None) -> RolloutInput:
@@ -110,9 +118,9 @@ class Agent:
         overview = reader.overview(n_frames, f)
         info = overview.info
         ctx = ToolContext(video=reader, frames=f, strict_video_path=self.config.strict_video_path)
-        messages = planner_messages(
-            self.system_prompt(), overview.frames, overview.timestamps, info.duration, question, options,
-            video_name=os.path.basename(os.fspath(video)),
+        messages = layout_planner_messages(
+            self.config.layout, self.system_prompt(), overview.frames, overview.timestamps, info.duration, question,
+            options, video_name=os.path.basename(os.fspath(video)),
         )
         trace = Trace(
             video=os.fspath(video), question=question, options=list(options) if options else None,

@@ -58,6 +58,8 @@ def answer_cmd(
     endpoint: str = typer.Option(None, help="Endpoint URL for openai/sglang (default http://127.0.0.1:30000/v1)."),
     mode: str = typer.Option(None, help="Dispatch mode: parallel, sequential or none."),
     n_frames: int = typer.Option(None, "--n-frames", help="Exactly this many overview frames."),
+    preset: str = typer.Option(None, help="Protocol preset: paravt, paravt-rl, paravt-eval, longvt (default: the "
+                                          "model directory's own, else paravt)."),
     config: Path = typer.Option(None, help="AgentConfig YAML file."),
     set_: list[str] = typer.Option(None, "--set", help="Config override key=value, e.g. --set max_turns=2."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole trace as JSON."),
@@ -73,8 +75,12 @@ def answer_cmd(
 
             model = default_model_dir()
         overrides = list(set_ or []) + ([f"mode={mode}"] if mode else [])
-        # one rule for every entry point: --config, else the model directory's agent_config.yaml, else defaults
-        cfg = resolve_agent_config(config, model if backend == "local" else None, overrides)
+        # one rule for every entry point: --config, else --preset, else the model's agent_config.yaml, else defaults
+        notes: list[str] = []
+        cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset,
+                                   notes=notes)
+        for note in notes:
+            typer.echo(note, err=True)
         agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
         ans = agent.answer(video, question, options or None, n_frames=n_frames)
     except ParaVTError as exc:

@@ -6,17 +6,70 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from paravt_agent.errors import ConfigError
 from paravt_agent.types import Sampling
 from paravt_agent.video.sampling import FrameConfig
 
-__all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "FrameConfig", "apply_overrides", "load_yaml_model",
-           "resolve_agent_config"]
+__all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "FrameConfig", "Layout", "apply_overrides", "load_yaml_model",
+           "protocol_differences", "resolve_agent_config"]
 
 #: The file a trained model directory carries: the agent settings (frame protocol, limits) it was trained with.
 AGENT_CONFIG_FILE = "agent_config.yaml"
+
+
+class Layout(BaseModel):
+    """How the conversation is laid out: prompts, frame labels, tool schemas, tool results, the last turn.
+
+    The defaults are this project's layout (what models trained here see); the presets of
+    :mod:`paravt_agent.presets` set the layouts the released checkpoints were trained and evaluated with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: Literal["paravt", "paravt-rl", "paravt-eval", "hermes"] = Field(
+        "paravt", description="Planner system prompt: paravt (paper Appendix C + a '# Tools' block), paravt-rl "
+        "(Appendix C + Qwen's Hermes tools block, the released RL workflow), paravt-eval (the released eval "
+        "driver's agentic prompt), hermes (the Hermes tools block alone). `system_prompt` replaces it.")
+    tool_schema: Literal["native", "paravt-rl", "paravt-eval", "longvt"] = Field(
+        "native", description="How crop_video is described to the planner: native (this project's schema) or the "
+        "literal schema of a released source; other tools keep their native schema.")
+    overview_intro: bool = Field(True, description="A 'Video: NAME, duration ...' line before the overview frames.")
+    frame_labels: bool = Field(True, description="A '<t seconds>' text label before each overview frame.")
+    mcq_instruction: str = Field("Answer with the option's letter.", description="Line after an MCQ's options.")
+    question_suffix: str = Field("", description="Appended to the question text; {video_name} is the file name.")
+    evidence: Literal["summary", "frames"] = Field(
+        "summary", description="summary: a sub-agent (same policy) summarises each crop into text (ParaVT); "
+        "frames: the crop's frames go straight to the planner (the released eval driver, LongVT).")
+    tool_response: Literal["turn", "per_call", "blocks"] = Field(
+        "turn", description="turn: ONE user turn '<tool_response>[1] label: text ...' per tool turn; per_call: one "
+        "user message '<tool_response>\\n...\\n</tool_response>' per call (released RL and eval); blocks: one "
+        "user turn with a <tool_response> block per call (a Hermes chat template's tool turn).")
+    evidence_text: str = Field(
+        "{n} frames from {start:.1f}s to {end:.1f}s.", description="The text of a frames-mode result; {n}, "
+        "{start}, {end} (seconds).")
+    error_text: str = Field("[Error: {error}]", description="A failed call's text in per_call / blocks layouts.")
+    extra_calls: Literal["error", "drop"] = Field(
+        "error", description="Calls past max_calls_per_turn: an error slot each (error) or silently dropped (drop, "
+        "the released eval driver).")
+    subagent: Literal["paravt", "paravt-rl"] = Field(
+        "paravt", description="Sub-agent prompt: paravt (system prompt, labelled frames, the question if "
+        "question_to_subagents) or paravt-rl (the released RL sub-agent: no system prompt, unlabelled frames, "
+        "'You are analyzing a video segment from MM:SS to MM:SS ...', never the question).")
+    final_turn: Literal["ask", "after_tools", "none"] = Field(
+        "ask", description="When max_turns is used up: ask (the planner's next response still calls tools: ask "
+        "again with final_prompt), after_tools (right after the last tool turn's results, add final_prompt and "
+        "take the next response as final: the released eval driver), none (stop: the released RL workflow).")
+    final_prompt: str = Field("The tool budget is used up. Give your final answer now, without calling tools.",
+                              description="The forced last turn's instruction for MCQ questions.")
+    final_prompt_open: str | None = Field(None, description="... for other questions (None = final_prompt).")
+    final_max_new_tokens: int | None = Field(None, ge=1, description="Token cap of the forced last turn "
+                                             "(None = planner_sampling's).")
+    final_max_new_tokens_open: int | None = Field(None, ge=1, description="... for other questions (None = "
+                                                  "final_max_new_tokens).")
+    grounding_question: str | None = Field(
+        None, description="Evaluation: the question text of a temporal-grounding item, with {query} (the "
+        "sentence to find); None = the benchmark's own wording.")
 
 
 class AgentConfig(BaseModel):
@@ -26,7 +79,12 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    preset: str = Field(
+        "paravt", description="Protocol preset (paravt_agent.presets): paravt (this project's layout), paravt-rl, "
+        "paravt-eval (the released ParaVT-8B's RL workflow and eval driver), longvt. It supplies every setting "
+        "not given explicitly.")
     frames: FrameConfig = Field(default_factory=FrameConfig, description="The frame protocol (paper, Appendix B).")
+    layout: Layout = Field(default_factory=Layout, description="The conversation layout (prompts, tool results).")
     mode: Literal["parallel", "sequential", "none"] = Field(
         "parallel",
         description="parallel: K calls in one turn (ParaVT); sequential: one call per turn (the paper's "
@@ -55,6 +113,16 @@ class AgentConfig(BaseModel):
     system_prompt: str | None = Field(None, description="Planner system prompt; None = the paper's (Appendix C).")
     subagent_prompt: str | None = Field(None, description="Sub-agent system prompt; None = the built-in one.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data):
+        """A preset's settings under the explicitly given ones (nested sections merged key by key)."""
+        if not isinstance(data, dict):
+            return data
+        from paravt_agent.presets import preset_settings
+
+        return _deep_merge(preset_settings(data.get("preset", "paravt")), data)
+
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> AgentConfig:
         return load_yaml_model(cls, path, overrides)
@@ -77,17 +145,82 @@ class AgentConfig(BaseModel):
         return apply_overrides(self, overrides)
 
 
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        elif isinstance(v, BaseModel) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v.model_dump(exclude_unset=True))
+        else:
+            out[k] = v
+    return out
+
+
+#: Settings that do not change what the model sees or writes (left out of protocol comparisons).
+_RUNTIME_KEYS = {"planner_timeout", "subagent_timeout", "retries", "request_timeout", "max_concurrency",
+                 "frames.backend", "frames.fast_overview", "planner_sampling.seed", "subagent_sampling.seed",
+                 "preset"}
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def protocol_differences(trained: AgentConfig, used: AgentConfig) -> list[tuple[str, object, object]]:
+    """``(setting, trained value, used value)`` for every setting that changes what the model sees or
+    writes (prompts, frames, layout, limits, decoding), where ``used`` differs from ``trained``."""
+    a, b = _flat(trained.model_dump(mode="json")), _flat(used.model_dump(mode="json"))
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if k not in _RUNTIME_KEYS and a.get(k) != b.get(k)]
+
+
+def describe_differences(trained: AgentConfig, used: AgentConfig, limit: int = 12) -> str | None:
+    """A note for the user when ``used`` departs from the protocol a model was trained with, else None."""
+    diffs = protocol_differences(trained, used)
+    if not diffs:
+        return None
+
+    def short(v) -> str:
+        text = repr(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    lines = [f"  {k}: {short(a)} -> {short(b)}" for k, a, b in diffs[:limit]]
+    if len(diffs) > limit:
+        lines.append(f"  ... and {len(diffs) - limit} more")
+    head = (f"note: this model was trained with the '{trained.preset}' protocol; {len(diffs)} setting(s) now "
+            f"differ from it (answers may be less accurate):")
+    return "\n".join([head, *lines])
+
+
 def resolve_agent_config(config: str | Path | None = None, model: str | Path | None = None,
-                         overrides: list[str] | None = None) -> AgentConfig:
+                         overrides: list[str] | None = None, preset: str | None = None,
+                         notes: list[str] | None = None) -> AgentConfig:
     """The agent config of an entry point (CLI, evaluation, demo): ``config`` (a YAML file) if given, else
-    the model directory's ``agent_config.yaml`` if it has one, else the defaults; then ``overrides``."""
+    ``preset`` if given, else the model directory's ``agent_config.yaml`` if it has one, else the defaults;
+    then ``overrides``. When the model directory names a protocol and the result departs from it, a note
+    saying which settings differ is appended to ``notes`` (the CLIs print it)."""
+    model_dir = Path(model) if model else None
+    trained = AgentConfig.for_model(model_dir) if model_dir is not None and model_dir.is_dir() else None
     if config:
         cfg = AgentConfig.from_yaml(config)
+    elif preset:
+        cfg = AgentConfig(preset=preset)
     else:
-        model_dir = Path(model) if model else None
-        cfg = AgentConfig.for_model(model_dir) if model_dir is not None and model_dir.is_dir() else None
-        cfg = cfg or AgentConfig()
-    return cfg.override(list(overrides)) if overrides else cfg
+        cfg = trained or AgentConfig()
+    cfg = cfg.override(list(overrides)) if overrides else cfg
+    if trained is not None and notes is not None:
+        note = describe_differences(trained, cfg)
+        if note:
+            notes.append(note)
+    return cfg
 
 
 def _set_dotted(data: dict, dotted: str, value) -> None:
@@ -100,8 +233,12 @@ def _set_dotted(data: dict, dotted: str, value) -> None:
 
 
 def apply_overrides(model: BaseModel, overrides: list[str] | None) -> BaseModel:
-    """``["mode=sequential", "frames.n_frames=8"]`` applied to a copy of ``model`` (values parsed as YAML)."""
+    """``["mode=sequential", "frames.n_frames=8"]`` applied to a copy of ``model`` (values parsed as YAML).
+    Overriding ``preset`` starts from that preset (keeping the other overrides)."""
     data = model.model_dump()
+    preset = [o for o in overrides or [] if o.split("=", 1)[0].strip() == "preset"]
+    if preset and isinstance(model, AgentConfig):
+        data = {}
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. frames.n_frames=8)")

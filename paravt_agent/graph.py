@@ -15,8 +15,13 @@
   last attempt fails, the node's ``error_handler`` fills the slot with an error
   text, so one failure never loses the others or the trace.
 * ``results`` is a reducer-merged dict keyed by ``(turn, call index)``;
-  ``aggregate`` writes ONE ``<tool_response>`` user turn holding every slot of
-  the turn, in call order (:func:`paravt_agent.prompts.tool_response_message`).
+  ``aggregate`` writes the turn's results in call order, laid out by the config's
+  :class:`~paravt_agent.config.Layout` (:func:`paravt_agent.prompts.tool_response_messages`):
+  by default ONE ``<tool_response>`` user turn holding every slot.
+
+Evidence modes (``layout.evidence``): ``summary`` (a sub-agent sharing the policy
+summarises a crop into text: ParaVT) or ``frames`` (no sub-agent: the crop's frames
+go to the planner inside its tool response, keyed in ``evidence``).
 
 Every model call is recorded as a :class:`~paravt_agent.types.GenerationRecord`
 (state key ``records``); the stream writer emits the typed events of
@@ -24,8 +29,10 @@ Every model call is recorded as a :class:`~paravt_agent.types.GenerationRecord`
 
 Dispatch modes: ``parallel`` (all valid calls of a turn), ``sequential`` (one
 call per turn: the rest of the turn gets "not run" slots), ``none`` (no tools).
-``max_turns`` bounds tool turns in every mode; past it the planner is asked for
-its final answer.
+``max_turns`` bounds tool turns in every mode; past it ``layout.final_turn`` says
+what happens: ``ask`` (a response that still calls tools is followed by the final
+prompt), ``after_tools`` (the final prompt follows the last tool turn's results)
+or ``none`` (the episode ends with that response).
 """
 
 from __future__ import annotations
@@ -42,10 +49,10 @@ from paravt_agent.config import AgentConfig
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import Policy, images_of
 from paravt_agent.prompts import (
-    FINAL_ANSWER_PROMPT,
     SUBAGENT_SYSTEM_PROMPT,
-    subagent_messages,
-    tool_response_message,
+    final_prompt,
+    layout_subagent_messages,
+    tool_response_messages,
 )
 from paravt_agent.protocol import parse_tool_calls, split_think
 from paravt_agent.trajectory import PlannerTurn, SubAgentRecord
@@ -80,6 +87,8 @@ class AgentState(TypedDict, total=False):
     turn: int  # tool turns completed
     calls: list[PreparedCall]  # the current turn's calls
     results: Annotated[dict, _merge]  # (turn, index) -> SubAgentRecord
+    evidence: Annotated[dict, _merge]  # (turn, index) -> (frames, timestamps): frames-mode results
+    final: bool  # the next planner response is the final one (layout.final_turn == "after_tools")
     turns: Annotated[list, _append]  # PlannerTurn records
     records: Annotated[list, _append]  # GenerationRecord of every model call
     seed: int | None  # per-rollout sampling seed (each call derives its own); None = the config's
@@ -100,10 +109,19 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
     cap = 1 if config.mode == "sequential" else config.max_calls_per_turn
     signatures = registry.signatures()
     sub_system = config.subagent_prompt or SUBAGENT_SYSTEM_PROMPT
+    layout = config.layout
 
-    async def ask_planner(messages: list[dict], state: AgentState, turn: int) -> tuple[Generation, PlannerTurn]:
+    def final_sampling(state: AgentState) -> Sampling:
+        mcq = bool(state.get("options"))
+        cap_tokens = layout.final_max_new_tokens if mcq else (layout.final_max_new_tokens_open
+                                                              or layout.final_max_new_tokens)
+        s = config.planner_sampling
+        return s.model_copy(update={"max_new_tokens": cap_tokens}) if cap_tokens else s
+
+    async def ask_planner(messages: list[dict], state: AgentState, turn: int,
+                          sampling: Sampling | None = None) -> tuple[Generation, PlannerTurn]:
         t0 = time.perf_counter()
-        gen = await policy.generate(messages, _seeded(config.planner_sampling, state.get("seed"), turn),
+        gen = await policy.generate(messages, _seeded(sampling or config.planner_sampling, state.get("seed"), turn),
                                     prefix=config.think_prefix, continuation=state.get("continuation"))
         record = PlannerTurn(turn=turn, text=gen.text, reasoning=split_think(gen.text)[0],
                              latency=time.perf_counter() - t0, prompt_tokens=gen.prompt_tokens,
@@ -114,16 +132,23 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         writer = get_stream_writer()
         turn = state.get("turn", 0)
         messages = list(state["messages"])
-        gen, record = await ask_planner(messages, state, turn)
+        forced_now = bool(state.get("final"))
+        gen, record = await ask_planner(messages, state, turn, final_sampling(state) if forced_now else None)
+        record.forced_final = forced_now
         records = [GenerationRecord("planner", turn, None, gen, images_of(messages))]
         messages = [*messages, {"role": "assistant", "content": gen.text}]
         continuation = Continuation(len(messages) - 1, gen)
-        calls = parse_tool_calls(gen.text, signatures) if config.mode != "none" else []
+        calls = parse_tool_calls(gen.text, signatures) if config.mode != "none" and not forced_now else []
+        if calls and turn >= config.max_turns and layout.final_turn == "none":
+            writer(PlannerEvent(turn, gen.text))  # bound reached: the episode ends with this response
+            return {"records": records, "messages": messages, "turns": [record], "response": gen.text,
+                    "calls": [], "continuation": continuation}
         if calls and turn >= config.max_turns:
             # bound reached: ask for the final answer once more, without tools
             writer(PlannerEvent(turn, gen.text))
-            messages = [*messages, {"role": "user", "content": FINAL_ANSWER_PROMPT}]
-            final, forced = await ask_planner(messages, {**state, "continuation": continuation}, turn + 1)
+            messages = [*messages, {"role": "user", "content": final_prompt(layout, bool(state.get("options")))}]
+            final, forced = await ask_planner(messages, {**state, "continuation": continuation}, turn + 1,
+                                              final_sampling(state))
             forced.forced_final = True
             records.append(GenerationRecord("planner", turn + 1, None, final, images_of(messages)))
             messages = [*messages, {"role": "assistant", "content": final.text}]
@@ -133,9 +158,9 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         update: dict[str, Any] = {"records": records, "messages": messages, "turns": [record],
                                   "continuation": continuation}
         if not calls:
-            writer(PlannerEvent(turn, gen.text))
+            writer(PlannerEvent(turn, gen.text, forced_final=forced_now))
             return {**update, "response": gen.text, "calls": []}
-        prepared = registry.prepare(calls, state["ctx"], max_calls=cap)
+        prepared = registry.prepare(calls, state["ctx"], max_calls=cap, drop_extra=layout.extra_calls == "drop")
         errors = {
             (turn, p.index): SubAgentRecord(index=p.index, raw=p.call.raw, name=getattr(p.call, "name", None),
                                             arguments=getattr(p.call, "arguments", {}), label=p.label, error=p.error)
@@ -170,16 +195,23 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
             window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings),
         )
         update: dict[str, Any] = {}
-        if result.is_visual:
+        if result.is_visual and layout.evidence == "frames":
+            window = result.window or (result.timestamps[0], result.timestamps[-1])
+            rec.evidence = "frames"
+            rec.summary = layout.evidence_text.format(n=len(result.timestamps), start=window[0], end=window[1])
+            update["evidence"] = {(turn, p.index): (result.frames, list(result.timestamps))}
+        elif result.is_visual:
             question = payload["question"] if config.question_to_subagents else None
             window = result.window or (result.timestamps[0], result.timestamps[-1])
-            msgs = subagent_messages(result.frames, result.timestamps, window, question, system=sub_system)
+            msgs = layout_subagent_messages(layout, result.frames, result.timestamps, window, question,
+                                            system=sub_system)
             gen = await policy.generate(msgs, _seeded(config.subagent_sampling, payload.get("seed"), turn,
                                                       p.index + 1))
             rec.summary = gen.text.strip()
             rec.prompt_tokens, rec.completion_tokens = gen.prompt_tokens, gen.completion_tokens
             update["records"] = [GenerationRecord("subagent", turn, p.index, gen, images_of(msgs))]
         else:
+            rec.evidence = "text"
             rec.summary = result.text
         rec.latency = time.perf_counter() - t0
         get_stream_writer()(SubAgentEvent(turn, rec))
@@ -197,9 +229,22 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
     async def aggregate(state: AgentState) -> dict:
         turn = state.get("turn", 0)
         results = state.get("results", {})
-        slots = [results[(turn, p.index)] for p in state["calls"]]
-        message = tool_response_message([(r.label or r.name or "call", r.slot_text) for r in slots])
-        return {"messages": [*state["messages"], message], "turn": turn + 1}
+        evidence = state.get("evidence", {}) or {}
+        slots = []
+        for p in state["calls"]:
+            r = results[(turn, p.index)]
+            slot = {"label": r.label or r.name or "call", "text": r.slot_text}
+            if r.error and layout.tool_response != "turn":
+                slot["text"] = _error_text(layout.error_text, r.error, r.window)
+            if (turn, p.index) in evidence and not r.error:
+                slot["frames"], slot["timestamps"] = evidence[(turn, p.index)]
+            slots.append(slot)
+        messages = [*state["messages"], *tool_response_messages(layout, slots)]
+        update: dict[str, Any] = {"turn": turn + 1}
+        if layout.final_turn == "after_tools" and turn + 1 >= config.max_turns:
+            messages.append({"role": "user", "content": final_prompt(layout, bool(state.get("options")))})
+            update["final"] = True
+        return {**update, "messages": messages}
 
     retry = RetryPolicy(max_attempts=config.retries + 1, initial_interval=0.5, retry_on=_transient)
     g = StateGraph(AgentState)
@@ -213,6 +258,17 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
     g.add_edge("subagent", "aggregate")
     g.add_edge("aggregate", "planner")
     return g.compile()
+
+
+def _error_text(template: str, error: str, window: tuple[float, float] | None) -> str:
+    """A failed call's text under a layout's ``error_text`` (``{error}``, ``{start}``, ``{end}``)."""
+    try:
+        start, end = window if window is not None else (None, None)
+        if start is None and ("{start" in template or "{end" in template):
+            raise KeyError("start")
+        return template.format(error=error, start=start, end=end)
+    except (KeyError, ValueError, IndexError):
+        return f"[Error: {error}]"
 
 
 def _seeded(sampling: Sampling, seed: int | None, turn: int, slot: int = 0) -> Sampling:

@@ -41,7 +41,12 @@ __all__ = [
     "window_parts",
     "subagent_messages",
     "tool_response_message",
+    "tool_response_messages",
     "tool_system_prompt",
+    "layout_system_prompt",
+    "layout_planner_messages",
+    "layout_subagent_messages",
+    "final_prompt",
 ]
 
 #: Paper, Appendix C: the SFT cold-start / RL system prompt for tool-augmented samples.
@@ -97,29 +102,32 @@ def tool_system_prompt(tool_schemas: Sequence[dict], sequential: bool = False, b
     return text
 
 
-def frame_parts(frames: np.ndarray, timestamps: Sequence[float]) -> list[dict]:
-    """``<t seconds>`` label + image, per frame."""
+def frame_parts(frames: np.ndarray, timestamps: Sequence[float], labels: bool = True) -> list[dict]:
+    """``<t seconds>`` label + image, per frame (the image alone when ``labels`` is off)."""
     parts: list[dict] = []
     for frame, t in zip(frames, timestamps, strict=True):
-        parts.append({"type": "text", "text": f"<{t:.1f} seconds>"})
+        if labels:
+            parts.append({"type": "text", "text": f"<{t:.1f} seconds>"})
         parts.append({"type": "image", "image": frame, "timestamp": float(t)})
     return parts
 
 
-def question_text(question: str, options: Sequence[str] | None = None) -> str:
+def question_text(question: str, options: Sequence[str] | None = None,
+                  instruction: str = "Answer with the option's letter.") -> str:
     text = f"Question: {question.strip()}"
     if options:
-        text += "\nOptions:\n" + "\n".join(labelled_options(options)) + "\nAnswer with the option's letter."
+        text += "\nOptions:\n" + "\n".join(labelled_options(options)) + "\n" + instruction
     return text
 
 
-def overview_parts(frames: np.ndarray, timestamps: Sequence[float], duration: float, video_name: str) -> list[dict]:
-    """The planner's view of the video: one intro line, then labelled frames."""
+def overview_parts(frames: np.ndarray, timestamps: Sequence[float], duration: float, video_name: str,
+                   labels: bool = True) -> list[dict]:
+    """The planner's view of the video: one intro line, then (labelled) frames."""
     intro = (
         f"Video: {video_name}, duration {duration:.1f} seconds ({format_time(duration)}). "
         f"{len(timestamps)} overview frames follow."
     )
-    return [{"type": "text", "text": intro}, *frame_parts(frames, timestamps)]
+    return [{"type": "text", "text": intro}, *frame_parts(frames, timestamps, labels=labels)]
 
 
 def window_parts(frames: np.ndarray, timestamps: Sequence[float], window: tuple[float, float]) -> list[dict]:
@@ -142,9 +150,10 @@ def planner_messages(
     options: Sequence[str] | None = None,
     video_name: str = "video.mp4",
 ) -> list[dict]:
-    """``[system, user(overview frames + question)]``."""
-    content = [*overview_parts(frames, timestamps, duration, video_name), {"type": "text", "text": question_text(question, options)}]
-    return [{"role": "system", "content": system}, {"role": "user", "content": content}]
+    """``[system, user(overview frames + question)]`` in this project's layout."""
+    from paravt_agent.config import Layout
+
+    return layout_planner_messages(Layout(), system, frames, timestamps, duration, question, options, video_name)
 
 
 def subagent_messages(
@@ -187,3 +196,106 @@ def tool_response_message(results: Sequence[tuple[str, str]]) -> dict:
     body = "\n".join(f"[{i}] {_clip(neutralize(label), 200)}: {_clip(neutralize(text.strip()), MAX_SLOT_CHARS)}"
                      for i, (label, text) in enumerate(results, 1))
     return {"role": "user", "content": f"<tool_response>\n{body}\n</tool_response>"}
+
+
+# --------------------------------------------------------------------------- layouts (paravt_agent.presets)
+
+
+def _mmss(seconds: float) -> str:
+    """MM:SS as the released sub-agent prompt writes it (whole minutes, then whole seconds)."""
+    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
+
+
+def layout_system_prompt(layout, schemas: Sequence[dict], sequential: bool = False) -> str:
+    """The planner's system prompt under a :class:`~paravt_agent.config.Layout`; ``schemas`` as offered."""
+    from paravt_agent.presets import EVAL_SYSTEM_TEMPLATE, HERMES_TOOLS_TEMPLATE, released_tools_block
+
+    if layout.system == "paravt":
+        return tool_system_prompt(schemas, sequential=sequential)
+    block = released_tools_block(list(schemas))
+    if layout.system == "paravt-eval":
+        return EVAL_SYSTEM_TEMPLATE.format(tools=block)
+    hermes = HERMES_TOOLS_TEMPLATE.format(tools=block)
+    if layout.system == "paravt-rl":
+        return TOOL_SYSTEM_PROMPT + "\n\n" + hermes
+    return hermes
+
+
+def layout_planner_messages(layout, system: str | None, frames: np.ndarray, timestamps: Sequence[float],
+                            duration: float, question: str, options: Sequence[str] | None = None,
+                            video_name: str = "video.mp4") -> list[dict]:
+    """``[system?, user(overview + question)]`` under a layout (no system message when ``system`` is None)."""
+    if layout.overview_intro:
+        parts = overview_parts(frames, timestamps, duration, video_name, labels=layout.frame_labels)
+    else:
+        parts = frame_parts(frames, timestamps, labels=layout.frame_labels)
+    text = question_text(question, options, layout.mcq_instruction) + layout.question_suffix.format(
+        video_name=video_name)
+    parts.append({"type": "text", "text": text})
+    head = [{"role": "system", "content": system}] if system is not None else []
+    return [*head, {"role": "user", "content": parts}]
+
+
+def layout_subagent_messages(layout, frames: np.ndarray, timestamps: Sequence[float], window: tuple[float, float],
+                             question: str | None, system: str = SUBAGENT_SYSTEM_PROMPT) -> list[dict]:
+    """A sub-agent's messages under a layout: this project's (:func:`subagent_messages`) or the released RL
+    sub-agent's (no system prompt, unlabelled frames, then its fixed prompt; never the question)."""
+    if layout.subagent == "paravt":
+        return subagent_messages(frames, timestamps, window, question, system=system)
+    from paravt_agent.presets import RELEASED_SUBAGENT_PROMPT
+
+    a, b = window
+    text = RELEASED_SUBAGENT_PROMPT.format(start=_mmss(a), end=_mmss(b), duration=b - a)
+    return [{"role": "user", "content": [*frame_parts(frames, timestamps, labels=False),
+                                         {"type": "text", "text": text}]}]
+
+
+def final_prompt(layout, mcq: bool) -> str:
+    """The forced last turn's instruction."""
+    return layout.final_prompt if mcq or layout.final_prompt_open is None else layout.final_prompt_open
+
+
+def _wrap(text: str) -> str:
+    return f"<tool_response>\n{text}\n</tool_response>"
+
+
+def tool_response_messages(layout, slots: Sequence[dict]) -> list[dict]:
+    """A tool turn's messages under a layout. ``slots`` in call order, each ``{"label", "text", "error"?,
+    "frames"?, "timestamps"?, "window"?}``: a summary or tool text in ``text``; in frames mode the crop's
+    ``frames`` go to the planner as images before their text. Texts are neutralised (:func:`neutralize`).
+
+    * ``turn``: ONE user turn, ``<tool_response>\\n[1] label: text\\n[2] ...\\n</tool_response>``;
+    * ``per_call``: one user message per call, ``[images...,] <tool_response>\\ntext\\n</tool_response>``;
+    * ``blocks``: one user turn holding a ``<tool_response>`` block per call (a Hermes template's tool turn).
+    """
+    if layout.tool_response == "turn":
+        if not any(s.get("frames") is not None for s in slots):
+            return [tool_response_message([(s["label"], s["text"]) for s in slots])]
+        parts: list[dict] = [{"type": "text", "text": "<tool_response>"}]
+        for i, s in enumerate(slots, 1):
+            line = f"\n[{i}] {_clip(neutralize(s['label']), 200)}: {_clip(neutralize(s['text'].strip()), MAX_SLOT_CHARS)}"
+            parts.append({"type": "text", "text": line})
+            if s.get("frames") is not None:
+                parts.extend(frame_parts(s["frames"], s["timestamps"], labels=layout.frame_labels))
+        parts.append({"type": "text", "text": "\n</tool_response>"})
+        return [{"role": "user", "content": parts}]
+    if layout.tool_response == "per_call":
+        out = []
+        for s in slots:
+            body = _wrap(_clip(neutralize(s["text"].strip()), MAX_SLOT_CHARS))
+            if s.get("frames") is None:
+                out.append({"role": "user", "content": body})
+            else:
+                frames = frame_parts(s["frames"], s["timestamps"], labels=layout.frame_labels)
+                out.append({"role": "user", "content": [*frames, {"type": "text", "text": body}]})
+        return out
+    parts = []
+    for i, s in enumerate(slots):
+        body = _clip(neutralize(s["text"].strip()), MAX_SLOT_CHARS)
+        parts.append({"type": "text", "text": ("\n" if i else "") + "<tool_response>\n"})
+        if s.get("frames") is not None:
+            parts.extend(frame_parts(s["frames"], s["timestamps"], labels=layout.frame_labels))
+        parts.append({"type": "text", "text": body + "\n</tool_response>"})
+    if all(p["type"] == "text" for p in parts):
+        return [{"role": "user", "content": "".join(p["text"] for p in parts)}]
+    return [{"role": "user", "content": parts}]

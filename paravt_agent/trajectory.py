@@ -23,6 +23,7 @@ class SubAgentRecord(BaseModel):
     window: tuple[float, float] | None = None
     frame_timestamps: list[float] = Field(default_factory=list)
     summary: str = ""
+    evidence: str = "summary"  # summary (a sub-agent's text) | frames (the crop's frames went to the planner) | text
     error: str | None = None
     warnings: list[str] = Field(default_factory=list)
     latency: float = 0.0
@@ -112,7 +113,8 @@ class Trace(BaseModel):
                 span = f"{format_time(c.window[0])}-{format_time(c.window[1])}" if c.window else ""
                 where = f" {span}" if span and span not in label else ""
                 lines.append(f"   [{c.index + 1}] {label}{where} [{c.latency:.2f}s]")
-                lines.append(f"       -> {clip(c.slot_text)}")
+                via = " (frames to the planner)" if c.evidence == "frames" and not c.error else ""
+                lines.append(f"       ->{via} {clip(c.slot_text)}")
                 for w in c.warnings:
                     lines.append(f"       warning: {clip(w)}")
         lines.append(f"Answer: {self.answer}" + (f"  (choice {self.choice})" if self.choice else "")

@@ -172,8 +172,12 @@ def eval_cmd(
     backend: str = typer.Option("local", help="local, openai or sglang."),
     model: str = typer.Option(None, help="Model directory (local/sglang) or served model name (openai)."),
     endpoint: str = typer.Option(None, help="Endpoint for openai/sglang."),
-    mode: str = typer.Option("parallel", help="Dispatch mode: parallel, sequential or none (the dispatch ablation)."),
-    config: Path = typer.Option(None, help="AgentConfig YAML (default: the paper's protocol, greedy)."),
+    mode: str = typer.Option(None, help="Dispatch mode: parallel, sequential or none (the dispatch ablation); "
+                                        "default: the config's (parallel)."),
+    preset: str = typer.Option(None, help="Protocol preset: paravt, paravt-rl, paravt-eval (the released "
+                                          "driver's Table 1 protocol), longvt (default: the model's own)."),
+    config: Path = typer.Option(None, help="AgentConfig YAML (default: the model directory's agent_config.yaml, "
+                                           "else the paper's protocol, greedy)."),
     set_: list[str] = typer.Option(None, "--set", help="AgentConfig override key=value."),
     out: Path = typer.Option(Path("runs/eval/results.jsonl"), help="Per-sample JSONL (appended; resume skips done)."),
     concurrency: int = typer.Option(4, help="Questions in flight."),
@@ -197,8 +201,13 @@ def eval_cmd(
         for name in benchmark:
             loaded = load_benchmark(name, roots.get(name, data_root / name))
             items += loaded[:limit] if limit else loaded
-        # one rule for every entry point: --config, else the model directory's agent_config.yaml, else defaults
-        cfg = resolve_agent_config(config, model if backend == "local" else None, [f"mode={mode}", *(set_ or [])])
+        # one rule for every entry point: --config, else --preset, else the model's agent_config.yaml, else defaults
+        notes: list[str] = []
+        overrides = [*([f"mode={mode}"] if mode else []), *(set_ or [])]
+        cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset,
+                                   notes=notes)
+        for note in notes:
+            typer.echo(note, err=True)
         agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
         records = run_eval(agent, items, out, concurrency=concurrency, shard=(i, k))
     except ParaVTError as exc:

@@ -17,7 +17,7 @@ __all__ = ["MODELS", "render", "undocumented"]
 
 
 def _models() -> list[tuple[str, type[BaseModel], str]]:
-    from paravt_agent.config import AgentConfig
+    from paravt_agent.config import AgentConfig, Layout
     from paravt_agent.types import Sampling
     from paravt_agent.video import FrameConfig
     from paravt_train.grpo_config import GRPOConfig, ReplaySettings
@@ -28,6 +28,7 @@ def _models() -> list[tuple[str, type[BaseModel], str]]:
     return [
         ("AgentConfig", AgentConfig, "the agent (`Agent(config=...)`, `paravt answer --config/--set`, a model's "
                                      "`agent_config.yaml`)"),
+        ("Layout", Layout, "`AgentConfig.layout`: prompts and tool-result layout (set by `preset`, docs/presets.md)"),
         ("FrameConfig", FrameConfig, "`AgentConfig.frames`, `SFTConfig.frames`: the frame protocol"),
         ("Sampling", Sampling, "`AgentConfig.planner_sampling` / `subagent_sampling`"),
         ("SFTConfig", SFTConfig, "`paravt-train sft --config/--set`"),

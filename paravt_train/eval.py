@@ -46,11 +46,15 @@ async def evaluate_items(agent, items: list[EvalItem], concurrency: int = 4, pro
 
     sem = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(items), desc="eval", disable=not progress, leave=False)
+    grounding = agent.config.layout.grounding_question
 
     async def one(it: EvalItem) -> dict:
         async with sem:
+            question = it.question
+            if grounding and it.task == "tvg" and it.extra.get("query"):  # the protocol's own wording
+                question = grounding.format(query=it.extra["query"])
             try:
-                ans = await agent.aanswer(it.video, it.question, it.options)
+                ans = await agent.aanswer(it.video, question, it.options)
                 rec = {"response": ans.trace.response, "answer_text": ans.text, "tool_calls": ans.trace.tool_calls,
                        "latency": ans.trace.latency, "errors": ans.trace.errors}
             except ParaVTError as exc:

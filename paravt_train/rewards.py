@@ -130,7 +130,7 @@ def transcript(responses: Sequence[str], tool_responses: Sequence[str] = ()) -> 
     parts = []
     for i, r in enumerate(responses):
         parts.append(r)
-        if i < len(tool_responses):
+        if i < len(tool_responses) and tool_responses[i]:
             parts.append(tool_responses[i])
     return "\n".join(parts)
 

@@ -186,18 +186,21 @@ class RolloutSettings:
 
 
 def episode_transcript(answer: Answer) -> str:
-    """Planner responses (prefix included) interleaved with the tool-response turns that followed them.
-    Only the runtime's own ``<tool_response>`` turns are included: an instruction the agent injects (the
-    forced final-answer turn) is never scored."""
-    responses, tools = [], []
+    """Planner responses (prefix included) interleaved with the tool-response turns that followed them
+    (one turn, or one message per call: the layout's choice, joined in order). Only the runtime's own
+    ``<tool_response>`` turns are included: an instruction the agent injects (the forced final-answer turn)
+    is never scored."""
+    responses: list[str] = []
+    tools: list[list[str]] = []
     for m in answer.messages or []:
         if m["role"] == "assistant":
             responses.append(m["content"])
+            tools.append([])
         elif m["role"] == "user" and responses:
-            text = text_of(m["content"])
-            if text.startswith("<tool_response>"):
-                tools.append(text)
-    return transcript(responses, tools)
+            text = text_of(m["content"])  # frame labels may precede the wrapper (frames evidence)
+            if "<tool_response>" in text:
+                tools[-1].append(text[text.index("<tool_response>"):])
+    return transcript(responses, ["\n".join(t) for t in tools])
 
 
 def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str = "") -> tuple[list[TokenSequence], int]:

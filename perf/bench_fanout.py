@@ -11,9 +11,11 @@ sequential: 2K+1 delays), and the runtime overhead per sub-agent, both as
 (wall - ideal) / K and as the marginal cost of one more sub-agent relative to
 the smallest K (the fixed cost of the planner turns and the overview excluded).
 The harness server shares the machine's cores, so its own work is counted too. Then the planner's context in tokens (summed over its
-requests) for both modes at K = 1..8, counted with the tiny model's processor
-on a 64-frame 640x360 overview: parallel mode encodes the overview twice
-whatever K is, sequential K+1 times.
+requests) for both dispatch modes and both evidence modes (sub-agent summaries,
+or the crops' frames returned to the planner) at K = 1..8, counted with the tiny
+model's processor on a 64-frame 640x360 overview: parallel mode encodes the
+overview twice whatever K is, sequential K+1 times; frames evidence adds each
+crop's frames to every later planner request.
 
     python perf/bench_fanout.py [--delay 0.25] [--repeat 3] [--ks 1 2 4 8 16 32]
 """
@@ -138,21 +140,25 @@ class Counting(Policy):
 
 
 def bench_context(video: str, model_dir: str) -> None:
+    """Eq. 4: the planner's context, with sub-agent summaries (ParaVT) and with the crops' frames returned to
+    the planner (``layout.evidence: frames``, the paper's "returning original frames" comparison)."""
     from paravt_agent.policy.local import LocalPolicy
 
     counter = LocalPolicy(model_dir)
-    print("\nplanner context in tokens (64-frame overview, tiny model's processor), summed over planner requests")
-    print(f"{'K':>3s} {'parallel':>10s} {'sequential':>11s} {'seq/par':>8s} {'par requests':>13s} {'seq requests':>13s}")
+    print("\nplanner context in tokens (64-frame overview, tiny model's processor), summed over planner requests;")
+    print("evidence: summary = sub-agents' text (ParaVT), frames = each crop's frames go to the planner")
+    cols = [(m, e) for m in ("parallel", "sequential") for e in ("summary", "frames")]
+    print(f"{'K':>3s} " + " ".join(f"{m[:3] + '/' + e:>14s}" for m, e in cols) + f" {'frames/summary (par)':>21s}")
     for k in range(1, 9):
         row = {}
-        for mode in ("parallel", "sequential"):
+        for mode, evidence in cols:
             pol = Counting(k, mode, counter)
             cfg = AgentConfig(mode=mode, max_turns=k + 1, frames={"max_frames": 64},
-                              planner_sampling=Sampling(max_new_tokens=8))
+                              layout={"evidence": evidence}, planner_sampling=Sampling(max_new_tokens=8))
             Agent(policy=pol, config=cfg).answer(video, "Which colour?")
-            row[mode] = pol.planner_tokens
-        par, seq = sum(row["parallel"]), sum(row["sequential"])
-        print(f"{k:3d} {par:10d} {seq:11d} {seq / par:8.2f} {len(row['parallel']):13d} {len(row['sequential']):13d}")
+            row[(mode, evidence)] = sum(pol.planner_tokens)
+        ratio = row[("parallel", "frames")] / row[("parallel", "summary")]
+        print(f"{k:3d} " + " ".join(f"{row[c]:14d}" for c in cols) + f" {ratio:21.2f}")
 
 
 def main() -> None:

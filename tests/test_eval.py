@@ -129,5 +129,7 @@ def test_runs_with_the_tiny_model(benches, tiny_model, tmp_path):
     assert {r["benchmark"] for r in recs} == {"charades", "mlvu"}
     # every record carries its task's metric, scored from the real model's response
     assert all(("iou" in r) == (r["task"] == "tvg") and ("correct" in r) == (r["task"] == "mcq") for r in recs)
-    assert all(r["response"] and r["latency"] > 0 and not r["errors"] for r in recs)
+    # a random tiny model writes no answer text: the record says so, and nothing else went wrong
+    assert all(r["response"] and r["latency"] > 0 for r in recs)
+    assert all(e.startswith("empty answer") for r in recs for e in r["errors"])
     assert "| charades | all | 1 |" in results_table(recs)

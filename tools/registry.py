@@ -112,17 +112,20 @@ class ToolRegistry:
         return {t.name: list(t.positional) for t in self._tools.values()}
 
     def prepare(
-        self, calls: Sequence[ToolCall | CallError], ctx: ToolContext, max_calls: int | None = None
+        self, calls: Sequence[ToolCall | CallError], ctx: ToolContext, max_calls: int | None = None,
+        drop_extra: bool = False,
     ) -> list[PreparedCall]:
         """Validate one turn's calls. Every call gets a slot; invalid ones get an error text.
 
         Rules (all here, nowhere else): unknown tools, bad arguments, windows outside
         the video (start >= end, negative or beyond-the-end start; end is clamped),
         a ``video_path`` naming another file, duplicates within the turn, and calls
-        beyond ``max_calls``.
+        beyond ``max_calls`` (an error slot each, or dropped without a slot when ``drop_extra``).
         """
         out: list[PreparedCall] = []
         seen: dict[tuple, int] = {}
+        if drop_extra and max_calls is not None:
+            calls = calls[:max_calls]
         if max_calls is not None and len(calls) > max_calls + 1:
             # one slot sums up the calls past the cap: what one turn can produce stays bounded
             extra = len(calls) - max_calls

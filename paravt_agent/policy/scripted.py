@@ -13,9 +13,14 @@ Script = Callable[[str, list[dict]], str]
 
 
 def role_of(messages: list[dict]) -> str:
-    """``planner`` or ``subagent``, from the system prompt."""
+    """``planner`` or ``subagent``, from the system prompt (or, for the released RL sub-agent, which has
+    none, from its fixed prompt)."""
     system = text_of(messages[0]["content"]) if messages and messages[0]["role"] == "system" else ""
-    return "subagent" if system.startswith("You are a video inspection sub-agent") else "planner"
+    if system.startswith("You are a video inspection sub-agent"):
+        return "subagent"
+    if not system and len(messages) == 1 and "You are analyzing a video segment from" in text_of(messages[0]["content"]):
+        return "subagent"
+    return "planner"
 
 
 class ScriptedPolicy(Policy):

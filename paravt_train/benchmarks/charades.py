@@ -22,5 +22,5 @@ def load_charades(root: Path) -> list[EvalItem]:
         vid, start, end = head.split()
         q = f"When does this happen: \"{sentence.strip().rstrip('.')}\"? Answer [start, end] in seconds."
         items.append(EvalItem("charades", f"{vid}-{i}", str(root / "videos" / f"{vid}.mp4"), q, "tvg",
-                              f"[{float(start)}, {float(end)}]"))
+                              f"[{float(start)}, {float(end)}]", extra={"query": sentence.strip()}))
     return items

@@ -52,8 +52,8 @@ class Agent:
     ):
         from tools import Tool, ToolRegistry
 
-        if config is None and backend == "local" and policy is None:
-            config = AgentConfig.for_model(model)  # the protocol it was trained with
+        if config is None and policy is None:
+            config = AgentConfig.for_model(model)  # a model directory's protocol (local, sglang); None otherwise
         self.config = config or AgentConfig()
         self.policy = policy or make_policy(backend, model, endpoint, api_key, **(policy_kwargs or {}))
         if self.config.think_prefix and not self.policy.supports_prefix:

@@ -9,7 +9,10 @@ from pydantic import BaseModel, Field
 
 from paravt_agent.protocol import format_time
 
-__all__ = ["PlannerTurn", "SubAgentRecord", "Trace"]
+__all__ = ["MODEL_OUTPUT_ERRORS", "PlannerTurn", "SubAgentRecord", "Trace"]
+
+#: How the errors about what the model wrote begin (see :meth:`Trace.run_errors`).
+MODEL_OUTPUT_ERRORS = ("degenerate output:", "empty answer:")
 
 
 class SubAgentRecord(BaseModel):
@@ -70,6 +73,13 @@ class Trace(BaseModel):
     def ok(self) -> bool:
         """An answer came back and nothing went wrong on the way (``errors`` says what did)."""
         return bool(self.answer.strip()) and not self.errors
+
+    @property
+    def run_errors(self) -> list[str]:
+        """The errors of the run itself (an endpoint down, a timeout, a crash), without the notes about what
+        the model wrote (an empty or degenerate answer): those are the model's doing, and RL must learn from
+        them rather than drop them."""
+        return [e for e in self.errors if not e.startswith(MODEL_OUTPUT_ERRORS)]
 
     @property
     def tool_calls(self) -> int:

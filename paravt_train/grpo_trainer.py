@@ -172,11 +172,11 @@ class GRPOTrainer:
         return AgentConfig.for_model(cfg.model) or AgentConfig()
 
     def agent_config(self) -> AgentConfig:
-        """The rollout agent: parallel dispatch, the preset's think prefix, τ-sampling, the RL token limits."""
+        """The rollout agent: the model's own protocol (its dispatch mode and layout), the preset's think
+        prefix, τ-sampling, the RL token limits."""
         cfg = self.cfg
         base = self.base_agent_config()
         return base.model_copy(update={
-            "mode": "parallel",
             "think_prefix": cfg.think_prefix,
             "planner_sampling": base.planner_sampling.model_copy(update={
                 "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens}),
@@ -191,7 +191,7 @@ class GRPOTrainer:
         frames = base.frames if self.cfg.eval_n_frames is None else base.frames.model_copy(
             update={"n_frames": self.cfg.eval_n_frames})
         return base.model_copy(update={
-            "mode": "parallel", "frames": frames, "think_prefix": self.cfg.think_prefix,
+            "frames": frames, "think_prefix": self.cfg.think_prefix,
             "planner_sampling": base.planner_sampling.model_copy(update={"temperature": 0.0}),
             "subagent_sampling": base.subagent_sampling.model_copy(update={"temperature": 0.0})})
 

@@ -203,6 +203,13 @@ def episode_transcript(answer: Answer) -> str:
     return transcript(responses, ["\n".join(t) for t in tools])
 
 
+def sampled_any(answer: Answer, ids: Sequence[int]) -> bool:
+    """Whether some turn of the episode sampled one of ``ids`` (e.g. a vision placeholder, which the
+    trainer would read as an image position: such an episode cannot be trained on)."""
+    bad = set(ids)
+    return bool(bad) and any(bad.intersection(r.generation.output_ids or []) for r in answer.records)
+
+
 def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str = "") -> tuple[list[TokenSequence], int]:
     """Token sequences of one episode (see the module docstring) and the number of planner turns whose
     prompt did not hold the earlier turns verbatim. Raises :class:`RolloutError` when the backend gave no
@@ -260,6 +267,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
     """G concurrent rollouts of one prompt, assembled and scored. An episode whose graph raised is kept
     with ``failed`` set (no sequences); the trainer counts it and drops or keeps it by its config."""
     inp = await asyncio.to_thread(cache.get, prompt.video, prompt.question, prompt.options, settings.n_frames)
+    banned = getattr(getattr(agent.policy, "chat", None), "placeholder_ids", ())
 
     async def one(i: int) -> Episode:
         t0 = time.perf_counter()
@@ -274,9 +282,12 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
             return ep
         ep.answer = ans
         ep.text = episode_transcript(ans)
-        ep.failed = "; ".join(ans.trace.errors) or None
+        ep.failed = "; ".join(ans.trace.run_errors) or None  # an empty or degenerate answer is the model's: scored
         ep.subagent_errors = sum(1 for t in ans.trace.turns for c in t.calls if c.error)
-        ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id)
+        if sampled_any(ans, banned):  # a server sampled a vision placeholder: counted as failed, not trained on
+            ep.failed = "a turn sampled a vision placeholder token"
+        else:
+            ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id)
         ep.reward = await asyncio.to_thread(score, ep.text, prompt.answer, prompt.task, prompt.options,
                                             settings.reward, settings.judge, prompt.question)
         ep.seconds = time.perf_counter() - t0

@@ -93,6 +93,13 @@ class ChatTokenizer:
         self.tokenizer = processor.tokenizer
         self.eos_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
         self.image_token_id = self.tokenizer.convert_tokens_to_ids(processor.image_token)
+        # the vision placeholders: a model that samples one would make its own turn unreadable (and unscorable)
+        names = [getattr(processor, a, None) for a in ("image_token", "video_token", "vision_start_token",
+                                                         "vision_end_token")]
+        names += ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
+        unk = self.tokenizer.unk_token_id
+        self.placeholder_ids = sorted({i for i in (self.tokenizer.convert_tokens_to_ids(n) for n in names if n)
+                                       if isinstance(i, int) and i >= 0 and i != unk})
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_id
         ip = processor.image_processor

@@ -180,7 +180,7 @@ class LocalPolicy(Policy):
             inputs["mm_token_type_ids"] = chat.mm_token_types(ids)
         inputs = {k: v.to(model.device) for k, v in inputs.items()}
         first = rows[0][1]
-        sampler = RowSampler([s for _, s, _ in rows])
+        sampler = RowSampler([s for _, s, _ in rows], banned=chat.placeholder_ids)
         kw = dict(max_new_tokens=first.max_new_tokens, do_sample=False, eos_token_id=self.eos_id, pad_token_id=pad,
                   output_logits=True, return_dict_in_generate=True, logits_processor=LogitsProcessorList([sampler]))
         if first.stop:
@@ -277,10 +277,11 @@ class RowSampler:
     takes exactly that token. Temperature 0 is greedy (argmax of the raw scores).
     """
 
-    def __init__(self, samplings: list[Sampling]):
+    def __init__(self, samplings: list[Sampling], banned: list[int] | None = None):
         import torch
 
         self.samplings = samplings
+        self.banned = list(banned or [])  # never chosen (vision placeholders)
         self.generators = []
         for s in samplings:
             g = None
@@ -295,6 +296,8 @@ class RowSampler:
         chosen = torch.empty(scores.shape[0], dtype=torch.long)
         for i, s in enumerate(self.samplings):
             row = scores[i].float()
+            if self.banned:
+                row = row.index_fill(0, torch.tensor(self.banned, device=row.device), float("-inf"))
             if s.temperature <= 0:
                 chosen[i] = int(row.argmax())
                 continue

@@ -1,0 +1,136 @@
+"""Does the learning backend learn? Fast seeded versions of the three loops, asserting direction.
+
+A setting built to be learnable in seconds on CPU: twelve tiny videos, one open-ended question ("Which word
+goes with this video?") scored by token F1, and a tiny Qwen3-VL-architecture model.
+
+* SFT teaches the answer format and a 60/40 mix of "blue" / "red" answers: greedy, the policy says "blue".
+* The right answer is "red". PARA-GRPO (``GRPOTrainer``) from the SFT checkpoint must raise the reward over
+  the run and move the greedy held-out answer to "red".
+* Online: the SFT checkpoint served by the SGLang-API test server (a real process) answers a user whose
+  feedback says "red" (half of it through the Gradio page's feedback handler, into the same store);
+  ``OnlineLearner`` trains on that feedback and pushes the weights to the server; the same server's greedy
+  held-out answers move to "red".
+
+Numbers are not pinned: only the direction (and that it is more than noise) is asserted. The toy-world
+experiments with their tables are ``examples/toy_rl.py`` and ``examples/online_loop.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paravt_agent.agent import Agent
+from paravt_agent.config import AgentConfig
+from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, question_text
+from paravt_agent.store import TrajectoryStore
+from paravt_train.benchmarks import EvalItem
+from paravt_train.data import write_parquet
+from paravt_train.eval import evaluate_items
+from paravt_train.grpo_config import GRPOConfig
+from paravt_train.toy.render import write_segments
+
+QUESTION = "Which word goes with this video?"
+THINK = "<think>\nA word for this video.</think>\n"
+COLOURS = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (255, 225, 25)]
+TRAIN, HELD = range(8), range(8, 12)
+
+
+def _rl_rows(videos) -> list[dict]:
+    return [{"id": f"q{v}", "prompt": [{"role": "user", "content": QUESTION}], "videos": [f"v{v}.mp4"],
+             "answer": "red", "question_type": "oe", "question": QUESTION} for v in videos]
+
+
+def _heldout(agent: Agent, root, answer: str) -> list[float]:
+    items = [EvalItem("held", f"h{v}", str(root / f"v{v}.mp4"), QUESTION, "oe", answer) for v in HELD]
+    return [r["f1"] for r in agent.run(evaluate_items(agent, items, concurrency=4, progress=False))]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Videos, a tiny model, its agent config (no tools), and the SFT run from it (the SFT loop under test)."""
+    from paravt_train.sft import train
+    from paravt_train.sft_config import SFTConfig
+    from paravt_train.toy.tiny import build_tiny_model
+
+    d = tmp_path_factory.mktemp("learnable")
+    for v in range(12):
+        write_segments(d / f"v{v}.mp4", [(COLOURS[(v + i) % 4], 1.0) for i in range(4)], fps=4, width=32, height=32)
+    rows = []
+    for v in TRAIN:
+        for k in range(10):
+            rows.append({"id": f"s{v}-{k}", "messages": [
+                {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
+                {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4"},
+                                             {"type": "text", "text": question_text(QUESTION)}]},
+                {"role": "assistant", "content": f"{THINK}<answer>{'red' if k < 4 else 'blue'}</answer>"}]})
+    write_parquet(rows, d / "sft.parquet")
+    write_parquet(_rl_rows(TRAIN), d / "rl.parquet")
+    write_parquet(_rl_rows(HELD), d / "held.parquet")
+    corpus = [NO_TOOL_SYSTEM_PROMPT, question_text(QUESTION), THINK + "<answer>red</answer>",
+              THINK + "<answer>blue</answer>"] * 4
+    base = build_tiny_model(d / "base", corpus, size="test")
+    (base / "agent_config.yaml").write_text(AgentConfig(mode="none", frames={"max_pixels": 1024}).to_yaml())
+    cfg = SFTConfig(model=str(base), data=str(d / "sft.parquet"), video_root=str(d), output_dir=str(d / "sft"),
+                    lr=3e-3, batch_size=8, micro_batch_size=8, max_steps=200, warmup_ratio=0.0, save_every=0,
+                    frames={"max_pixels": 1024}, seed=0)
+    result = train(cfg, progress=False)
+    return {"dir": d, "base": str(base), "sft": str(d / "sft" / "final"), "sft_result": result}
+
+
+def test_sft_teaches_the_format_and_the_majority_answer(world):
+    d = world["dir"]
+    before = _heldout(Agent(model=world["base"]), d, "blue")
+    after = _heldout(Agent(model=world["sft"]), d, "blue")
+    losses = world["sft_result"]["losses"]
+    assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
+    assert sum(before) / len(before) < 0.5 and sum(after) / len(after) == 1.0  # greedy: the 60 % answer, "blue"
+    # sampled, the SFT policy still says "red" now and then: the room RL has to learn in
+    cfg = AgentConfig.for_model(world["sft"]).override(["planner_sampling.temperature=1.0", "planner_sampling.seed=3"])
+    sampled = _heldout(Agent(model=world["sft"], config=cfg), d, "red")
+    assert all(f in (0.0, 1.0) for f in sampled)
+
+
+def test_para_grpo_raises_reward_and_heldout(world, tmp_path):
+    from paravt_train.grpo_trainer import GRPOTrainer
+
+    d = world["dir"]
+    cfg = GRPOConfig(model=world["sft"], data=str(d / "rl.parquet"), eval_data=str(d / "held.parquet"),
+                     video_root=str(d), output_dir=str(tmp_path / "rl"), steps=12, prompts_per_step=2, group_size=8,
+                     max_new_tokens=24, temperature=1.0, lr=1e-3, save_every=100, concurrency=2, seed=0,
+                     gating=False)
+    summary = GRPOTrainer(cfg, progress=False, log=lambda *_: None).run()
+    recs = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    first = sum(r["reward/acc"] for r in recs[:4]) / 4
+    last = sum(r["reward/acc"] for r in recs[-4:]) / 4
+    assert last > first + 0.2, [r["reward/acc"] for r in recs]
+    assert summary["eval_before"]["eval/accuracy"] <= 0.25 and summary["eval_after"]["eval/accuracy"] >= 0.75
+
+
+def test_online_feedback_improves_the_served_agent(world, tmp_path, sglang_stub):
+    """The served agent answers, users say "red" (agent.feedback and the Gradio feedback panel), the online
+    learner trains and pushes weights to the running server, and the same server answers better."""
+    from gradio_app import Demo
+    from paravt_train.online import OnlineLearner
+
+    d = world["dir"]
+    stub = sglang_stub(world["sft"])
+    store = TrajectoryStore(tmp_path / "traces.db")
+    served = Agent(backend="sglang", endpoint=stub.url, model=world["sft"], store=store)
+    before = _heldout(served, d, "red")
+    page = Demo(store=str(tmp_path / "traces.db"))
+    for i, v in enumerate(list(TRAIN) * 2):
+        ans = served.answer(str(d / f"v{v}.mp4"), QUESTION)
+        if i % 2:
+            served.feedback(ans.trace.id, answer="red")
+        else:
+            assert page.feedback(ans.trace.id, "red", "up").startswith("Thanks")
+    cfg = GRPOConfig(model=world["sft"], output_dir=str(tmp_path / "online"), backend="sglang", endpoint=stub.url,
+                     prompts_per_step=2, group_size=8, max_new_tokens=24, temperature=1.0, lr=1e-3, save_every=4,
+                     concurrency=2, seed=0, gating=False, resume=False)
+    learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+    assert learner.run(max_steps=8, once=True) == 8
+    assert len(learner.state["trained"]) == 16  # every feedback row, the page's included
+    after = _heldout(served, d, "red")  # the same server, now holding the pushed weights
+    assert sum(before) / len(before) <= 0.25 and sum(after) / len(after) >= 0.75

@@ -81,8 +81,9 @@ def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
             seen = [f"{nearest_colour(f.reshape(-1, 3).mean(0))} {round(t)}" for f, t in frames]
             if q.task == "tvg":  # a grounding sub-agent lists what its frames show
                 assert w.summary(q, a, b) == "; ".join(seen)
-            else:  # a colour-at-t sub-agent reports the frame at t
-                assert w.summary(q, a, b) in seen and w.summary(q, a, b).endswith(f" {q.t}")
+            else:  # a colour-at-t sub-agent reports the frame at t, second first
+                assert " ".join(reversed(w.summary(q, a, b).split())) in seen
+                assert w.summary(q, a, b).startswith(f"{q.t} ")
         if q.task == "tvg":  # the scan tiles the video: every frame exactly once, 16 per window
             seconds = [s for a, b in windows_for(w, q) for s in w.seconds(a, b)]
             assert seconds == list(range(w.duration)) and all(len(w.seconds(a, b)) == 16 for a, b in windows_for(w, q))
@@ -120,9 +121,11 @@ def test_sft_rows_mix():
     for r in subs:
         asked = r["messages"][1]["content"][-1]["text"]
         entries = r["messages"][-1]["content"].split("; ")
-        assert all(e.split()[0] in COLOURS and e.split()[1].isdigit() for e in entries)
-        if "at second" in asked:
-            assert len(entries) == 1 and asked.split("second ")[1].split("?")[0] == entries[0].split()[1]
+        if "at second" in asked:  # the second first (as the answer step copies it), then its colour
+            assert len(entries) == 1 and asked.split("second ")[1].split("?")[0] == entries[0].split()[0]
+            assert entries[0].split()[1] in COLOURS
+        else:
+            assert all(e.split()[0] in COLOURS and e.split()[1].isdigit() for e in entries)
     extra = [r for r in rows if "-xsub" in r["id"]]
     assert len(extra) == 40 and len({len(r["messages"][-1]["content"].split("; ")) for r in extra}) > 4
     # the no-tool think has its own shape: the colour comes from an image, not from a tool response
@@ -147,7 +150,9 @@ def test_grounding_answer_covers_the_segment():
         for q in w.questions:
             text = answer_turn(w, q)
             assert text.endswith(f"<answer>[{q.span[0]}, {q.span[1]}]</answer>")
-            entries = text.split("\n", 1)[1].split("</think>")[0].rstrip(".").split("; ")
+            head, body = text.split("\n", 1)[1].split("</think>")[0].rstrip(".").split(": ", 1)
+            assert head == f"The colour {q.colour}"  # as the question words it: the next token is the colour
+            entries = body.split("; ")
             colours = [e.split()[0] for e in entries]
             assert colours[:-1] == [q.colour] * (len(entries) - 1) and colours[-1] != q.colour
             # the copy starts with the asked colour's name, and every entry is verbatim in the tool response

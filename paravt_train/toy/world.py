@@ -128,9 +128,11 @@ class World:
 
     def summary(self, q: Question, start: float, end: float) -> str:
         """What a correct sub-agent reports on window [start, end] for question ``q``: the frame at t for a
-        colour-at-t question ("red 95"), every second of the window for grounding ("red 16; cyan 17")."""
+        colour-at-t question, second first ("95 red"), every second of the window for grounding, colour
+        first ("red 16; cyan 17"). Each order puts first what the answer step already has when it copies
+        (t from the question; the asked colour), so the token after it is the one to copy."""
         if q.task != "tvg" and q.t is not None and q.t in self.seconds(start, end):
-            return f"{self.colour_at(q.t)} {q.t}"
+            return f"{q.t} {self.colour_at(q.t)}"
         return self.listing(start, end)
 
     def listing(self, start: float, end: float) -> str:
@@ -249,18 +251,23 @@ def run_entries(w: World, q: Question) -> list[int]:
 def answer_turn(w: World, q: Question) -> str:
     """The planner's final turn: copy the needed entries into the think, then answer with their tokens.
 
-    Colour-at-t copies the sub-agents' report ("red 32" → "red 32.", answer " red"). Grounding starts
-    from the asked colour's name and copies the run of its listing entries plus the entry after it
-    ("cyan 21; cyan 22; red 23."): each next token is the one that follows the last copied one in the
-    tool response. It answers with the first and the last second it copied: the segment's start and the
-    second the next segment starts (a 1 fps frame stands for its whole second).
+    Every step is a copy of the token that follows the last one in the context, with the same tokens
+    as the source (the toy tokenizer splits numbers into digits; " red" with its space is not "red"):
+
+    * colour-at-t: t from the question, then the colour after it in the sub-agents' report
+      ("32 red" → "32 red.", answer " red");
+    * grounding: "The colour" as in the question, so the next token is the asked colour (" cyan"); then
+      the run of its listing entries plus the entry after it ("The colour cyan: cyan 21; cyan 22; red
+      23."). It answers with the first and the last second it copied: the segment's start and the second
+      the next segment starts (a 1 fps frame stands for its whole second).
     """
     if q.task == "tvg":
         seen = run_entries(w, q)
         copied = "; ".join(f"{w.colour_at(s)} {s}" for s in seen)
-        return f"<think>\n{copied}.</think>\n<answer>[{seen[0]}, {seen[-1]}]</answer>"
+        return (f"<think>\nThe colour {q.colour}: {copied}.</think>\n"
+                f"<answer>[{seen[0]}, {seen[-1]}]</answer>")
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
-    return f"<think>\n{q.colour} {q.t}.</think>\n<answer> {q.colour}</answer>"
+    return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
 
 
 def planner_turn(q: Question, windows: list[tuple[int, int]], duration: int | None = None) -> str:

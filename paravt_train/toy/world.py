@@ -127,13 +127,13 @@ class World:
         return range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
 
     def summary(self, q: Question, start: float, end: float) -> str:
-        """What a correct sub-agent reports on window [start, end] for question ``q``: the frame at t for a
-        colour-at-t question, second first ("95 red"), every second of the window for grounding, colour
-        first ("red 16; cyan 17"). Each order puts first what the answer step already has when it copies
-        (t from the question; the asked colour), so the token after it is the one to copy."""
-        if q.task != "tvg" and q.t is not None and q.t in self.seconds(start, end):
-            return f"{q.t} {self.colour_at(q.t)}"
-        return self.listing(start, end)
+        """What a correct sub-agent reports on window [start, end] for question ``q``: every second of the
+        window, in the order the answer step copies from: second first for a colour-at-t question ("28 red;
+        29 red": the answer has t and copies the colour after it), colour first for grounding ("red 16;
+        cyan 17": the answer has the colour and copies the seconds after it)."""
+        if q.task == "tvg":
+            return self.listing(start, end)
+        return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
 
     def listing(self, start: float, end: float) -> str:
         """Every second of the window, colour first: "red 16; red 17; cyan 18"."""
@@ -254,8 +254,8 @@ def answer_turn(w: World, q: Question) -> str:
     Every step is a copy of the token that follows the last one in the context, with the same tokens
     as the source (the toy tokenizer splits numbers into digits; " red" with its space is not "red"):
 
-    * colour-at-t: t from the question, then the colour after it in the sub-agents' report
-      ("32 red" → "32 red.", answer " red");
+    * colour-at-t: t from the question, then the colour after it in the sub-agents' listings
+      ("31 red; 32 red" → "32 red.", answer " red");
     * grounding: "The colour" as in the question, so the next token is the asked colour (" cyan"); then
       the run of its listing entries plus the entry after it ("The colour cyan: cyan 21; cyan 22; red
       23."). It answers with the first and the last second it copied: the segment's start and the second

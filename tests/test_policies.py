@@ -214,7 +214,7 @@ def test_openai_backend_against_transformers_serve(hf_server, tiny_model, media)
     ans = agent.answer(media["video"], "Which colour?", ["red", "green"], n_frames=4)
     turn = ans.trace.turns[0]
     assert turn.prompt_tokens > 100  # the frames reached the model as images
-    assert turn.completion_tokens > 0 and not ans.trace.errors
+    assert turn.completion_tokens > 0 and not ans.trace.run_errors  # an untrained model may say nothing usable
 
 
 # --------------------------------------------------------------------------- SGLang /generate

@@ -127,6 +127,8 @@ def toy_cmd(
     steps: int = typer.Option(None, help="SFT steps of batch 16 (default 2000)."),
     size: str = typer.Option(None, help="Tiny model size: toy (default, 1.2 M parameters) or test."),
     seed: int = typer.Option(None, help="World and training seed (default 0)."),
+    init: Path = typer.Option(None, "--init", help="Warm start: fine-tune this policy directory (e.g. an earlier "
+                                                   "toy policy) instead of a fresh tiny model."),
     set_: list[str] = typer.Option(None, "--set", help="Any other ToyConfig field as key=value (lr, batch_size, "
                                                        "mcq, oe, tvg, vocab_size, ...)."),
 ) -> None:
@@ -136,13 +138,17 @@ def toy_cmd(
     from paravt_agent.errors import ConfigError
     from paravt_train.toy.build import ToyConfig, build
 
-    given = {"train_worlds": train_worlds, "test_worlds": test_worlds, "steps": steps, "size": size, "seed": seed}
+    given = {"train_worlds": train_worlds, "test_worlds": test_worlds, "steps": steps, "size": size, "seed": seed,
+             "init": str(init) if init else None}
     try:
         cfg = ToyConfig(out=str(out or paravt_home() / "toy"), **{k: v for k, v in given.items() if v is not None})
         cfg = apply_overrides(cfg, set_)
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
-    build(cfg, log=lambda m: typer.echo(m, err=True))
+    try:
+        build(cfg, log=lambda m: typer.echo(m, err=True))
+    except ConfigError as exc:
+        _fail(str(exc))
 
 
 @app.command("toy-video")

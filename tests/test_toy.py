@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from paravt_agent.agent import Agent
+from paravt_agent.errors import ConfigError
 from paravt_agent.policy.base import Generation, Policy, text_of
 from paravt_agent.policy.scripted import role_of
 from paravt_agent.protocol import parse_tool_calls
@@ -238,3 +239,16 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     assert out["results"][("none", 8)]["calls"] == 0
     assert "| parallel | 8 |" in out["table"] and "nearest-frame shortcut" in out["table"]
     assert any("one full trace" in m for m in logs)
+    # a warm start fine-tunes the given policy (its tokenizer, its weights) instead of a fresh tiny model
+    warm = ToyConfig(out=str(tmp_path / "warm"), train_worlds=4, test_worlds=1, steps=1, batch_size=4, lr=1e-9,
+                     init=str(model))
+    assert warm.digest() != cfg.digest()
+    model2 = build(warm, progress=False, log=logs.append)
+    assert any(m.startswith("warm start from") for m in logs) and not (tmp_path / "warm" / "init").exists()
+    assert (model2 / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
+    from safetensors.torch import load_file
+
+    a, b = load_file(model / "model.safetensors"), load_file(model2 / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a)  # lr 1e-9: the same weights
+    with pytest.raises(ConfigError, match="not a model directory"):
+        build(warm.model_copy(update={"init": str(tmp_path)}), progress=False)

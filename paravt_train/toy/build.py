@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from paravt_agent.config import AgentConfig
+from paravt_agent.errors import ConfigError
 
 __all__ = ["ToyConfig", "build", "toy_agent_config", "TEST_SEED0"]
 
@@ -41,6 +42,8 @@ class ToyConfig(BaseModel):
     lr: float = Field(2e-3, gt=0, description="SFT peak learning rate (warmup, then cosine).")
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="SFT warmup, as a fraction of the steps.")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
+    init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
+                                               "weights) instead of a fresh tiny model: a warm start.")
 
     def digest(self) -> str:
         """Settings plus the source of the world and model recipes: a changed trace format rebuilds."""
@@ -50,6 +53,9 @@ class ToyConfig(BaseModel):
         h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
         for mod in (world, tiny):
             h.update(Path(mod.__file__).read_bytes())
+        if self.init:  # a warm start depends on the weights it starts from
+            for f in sorted(Path(self.init).glob("*.safetensors")):
+                h.update(f.read_bytes())
         return h.hexdigest()[:16]
 
 
@@ -74,6 +80,8 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     from paravt_train.toy.world import check_trace_roundtrip, corpus, make_worlds, rl_rows, sft_rows
     from tools import ToolRegistry
 
+    if cfg.init and not (Path(cfg.init) / "config.json").is_file():
+        raise ConfigError(f"init: {cfg.init} is not a model directory (no config.json)")
     out = Path(cfg.out)
     stamp = out / "toy.json"
     model_dir = out / "model"
@@ -95,7 +103,11 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     write_parquet(rl_rows(test_w, out / "videos"), out / "data" / "rl_test.parquet")
     log(f"toy data: {len(train_w)} training videos, {len(test_w)} held-out videos, {len(rows)} SFT samples "
         f"({time.time() - t0:.0f}s)")
-    init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
+    if cfg.init:
+        init = Path(cfg.init)
+        log(f"warm start from {init}")
+    else:
+        init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
     agent_cfg = toy_agent_config()
     sft = SFTConfig(
         model=str(init), data=str(out / "data" / "sft_train.parquet"), video_root=str(out / "videos"),

@@ -25,4 +25,4 @@ def paired_diff_ci(before: Sequence[float], after: Sequence[float], level: float
     """``(mean difference, low, high)`` of ``after - before`` over the same questions (paired bootstrap)."""
     if len(before) != len(after):
         raise ValueError("paired scores need the same questions before and after")
-    return mean_ci([a - b for a, b in zip(before, after, strict=True)], level, n, seed)
+    return mean_ci([y - x for x, y in zip(before, after, strict=True)], level, n, seed)

@@ -133,3 +133,15 @@ def test_runs_with_the_tiny_model(benches, tiny_model, tmp_path):
     assert all(r["response"] and r["latency"] > 0 for r in recs)
     assert all(e.startswith("empty answer") for r in recs for e in r["errors"])
     assert "| charades | all | 1 |" in results_table(recs)
+
+
+def test_before_after_intervals():
+    from paravt_train.stats import mean_ci, paired_diff_ci
+
+    assert mean_ci([0.5] * 10) == (0.5, 0.5, 0.5) and mean_ci([]) == (0.0, 0.0, 0.0)
+    m, lo, hi = mean_ci([0, 1] * 20)
+    assert m == 0.5 and 0.3 < lo < 0.5 < hi < 0.7
+    gain = paired_diff_ci([0, 0, 0, 1] * 10, [1, 1, 0, 1] * 10)  # after - before: the gain is positive
+    assert gain[0] == pytest.approx(0.5) and 0 < gain[1] < 0.5 < gain[2] <= 1
+    with pytest.raises(ValueError, match="same questions"):
+        paired_diff_ci([1, 0], [1])

@@ -31,6 +31,7 @@ normal turn.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from paravt_agent.errors import PolicyError
@@ -62,26 +63,34 @@ class SGLangPolicy(Policy):
         self.timeout, self.max_retries, self.concurrency = timeout, max_retries, concurrency
         self._processor = processor
         self._chat: ChatTokenizer | None = None
+        self._load_lock = threading.Lock()
         self._clients: dict[int, tuple] = {}
         self.round_trips = 0  # prompts the server's decode -> tokenise round trip changed
         self.requests = 0
 
     @property
     def processor(self):
+        # loaded once, under a lock: the first requests tokenise in worker threads at the same time, and
+        # transformers' lazy top-level imports are not safe to race ("cannot import name AutoProcessor")
         if self._processor is None:
-            from transformers import AutoProcessor
+            with self._load_lock:
+                if self._processor is None:
+                    from transformers import AutoProcessor
 
-            try:
-                self._processor = AutoProcessor.from_pretrained(self.model)
-            except OSError as exc:
-                msg = f"cannot load the processor of {self.model} for client-side tokenisation: {exc}"
-                raise PolicyError(msg) from exc
+                    try:
+                        self._processor = AutoProcessor.from_pretrained(self.model)
+                    except OSError as exc:
+                        msg = f"cannot load the processor of {self.model} for client-side tokenisation: {exc}"
+                        raise PolicyError(msg) from exc
         return self._processor
 
     @property
     def chat(self) -> ChatTokenizer:
         if self._chat is None:
-            self._chat = ChatTokenizer(self.processor)
+            processor = self.processor
+            with self._load_lock:
+                if self._chat is None:
+                    self._chat = ChatTokenizer(processor)
         return self._chat
 
     def _client(self):

@@ -20,8 +20,9 @@ How the tool is used (the traces below are built from ground truth). Each
 sub-agent sees its window's frames and the question:
 
 * colour-at-t: the planner crops, in one turn, the window [t, t+1] and the window
-  [t-1, t]; each sub-agent reads the frame labelled t and reports it ("red 95");
-  the answer step copies the report ("red 95.") and answers with the colour's name.
+  [t-1, t]; each sub-agent lists every second of its window, second first
+  ("28 red; 29 red"); the answer step copies t from the question and the colour
+  after it in the listings ("29 red.") and answers with the colour's name.
 * grounding: the planner copies the duration from the overview's intro line
   ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
   windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
@@ -31,13 +32,15 @@ sub-agent sees its window's frames and the question:
   blue 20.") and answers ``[first, last]`` of what it copied: the segment's start
   and the second the next segment starts.
 
-Every step is a copy of tokens the model has in its context (times are single
-tokens) or a +/-1 on a time, and every copy is shaped for an induction head:
-what is copied follows the same words where it is read and where it is written.
-That is what a model of about a million parameters learns in an hour of CPU
-training. Run-length summaries, larger arithmetic and nearest-frame search are
-what such a model gets wrong; the no-tool traces need the last one, which is
-why the no-tool mode is weak below n = 64.
+Every step is a copy of tokens the model has in its context or a +/-1 on a time,
+and every copy is shaped for an induction head: what is copied follows the same
+words where it is read and where it is written. The toy tokenizer splits numbers
+into digits, so finding "29" in a listing is a two-token match. The shipped
+policy (about a million parameters) learned the colour-at-t copies; the grounding
+answer step (find the asked colour among 16-entry listings, copy its run) it has
+not learned (README, "The toy world"). Run-length summaries, larger arithmetic
+and nearest-frame search are what such a model gets wrong; the no-tool traces
+need the last one, which is why the no-tool mode is weak below n = 64.
 
 Trace formats use the runtime's own prompt, protocol and tool-label functions,
 so the trained policy and the agent speak the same protocol (a test renders a

@@ -1,6 +1,6 @@
 """Toy grounding: the shipped toy policy localises a colour's segment, and needs the tool to do it.
 
-    .venv/bin/python examples/toy_grounding.py            # ~8 min on 2 cores
+    .venv/bin/python examples/toy_grounding.py            # 6.7 min on 2 cores (measured)
     .venv/bin/python examples/toy_grounding.py --worlds 8 # a quick look
 
 Held-out toy videos (seeds disjoint from training): for each, "When is the segment of colour <c> shown?"

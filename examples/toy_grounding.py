@@ -1,4 +1,4 @@
-"""Toy grounding: the shipped toy policy localises a colour's segment, and needs the tool to do it.
+"""Toy grounding: how well the toy policy localises a colour's segment, with the tool and without it.
 
     .venv/bin/python examples/toy_grounding.py            # 6.7 min on 2 cores (measured)
     .venv/bin/python examples/toy_grounding.py --worlds 8 # a quick look
@@ -9,7 +9,8 @@ The real agent (LangGraph graph, local backend) answers in parallel mode (K sub-
 16-second windows, each listing the colour per second; the answer step copies the run of the asked
 colour), in no-tool mode (overview frames only) and against the nearest-overview-frame shortcut, at
 n = 4, 8 and 64 overview frames. Prints the table and the per-role accuracies, writes OUT/grounding.png
-(mIoU per n and mode) and OUT/results.json.
+(mIoU per n and mode) and OUT/results.json. The shipped policy does not ground yet (mIoU about 0 in every
+row; README, "The toy world"): pass --model to measure another policy.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Online learning from feedback, end to end on the toy: a served agent gets better from its users' feedback.
 
-    .venv/bin/python examples/online_loop.py            # 9 min on 2 cores (measured)
-    .venv/bin/python examples/online_loop.py --questions 40 --updates 6    # a quick look
+    .venv/bin/python examples/online_loop.py            # 10.8 min on 2 cores (measured)
+    .venv/bin/python examples/online_loop.py --questions 40 --updates 6 --pace 1    # a quick look
 
 1. A server that speaks SGLang's HTTP API (``tests/sglang_server.py``: the real tiny model on CPU) serves
    the tool-shy toy policy (``paravt_train.toy.toolshy``, the same start as ``examples/toy_rl.py``): a
    policy that usually skips the tool on sparse overviews, so it gets colour-at-t questions wrong often.
 2. The served agent (``Agent(backend="sglang", store=...)``) answers the held-out questions: before.
 3. A scripted user asks ``--questions`` colour-at-t questions (MCQ, 8-frame overviews) through the served
-   agent and gives feedback on each (the right option), into the trajectory store.
+   agent, one every ``--pace`` seconds, and gives feedback on each (the right option), into the trajectory
+   store; how often the server answered the user right is printed per third of the questions.
 4. Meanwhile ``paravt-train online`` (its own process) learns from the store: each update rolls out fresh
    groups through the same server, takes a PARA-GRPO step and pushes the weights to the server
    (``/pause_generation`` retract → ``/update_weights_from_disk`` → ``/continue_generation``), while the
@@ -64,6 +65,8 @@ def main() -> None:
                                                                  "examples/toy_rl.py builds the same one).")
     ap.add_argument("--questions", type=int, default=120, help="Questions the scripted user asks.")
     ap.add_argument("--updates", type=int, default=20, help="Updates the online learner makes.")
+    ap.add_argument("--pace", type=float, default=3.0, help="Seconds the user waits between questions (so the "
+                                                            "asking spans the training).")
     ap.add_argument("--eval-worlds", type=int, default=40, help="Held-out worlds (2 MCQ each).")
     ap.add_argument("--lr", type=float, default=1e-4)
     args = ap.parse_args()
@@ -104,12 +107,16 @@ def main() -> None:
                     ans = served.answer(w.video, q.question, q.options)
                     served.feedback(ans.trace.id, answer=q.answer)
                     asked.append(ans.choice == q.answer)
+                    time.sleep(args.pace)
 
         th = threading.Thread(target=user)
         th.start()
         th.join()
-        print(f"the user asked {len(asked)} questions while the learner trained: {sum(asked)} answered right "
-              f"({(time.time() - t0) / 60:.1f} min)")
+        third = max(1, len(asked) // 3)
+        thirds = [asked[:third], asked[third:-third], asked[-third:]]
+        print(f"the user asked {len(asked)} questions while the learner trained: {sum(asked)} answered right; "
+              f"first / middle / last third: " + " / ".join(f"{sum(t) / max(1, len(t)):.2f}" for t in thirds)
+              + f" ({(time.time() - t0) / 60:.1f} min)")
         code = learner.wait()
         if code != 0:
             raise SystemExit(f"the online learner exited with {code}")
@@ -118,7 +125,8 @@ def main() -> None:
         stub.close()
     b, a, g = mean_ci(before), mean_ci(after), paired_diff_ci(before, after)
     result = {"heldout_before": b, "heldout_after": a, "gain": g, "questions_asked": len(asked),
-              "asked_right": sum(asked), "updates": args.updates, "minutes": (time.time() - t0) / 60}
+              "asked_right": sum(asked), "asked_right_by_third": [sum(t) / max(1, len(t)) for t in thirds],
+              "updates": args.updates, "minutes": (time.time() - t0) / 60}
     (out / "results.json").write_text(json.dumps(result, indent=1))
     print(f"\nheld-out accuracy (n = 8, {len(before)} questions, greedy, the same server): "
           f"{b[0]:.2f} [{b[1]:.2f}, {b[2]:.2f}] → {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}]; gain {g[0]:+.2f} "

@@ -10,7 +10,7 @@ else
 TORCH := torch==2.14.1 torchvision==0.29.1
 endif
 
-.PHONY: install test lint demo bench clean browser
+.PHONY: install test lint demo bench clean browser postgres
 
 install: $(VENV)/.installed
 
@@ -31,7 +31,13 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || \
 	  echo "warning: could not install chromium; the browser test will be skipped"
 
-test: install browser
+# the PostgreSQL trajectory store's tests start a real server (Debian's postgresql package)
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) || \
+	  echo "warning: could not install postgresql; the PostgreSQL store tests will be skipped"
+
+test: install browser postgres
 	$(BIN)/python -m ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 

@@ -271,7 +271,8 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=None, help="Toy/local model directory (default: the shipped toy policy).")
     ap.add_argument("--preset", default="paravt", help="Protocol preset of endpoint models: paravt, paravt-rl, "
                     "paravt-eval or longvt (a released checkpoint: the protocol it was trained with).")
-    ap.add_argument("--store", default=None, help="SQLite trajectory store for traces and feedback.")
+    ap.add_argument("--store", default=None, help="Trajectory store for traces and feedback: a SQLite path or "
+                    "postgresql://user:pass@host/db.")
     ap.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB)
     ap.add_argument("--seed", type=int, default=None, help="Seed of the generated toy videos.")
     args = ap.parse_args(argv)

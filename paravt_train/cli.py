@@ -284,7 +284,8 @@ def plot_cmd(
 
 @app.command("online")
 def online_cmd(
-    store: Path = typer.Option(..., help="Trajectory store (SQLite) the serving agent writes to."),
+    store: str = typer.Option(..., help="Trajectory store the serving agent writes to: a SQLite path "
+                                        "(sqlite:///PATH) or postgresql://user:pass@host/db."),
     config: Path = typer.Option(..., "--config", help="GRPOConfig YAML (model, output_dir, backend, ...)."),
     endpoint: str = typer.Option(None, help="SGLang server to push weights to (sets backend sglang)."),
     set_: list[str] = typer.Option(None, "--set", help="Override key=value of the GRPO config."),

@@ -132,3 +132,83 @@ def sglang_stub():
     yield start
     for s in servers:
         s.close()
+
+
+def _pg_bin(name: str) -> str | None:
+    import glob
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    hits = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return hits[-1] if hits else None
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A real PostgreSQL server for this session (Debian's ``postgresql`` package), on 127.0.0.1.
+
+    Skips, saying why, where the binaries are missing or the server cannot start."""
+    import shutil
+    import subprocess
+    import time
+
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    try:
+        import psycopg
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install 'paravt[postgres]')")
+    import tempfile
+    from pathlib import Path
+
+    # not under pytest's own temp root: that is private to this user (0700), and the server runs as another
+    root = Path(tempfile.mkdtemp(prefix="paravt-pg-"))
+    data, sock = root / "data", root / "sock"
+    sock.mkdir()
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root: run it as the package's own user
+        runuser = shutil.which("runuser")
+        if runuser is None:
+            pytest.skip("running as root without runuser: cannot start PostgreSQL as another user")
+        run_as = [runuser, "-u", "postgres", "--"]
+        shutil.chown(root, "postgres")
+        shutil.chown(sock, "postgres")
+    port = free_port()
+    try:
+        subprocess.run(run_as + [initdb, "-D", str(data), "-U", "paravt", "--auth=trust", "-E", "UTF8"],
+                       check=True, capture_output=True, timeout=120)
+        subprocess.run(run_as + [pg_ctl, "-D", str(data), "-l", str(root / "log.txt"), "-w", "-t", "60", "-o",
+                                 f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
+                       check=True, capture_output=True, timeout=120)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        err = getattr(exc, "stderr", b"") or b""
+        pytest.skip(f"PostgreSQL could not start: {exc} {err.decode(errors='replace')[-500:]}")
+    url = f"postgresql://paravt@127.0.0.1:{port}/postgres"
+    deadline = time.time() + 30
+    while True:
+        try:
+            psycopg.connect(url).close()
+            break
+        except psycopg.OperationalError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.3)
+    yield url
+    subprocess.run(run_as + [pg_ctl, "-D", str(data), "-m", "fast", "stop"], capture_output=True, timeout=60)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_db(postgres_url):
+    """A fresh database on the session's PostgreSQL server (its URL)."""
+    import uuid
+
+    import psycopg
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres_url.rsplit("/", 1)[0] + "/" + name

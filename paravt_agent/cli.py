@@ -48,6 +48,25 @@ def _fail(msg: str) -> None:
     raise typer.Exit(1)
 
 
+def _build_agent(backend: str, model: str | None, endpoint: str | None, mode: str | None, preset: str | None,
+                 config: Path | None, set_: list[str] | None, store=None, api_key: str | None = None):
+    """One rule for every entry point: --config, else --preset, else the model's agent_config.yaml, else
+    defaults (the local backend's default model: the shipped toy policy)."""
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import resolve_agent_config
+
+    if backend == "local" and not model:
+        from paravt_agent.defaults import default_model_dir
+
+        model = default_model_dir()
+    overrides = list(set_ or []) + ([f"mode={mode}"] if mode else [])
+    notes: list[str] = []
+    cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset, notes=notes)
+    for note in notes:
+        typer.echo(note, err=True)
+    return Agent(model=model, backend=backend, endpoint=endpoint, config=cfg, store=store, api_key=api_key)
+
+
 @app.command("answer")
 def answer_cmd(
     video: str = typer.Argument(..., help="The video: a local file or an http(s) URL (downloaded once)."),
@@ -65,23 +84,10 @@ def answer_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the whole trace as JSON."),
 ) -> None:
     """Answer a question about a video and print the answer with a compact trace."""
-    from paravt_agent.agent import Agent
-    from paravt_agent.config import resolve_agent_config
     from paravt_agent.errors import ParaVTError
 
     try:
-        if backend == "local" and not model:
-            from paravt_agent.defaults import default_model_dir
-
-            model = default_model_dir()
-        overrides = list(set_ or []) + ([f"mode={mode}"] if mode else [])
-        # one rule for every entry point: --config, else --preset, else the model's agent_config.yaml, else defaults
-        notes: list[str] = []
-        cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset,
-                                   notes=notes)
-        for note in notes:
-            typer.echo(note, err=True)
-        agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
+        agent = _build_agent(backend, model, endpoint, mode, preset, config, set_)
         ans = agent.answer(video, question, options or None, n_frames=n_frames)
     except ParaVTError as exc:
         _fail(str(exc))
@@ -91,6 +97,56 @@ def answer_cmd(
         typer.echo(ans.trace.render())
     if ans.trace.errors and not ans.trace.turns:
         raise typer.Exit(1)
+
+
+@app.command("api")
+def api_cmd(
+    model: str = typer.Option(None, help="Model directory (local/sglang; default: the shipped toy policy) or the "
+                                         "served model name behind --endpoint (openai)."),
+    backend: str = typer.Option("local", help="local (in-process transformers), openai (any endpoint) or sglang."),
+    endpoint: str = typer.Option(None, help="The model server for openai/sglang (an sglang-router URL spreads the "
+                                            "agent's calls over its workers)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (expose it with --api-key)."),
+    port: int = typer.Option(8000, help="Port."),
+    video_root: Path = typer.Option(None, "--video-root", help="Videos named by path must lie under this folder "
+                                    "(without it only http(s) URLs are accepted)."),
+    store: str = typer.Option(None, help="Trajectory store for every trace and POST /v1/feedback: a SQLite path "
+                                         "or postgresql://user:pass@host/db."),
+    api_key: str = typer.Option(None, "--api-key", envvar="PARAVT_API_KEY", help="Require "
+                                "'Authorization: Bearer KEY' (env PARAVT_API_KEY)."),
+    served_model_name: str = typer.Option("paravt", help="The model name clients send and /v1/models lists."),
+    max_concurrent: int = typer.Option(32, min=1, help="Questions answered at once (their model calls batch)."),
+    max_queue: int = typer.Option(64, min=0, help="Questions waiting beyond those; more get 429 + Retry-After."),
+    max_request_kb: int = typer.Option(1024, min=1, help="Largest request body."),
+    max_download_mb: int = typer.Option(2048, min=1, help="Largest http(s) video a request may name."),
+    download_timeout: float = typer.Option(300.0, help="Seconds a video download may take."),
+    mode: str = typer.Option(None, help="Default dispatch mode (requests may set `mode`)."),
+    preset: str = typer.Option(None, help="Protocol preset (default: the model directory's own, else paravt)."),
+    config: Path = typer.Option(None, help="AgentConfig YAML file."),
+    set_: list[str] = typer.Option(None, "--set", help="Config override key=value."),
+    upstream_key: str = typer.Option(None, "--upstream-key", envvar="OPENAI_API_KEY",
+                                     help="API key of the model server behind --endpoint."),
+) -> None:
+    """Serve the whole agent as an OpenAI-compatible endpoint: /v1/chat/completions (plain and streaming),
+    /v1/models and /v1/feedback. A user message holds the question and the video as a video_url part."""
+    from paravt_agent.api import ApiSettings, serve
+    from paravt_agent.errors import ParaVTError
+    from paravt_agent.store import open_store
+
+    if video_root is not None and not video_root.is_dir():
+        _fail(f"--video-root {video_root}: no such folder")
+    try:
+        agent = _build_agent(backend, model, endpoint, mode, preset, config, set_, store=open_store(store),
+                             api_key=upstream_key)
+    except ParaVTError as exc:
+        _fail(str(exc))
+    settings = ApiSettings(model_name=served_model_name, video_root=str(video_root) if video_root else None,
+                           api_key=api_key, max_concurrent=max_concurrent, max_queue=max_queue,
+                           max_request_bytes=max_request_kb << 10, max_download_bytes=max_download_mb << 20,
+                           download_timeout=download_timeout)
+    typer.echo(f"ParaVT agent API on http://{host}:{port}/v1 (model {served_model_name!r}, "
+               f"{agent.policy.name} backend)", err=True)
+    serve(agent, settings, host=host, port=port)
 
 
 @app.command("serve")

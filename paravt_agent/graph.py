@@ -125,7 +125,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
                                     prefix=config.think_prefix, continuation=state.get("continuation"))
         record = PlannerTurn(turn=turn, text=gen.text, reasoning=split_think(gen.text)[0],
                              latency=time.perf_counter() - t0, prompt_tokens=gen.prompt_tokens,
-                             completion_tokens=gen.completion_tokens)
+                             completion_tokens=gen.completion_tokens, batch_size=gen.batch_size)
         return gen, record
 
     async def planner(state: AgentState) -> dict:
@@ -209,6 +209,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
                                                       p.index + 1))
             rec.summary = gen.text.strip()
             rec.prompt_tokens, rec.completion_tokens = gen.prompt_tokens, gen.completion_tokens
+            rec.batch_size = gen.batch_size
             update["records"] = [GenerationRecord("subagent", turn, p.index, gen, images_of(msgs))]
         else:
             rec.evidence = "text"

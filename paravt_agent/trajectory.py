@@ -32,6 +32,7 @@ class SubAgentRecord(BaseModel):
     latency: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    batch_size: int = 1  # how many model calls ran in the batch this one ran in (local backend)
 
     @property
     def slot_text(self) -> str:
@@ -48,6 +49,7 @@ class PlannerTurn(BaseModel):
     latency: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    batch_size: int = 1
     calls: list[SubAgentRecord] = Field(default_factory=list)
 
 

@@ -1,0 +1,518 @@
+"""The whole ParaVT agent behind an OpenAI-compatible endpoint (``paravt api``).
+
+Any OpenAI client talks to it; the "model" is the agent (planner, K sub-agents, answer)::
+
+    client.chat.completions.create(model="paravt", messages=[{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "talks/t1.mp4"}},     # under --video-root, or http(s)
+        {"type": "text", "text": "What colour is shown at second 48?\\nA. purple\\nB. yellow"}]}],
+        extra_body={"n_frames": 16, "max_turns": 3, "mode": "parallel"})
+
+- ``POST /v1/chat/completions``: the last user message holds the question (text parts) and the video
+  (a ``video_url`` part; a follow-up question without one reuses the latest video of the conversation).
+  MCQ options come as trailing ``A. ...`` / ``(B) ...`` lines of the text or as an ``options`` list.
+  Extra fields: ``options``, ``n_frames``, ``max_turns``, ``mode``. System messages are ignored: the
+  agent keeps the protocol its model was trained with. The reply's ``content`` is the answer;
+  ``paravt`` carries the trace id, the parsed choice or span, the windows and summaries; ``usage``
+  sums the tokens of the planner and every sub-agent.
+  ``stream: true``: Server-Sent Events as the run goes — the planner's reasoning as
+  ``reasoning_content`` deltas, one chunk per sub-agent as it finishes (``paravt.event = "subagent"``:
+  window, summary, latency), then the answer as ``content``, a final chunk with ``finish_reason``
+  and ``usage``, and ``[DONE]``.
+- ``POST /v1/feedback``: ``{"trace_id", "answer"?, "reward"?, "thumbs"?, "note"?}`` into the trajectory
+  store (online learning: ``paravt-train online`` reads it).
+- ``GET /v1/models``, ``GET /health``.
+
+Admission: at most ``max_concurrent`` questions run at once (the local backend batches their model
+calls) and ``max_queue`` more wait; beyond that a request is answered 429 with ``Retry-After`` at once,
+never left hanging. A client that disconnects cancels its question (its sub-agents stop). Local paths
+must lie under ``video_root`` (no root: local paths are refused); ``file://`` is refused; http(s)
+videos are downloaded with a size and a time limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import os
+import re
+import statistics
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from paravt_agent.agent import Agent
+from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, VideoError
+from paravt_agent.trajectory import Trace
+from paravt_agent.types import AnswerEvent, PlannerEvent, SubAgentEvent
+
+__all__ = ["ApiSettings", "create_app", "parse_request"]
+
+MODES = ("parallel", "sequential", "none")
+_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])[\)\.:]\s*(.+?)\s*$")
+
+
+@dataclass
+class ApiSettings:
+    """How the endpoint admits and checks requests (``paravt api --help`` documents each)."""
+
+    model_name: str = "paravt"
+    video_root: str | None = None
+    api_key: str | None = None
+    max_concurrent: int = 32
+    max_queue: int = 64
+    max_request_bytes: int = 1 << 20
+    max_download_bytes: int = 2 << 30
+    download_timeout: float = 300.0
+    max_turns_limit: int = 8
+    download_dir: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code, self.headers = status, message, kind, code, headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "code": self.code, "param": None}}
+
+
+# --------------------------------------------------------------------------- request parsing
+
+
+@dataclass
+class Question:
+    video: str  # as the client gave it (a path under the root, or an http(s) URL)
+    question: str
+    options: list[str] | None
+    n_frames: int | None
+    max_turns: int | None
+    mode: str | None
+    stream: bool
+    include_usage: bool
+
+
+def _split_options(text: str) -> tuple[str, list[str] | None]:
+    """Trailing ``A. ...`` lines (A, B, C, ... in order, at least two) become the options."""
+    lines = text.rstrip().splitlines()
+    opts: list[str] = []
+    i = len(lines)
+    while i > 0:
+        m = _OPTION_LINE.match(lines[i - 1])
+        if not m:
+            break
+        opts.insert(0, (m.group(1), m.group(2)))
+        i -= 1
+    letters = [k for k, _ in opts]
+    if len(opts) < 2 or letters != [chr(ord("A") + j) for j in range(len(opts))]:
+        return text.strip(), None
+    return "\n".join(lines[:i]).strip(), [v for _, v in opts]
+
+
+def _parts(content) -> list[dict]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise ApiError(400, "message content must be a string or a list of content parts")
+    return content
+
+
+def _video_of(part: dict) -> str | None:
+    kind = part.get("type")
+    if kind == "video_url":
+        v = part.get("video_url")
+        url = v.get("url") if isinstance(v, dict) else v
+        if not isinstance(url, str) or not url:
+            raise ApiError(400, "a video_url part needs video_url.url")
+        return url
+    if kind == "video":
+        v = part.get("video")
+        if not isinstance(v, str) or not v:
+            raise ApiError(400, "a video part needs a path or URL in `video`")
+        return v
+    return None
+
+
+def parse_request(body: Any, settings: ApiSettings) -> Question:
+    """The question, the video and the run's settings from a chat-completions body (400s on bad input)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model not in (None, "", settings.model_name):
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {settings.model_name!r}",
+                       code="model_not_found")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "`messages` must be a non-empty list")
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        raise ApiError(400, "no user message: the last user message holds the question and the video")
+    texts, video = [], None
+    for part in _parts(users[-1].get("content")):
+        if not isinstance(part, dict):
+            raise ApiError(400, "each content part must be an object")
+        v = _video_of(part)
+        if v is not None:
+            if video is not None:
+                raise ApiError(400, "one video per question: the message has more than one video part")
+            video = v
+        elif part.get("type") == "text":
+            texts.append(str(part.get("text") or ""))
+        elif part.get("type") in ("image_url", "input_audio", "audio_url"):
+            raise ApiError(400, f"{part['type']} parts are not supported: send the video as a video_url part")
+    if video is None:  # a follow-up question: the conversation's latest video
+        for m in reversed(users[:-1]):
+            for part in _parts(m.get("content")):
+                if isinstance(part, dict) and (v := _video_of(part)) is not None:
+                    video = v
+            if video is not None:
+                break
+    if video is None:
+        raise ApiError(400, 'no video: add a {"type": "video_url", "video_url": {"url": ...}} content part')
+    question, options = _split_options("\n".join(t for t in texts if t.strip()))
+    if body.get("options") is not None:
+        opts = body["options"]
+        if not isinstance(opts, list) or len(opts) < 2 or not all(isinstance(o, str) and o.strip() for o in opts):
+            raise ApiError(400, "`options` must be a list of at least two non-empty strings")
+        options = [o.strip() for o in opts]
+    if not question:
+        raise ApiError(400, "the question is empty: put it in a text part of the last user message")
+
+    def _int(name: str, low: int, high: int) -> int | None:
+        v = body.get(name)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise ApiError(400, f"`{name}` must be an integer in [{low}, {high}]", code=f"invalid_{name}")
+        return v
+
+    mode = body.get("mode")
+    if mode is not None and mode not in MODES:
+        raise ApiError(400, f"`mode` must be one of {', '.join(MODES)}", code="invalid_mode")
+    opts_ = body.get("stream_options") or {}
+    return Question(video=video, question=question, options=options, n_frames=_int("n_frames", 1, 64),
+                    max_turns=_int("max_turns", 1, settings.max_turns_limit), mode=mode,
+                    stream=bool(body.get("stream")), include_usage=bool(opts_.get("include_usage", True)))
+
+
+def resolve_video(video: str, settings: ApiSettings) -> str:
+    """A readable local path for the request's video, or an ApiError (what is refused and why)."""
+    low = video.lower()
+    if low.startswith(("http://", "https://")):
+        from paravt_agent.video.fetch import local_video
+
+        return local_video(video, cache=settings.download_dir, max_bytes=settings.max_download_bytes,
+                           timeout=settings.download_timeout)
+    if "://" in video[:16] or low.startswith("data:"):
+        raise ApiError(400, f"{video[:40]!r}: only paths under the server's video root and http(s) URLs are accepted",
+                       code="invalid_video")
+    if not settings.video_root:
+        raise ApiError(400, "this server accepts http(s) video URLs only (it was started without --video-root)",
+                       code="invalid_video")
+    root = Path(settings.video_root).resolve()
+    path = (root / video.lstrip("/")).resolve() if not Path(video).is_absolute() else Path(video).resolve()
+    if path != root and root not in path.parents:
+        raise ApiError(400, f"{video!r} is outside the server's video root", code="invalid_video")
+    if not path.is_file():
+        raise ApiError(404, f"{video!r}: no such video under the server's video root", code="video_not_found")
+    return str(path)
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def usage_of(trace: Trace) -> dict:
+    prompt, completion = trace.prompt_tokens, trace.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def extension_of(trace: Trace) -> dict:
+    calls = [{"turn": t.turn, "index": c.index, "tool": c.name, "window": c.window, "summary": c.summary,
+              "error": c.error, "latency": round(c.latency, 4), "batch_size": c.batch_size}
+             for t in trace.turns for c in t.calls]
+    return {"trace_id": trace.id, "choice": trace.choice, "span": trace.span, "ok": trace.ok, "errors": trace.errors,
+            "warnings": trace.warnings, "turns": len(trace.turns), "calls": calls,
+            "planner_batch_sizes": [t.batch_size for t in trace.turns],
+            "latency": round(trace.latency, 4)}
+
+
+def _think_of(text: str) -> str:
+    m = re.search(r"<think>(.*?)(?:</think>|$)", text, re.S)
+    return (m.group(1) if m else text).strip()
+
+
+def _chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, **extra) -> str:
+    obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+# --------------------------------------------------------------------------- the app
+
+
+class AgentService:
+    """The agents (one per requested mode/max_turns, all over one policy) and the admission control."""
+
+    def __init__(self, agent: Agent, settings: ApiSettings):
+        self.base, self.settings = agent, settings
+        self._agents: dict[tuple, Agent] = {(agent.config.mode, agent.config.max_turns): agent}
+        self._running = asyncio.Semaphore(settings.max_concurrent)
+        self.admitted = 0
+        self.latencies: deque[float] = deque(maxlen=64)
+
+    def agent(self, mode: str | None, max_turns: int | None) -> Agent:
+        key = (mode or self.base.config.mode, max_turns or self.base.config.max_turns)
+        if key not in self._agents:
+            cfg = self.base.config.model_copy(update={"mode": key[0], "max_turns": key[1]})
+            self._agents[key] = Agent(config=cfg, policy=self.base.policy, store=self.base.store)
+        return self._agents[key]
+
+    def admit(self) -> None:
+        s = self.settings
+        if self.admitted >= s.max_concurrent + s.max_queue:
+            typical = statistics.median(self.latencies) if self.latencies else 1.0
+            raise ApiError(429, f"the server is at capacity ({s.max_concurrent} running, {s.max_queue} waiting); "
+                           "retry later", kind="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(max(1, math.ceil(typical)))})
+        self.admitted += 1
+
+    def release(self) -> None:
+        self.admitted -= 1
+
+
+def create_app(agent: Agent, settings: ApiSettings | None = None):
+    """The FastAPI application serving ``agent`` (run it with uvicorn; ``paravt api`` does)."""
+    settings = settings or ApiSettings()
+    app = FastAPI(title="ParaVT agent API", version="1", docs_url=None, redoc_url=None)
+    state: dict[str, AgentService] = {}
+
+    def service() -> AgentService:
+        if "svc" not in state:  # created on the server's loop (its semaphore belongs there)
+            state["svc"] = AgentService(agent, settings)
+        return state["svc"]
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception):  # a bug of ours: still an OpenAI-shaped error
+        err = ApiError(500, f"{exc.__class__.__name__}: {exc}", kind="server_error", code="internal_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    app.add_middleware(_Guard, settings=settings)
+
+    async def read_json(request: Request) -> Any:
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > settings.max_request_bytes:
+                raise ApiError(413, f"the request is over {settings.max_request_bytes} bytes", code="too_large")
+        try:
+            return json.loads(buf or b"null")
+        except ValueError as exc:
+            raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
+                                            "owned_by": "paravt"}]}
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request):
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("trace_id"), str):
+            raise ApiError(400, "feedback needs a `trace_id` (the `paravt.trace_id` of an answer)")
+        store = agent.store
+        if store is None:
+            raise ApiError(400, "this server keeps no traces (start it with --store)", code="no_store")
+        reward = body.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+            raise ApiError(400, "`reward` must be a number")
+        thumbs = body.get("thumbs")
+        if thumbs is not None and not isinstance(thumbs, bool):
+            raise ApiError(400, "`thumbs` must be true or false")
+        try:
+            seq = await asyncio.to_thread(store.feedback, body["trace_id"], answer=body.get("answer"),
+                                          reward=reward, thumbs=thumbs, note=body.get("note"))
+        except ParaVTError as exc:
+            raise ApiError(404 if "no trace" in str(exc) else 400, str(exc)) from None
+        return {"object": "feedback", "seq": seq, "trace_id": body["trace_id"]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await read_json(request)
+        q = parse_request(body, settings)
+        svc = service()
+        svc.admit()
+        try:
+            path = await asyncio.to_thread(resolve_video, q.video, settings)
+            ag = svc.agent(q.mode, q.max_turns)
+        except ParaVTError as exc:
+            svc.release()
+            raise _as_api_error(exc) from None
+        except BaseException:
+            svc.release()
+            raise
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if q.stream:
+            return StreamingResponse(_stream(request, svc, ag, path, q, cid, created), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            async with svc._running:
+                task = asyncio.ensure_future(ag.aanswer(path, q.question, q.options, n_frames=q.n_frames))
+                while not task.done():  # a client that goes away cancels its question
+                    await asyncio.wait({task}, timeout=0.25)
+                    if not task.done() and await request.is_disconnected():
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+                        raise ApiError(499, "the client disconnected", code="client_closed")
+                ans = task.result()
+        except ParaVTError as exc:
+            raise _as_api_error(exc) from None
+        finally:
+            svc.release()
+        svc.latencies.append(ans.trace.latency)
+        tr = ans.trace
+        return {
+            "id": f"chatcmpl-{tr.id}", "object": "chat.completion", "created": created, "model": settings.model_name,
+            "choices": [{"index": 0, "finish_reason": "stop" if tr.ok else "error", "logprobs": None,
+                         "message": {"role": "assistant", "content": ans.text,
+                                     "reasoning_content": "\n\n".join(_think_of(t.text) for t in tr.turns)}}],
+            "usage": usage_of(tr), "paravt": extension_of(tr),
+        }
+
+    async def _stream(request: Request, svc: AgentService, ag: Agent, path: str, q: Question, cid: str,
+                      created: int) -> AsyncIterator[str]:
+        """The run goes in its own task, its events through a queue: a disconnect (or the response being torn
+        down) cancels that task explicitly, which stops the graph and its sub-agents."""
+        name = settings.model_name
+        events: asyncio.Queue = asyncio.Queue()
+        end = object()
+
+        async def produce():
+            try:
+                async with svc._running:
+                    async for ev in ag.astream(path, q.question, q.options, n_frames=q.n_frames):
+                        events.put_nowait(ev)
+            except Exception as exc:  # noqa: BLE001 (handed to the stream)
+                events.put_nowait(exc)
+            finally:
+                svc.release()  # when the run has really stopped
+                events.put_nowait(end)
+
+        async def watch():  # servers on ASGI 2.4 report a disconnect only at the next write: listen for it
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            producer.cancel()
+
+        producer = asyncio.ensure_future(produce())
+        spec = tuple(int(x) for x in request.scope.get("asgi", {}).get("spec_version", "2.0").split("."))
+        # below 2.4 Starlette listens itself and cancels this generator, whose finally cancels the run
+        watcher = asyncio.ensure_future(watch()) if spec >= (2, 4) else None
+        try:
+            yield _chunk(cid, created, name, {"role": "assistant", "content": ""})
+            while (ev := await events.get()) is not end:
+                if isinstance(ev, Exception):
+                    err = _as_api_error(ev) if isinstance(ev, ParaVTError) else ApiError(
+                        500, f"{ev.__class__.__name__}: {ev}", kind="server_error", code="internal_error")
+                    yield f"data: {json.dumps(err.body())}\n\n"
+                elif isinstance(ev, PlannerEvent):
+                    calls = [{"index": c.index, "label": c.label, "window": c.window, "error": c.error}
+                             for c in ev.calls]
+                    yield _chunk(cid, created, name, {"reasoning_content": _think_of(ev.text) + "\n"},
+                                 paravt={"event": "planner", "turn": ev.turn, "calls": calls,
+                                         "forced_final": ev.forced_final})
+                elif isinstance(ev, SubAgentEvent):
+                    r = ev.record
+                    yield _chunk(cid, created, name, {},
+                                 paravt={"event": "subagent", "turn": ev.turn, "index": r.index, "tool": r.name,
+                                         "window": r.window, "summary": r.summary, "error": r.error,
+                                         "latency": round(r.latency, 4)})
+                elif isinstance(ev, AnswerEvent):
+                    tr = ev.answer.trace
+                    svc.latencies.append(tr.latency)
+                    yield _chunk(cid, created, name, {"content": ev.answer.text})
+                    extra = {"paravt": {"event": "answer", **extension_of(tr)}}
+                    if q.include_usage:
+                        extra["usage"] = usage_of(tr)
+                    yield _chunk(cid, created, name, {}, "stop" if tr.ok else "error", **extra)
+            if not producer.cancelled():
+                yield "data: [DONE]\n\n"
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            # cancelled once; not gather(): a torn-down response's task is cancelled again and again, and
+            # gather would pass each of those on, interrupting LangGraph while it cancels its node tasks
+            producer.cancel()
+            await asyncio.wait({producer})
+
+    app.state.service = service
+    return app
+
+
+class _Guard:
+    """Pure ASGI (BaseHTTPMiddleware would hide client disconnects from the handlers): the API key and
+    the declared request size, checked before a handler runs."""
+
+    def __init__(self, app, settings: ApiSettings):
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            err, extra = None, {}
+            if self.settings.api_key:
+                given = headers.get("authorization", "")
+                token = given[7:] if given.lower().startswith("bearer ") else ""
+                if not hmac.compare_digest(token.encode(), self.settings.api_key.encode()):
+                    err = ApiError(401, "missing or wrong API key (Authorization: Bearer ...)",
+                                   kind="authentication_error", code="invalid_api_key")
+                    extra = {"WWW-Authenticate": "Bearer"}
+            size = headers.get("content-length", "")
+            if err is None and size.isdigit() and int(size) > self.settings.max_request_bytes:
+                err = ApiError(413, f"the request is over {self.settings.max_request_bytes} bytes", code="too_large")
+            if err is not None:
+                await JSONResponse(err.body(), status_code=err.status, headers=extra)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _as_api_error(exc: ParaVTError) -> ApiError:
+    if isinstance(exc, VideoError | ConfigError):
+        return ApiError(400, str(exc), code="invalid_video" if isinstance(exc, VideoError) else "invalid_config")
+    if isinstance(exc, PolicyError):
+        if exc.transient:
+            return ApiError(503, str(exc), kind="server_error", code="model_unavailable", headers={"Retry-After": "5"})
+        return ApiError(502, str(exc), kind="server_error", code="model_error")
+    return ApiError(400, str(exc))
+
+
+def serve(agent: Agent, settings: ApiSettings, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "info") -> None:
+    """Run the endpoint with uvicorn until interrupted."""
+    import uvicorn
+
+    if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
+        print(f"warning: serving on {host} without --api-key: anyone who reaches this port can use the agent",
+              flush=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    uvicorn.run(create_app(agent, settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30)

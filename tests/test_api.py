@@ -1,0 +1,313 @@
+"""``paravt api``: the agent behind an OpenAI-compatible endpoint, driven by real clients on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from paravt_agent.agent import Agent
+from paravt_agent.api import ApiSettings, create_app
+from paravt_agent.policy.base import Policy, text_of
+from paravt_agent.policy.scripted import ScriptedPolicy, role_of
+from paravt_agent.store import TrajectoryStore
+from paravt_agent.types import Generation
+from tests.conftest import free_port
+
+CALLS = "".join(
+    f'<tool_call>{{"name": "crop_video", "arguments": {{"start_time": {a}, "end_time": {b}}}}}</tool_call>'
+    for a, b in ((0, 8), (10, 18), (20, 28)))
+
+
+def script(role, messages):
+    if role == "subagent":
+        return "The window shows a green screen."
+    if "<tool_response>" in text_of(messages[-1]["content"]):
+        return "<think>\nThe second window is green, so B.</think>\n<answer>B</answer>"
+    return "<think>\nI should look at three windows at once.</think>\n" + CALLS
+
+
+class Server:
+    """A uvicorn server for an app, in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "the API server did not start"
+            time.sleep(0.05)
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(agent, **settings):
+        s = Server(create_app(agent, ApiSettings(**settings)))
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def user(video, text):
+    return [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": video}},
+                                         {"type": "text", "text": text}]}]
+
+
+QUESTION = "What colour is shown at second 12?\nA. red\nB. green\nC. blue"
+
+
+def test_openai_client_plain_and_streaming(media, serve, tmp_path):
+    from openai import OpenAI
+
+    store = TrajectoryStore(tmp_path / "traces.db")
+    agent = Agent(policy=ScriptedPolicy(script), store=store)
+    srv = serve(agent, video_root=str(media["dir"]))
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["paravt"]
+
+    r = client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION))
+    ext = r.model_extra["paravt"]
+    assert r.choices[0].message.content == "B" and ext["choice"] == "B" and ext["ok"]
+    assert [c["window"] for c in ext["calls"]] == [[0.0, 8.0], [10.0, 18.0], [20.0, 28.0]]
+    assert all(c["summary"] == "The window shows a green screen." for c in ext["calls"])
+    stored = store.get(ext["trace_id"])  # the trace id names the stored trace
+    assert stored.choice == "B" and stored.options == ["red", "green", "blue"]  # options parsed from the text
+    assert stored.question == "What colour is shown at second 12?"
+    assert r.usage.total_tokens == stored.prompt_tokens + stored.completion_tokens > 0
+    # the same answer as in-process
+    direct = Agent(policy=ScriptedPolicy(script)).answer(media["video"], stored.question, ["red", "green", "blue"])
+    assert direct.text == r.choices[0].message.content
+
+    # streaming: reasoning first, one event per sub-agent, then the answer, then usage
+    stream = client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION), stream=True,
+                                            extra_body={"n_frames": 8, "max_turns": 2})
+    kinds, reasoning, content, finish, usage = [], "", "", None, None
+    for chunk in stream:
+        ext = (chunk.model_extra or {}).get("paravt")
+        if ext:
+            kinds.append(ext["event"])
+        if chunk.choices:
+            d = chunk.choices[0].delta
+            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+            content += d.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert kinds == ["planner", "subagent", "subagent", "subagent", "planner", "answer"]
+    assert "three windows" in reasoning and "second window is green" in reasoning
+    assert content == "B" and finish == "stop" and usage.total_tokens > 0
+    assert len(store.export()) == 2
+    newest = max(store.export(), key=lambda t: t["created"])
+    assert len(newest["overview_timestamps"]) == 8  # n_frames reached the agent
+
+    # feedback from an HTTP client lands in the store
+    fb = httpx.post(srv.url + "/v1/feedback", json={"trace_id": newest["id"],
+                                                    "answer": "B", "thumbs": True}).json()
+    assert store.feedback_since(0)[-1]["seq"] == fb["seq"] and store.feedback_since(0)[-1]["answer"] == "B"
+
+
+def test_curl_plain_and_streaming(media, serve):
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    srv = serve(Agent(policy=ScriptedPolicy(script)), video_root=str(media["dir"]))
+    body = {"model": "paravt", "messages": user("colours.mp4", "What colour is it?"), "options": ["red", "green"]}
+    out = subprocess.run(["curl", "-s", srv.url + "/v1/chat/completions", "-H", "Content-Type: application/json",
+                          "-d", json.dumps(body)], capture_output=True, text=True, timeout=60).stdout
+    r = json.loads(out)
+    assert r["object"] == "chat.completion" and r["choices"][0]["message"]["content"] == "B"
+    out = subprocess.run(["curl", "-sN", srv.url + "/v1/chat/completions", "-H", "Content-Type: application/json",
+                          "-d", json.dumps({**body, "stream": True})], capture_output=True, text=True,
+                         timeout=60).stdout
+    events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "B"
+
+
+def test_bad_requests_get_clear_errors(media, serve, tmp_path):
+    import http.server
+
+    outside = tmp_path / "outside.mp4"
+    shutil.copy(media["video"], outside)
+    srv = serve(Agent(policy=ScriptedPolicy(script)), video_root=str(media["dir"]), max_request_bytes=4096,
+                max_download_bytes=1000, download_dir=str(tmp_path / "dl"))
+    url = srv.url + "/v1/chat/completions"
+
+    def post(body, **kw):
+        return httpx.post(url, json=body, timeout=30, **kw)
+
+    def err(r, status, words):
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]["message"], r.json()
+
+    err(post({"messages": user("file:///etc/passwd", "q?")}), 400, "only paths under")
+    err(post({"messages": user("../outside.mp4", "q?")}), 400, "outside the server's video root")
+    err(post({"messages": user(str(outside), "q?")}), 400, "outside the server's video root")
+    err(post({"messages": user("missing.mp4", "q?")}), 404, "no such video")
+    err(post({"messages": [{"role": "user", "content": "what colour?"}]}), 400, "no video")
+    err(post({"messages": user("colours.mp4", "  ")}), 400, "question is empty")
+    err(post({"model": "gpt-4o", "messages": user("colours.mp4", "q?")}), 404, "does not exist")
+    err(post({"messages": user("colours.mp4", "q?"), "n_frames": 0}), 400, "n_frames")
+    err(post({"messages": user("colours.mp4", "q?"), "mode": "fast"}), 400, "mode")
+    err(post({"messages": user("colours.mp4", "q?"), "options": ["only one"]}), 400, "options")
+    err(post({"messages": user("colours.mp4", "x" * 5000)}), 413, "over 4096 bytes")
+    err(httpx.post(url, content=b"{nope", headers={"content-type": "application/json"}), 400, "not valid JSON")
+    err(httpx.post(srv.url + "/v1/feedback", json={"trace_id": "x", "answer": "A"}), 400, "--store")
+    # an http(s) video over the download limit
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(media["dir"]), **k)  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        err(post({"messages": user(f"http://127.0.0.1:{httpd.server_address[1]}/colours.mp4", "q?")}), 400,
+            "download limit")
+    finally:
+        httpd.shutdown()
+    # follow-up question: the video of an earlier message is reused
+    msgs = user("colours.mp4", "first?") + [{"role": "assistant", "content": "B"},
+                                            {"role": "user", "content": "And now? (A) red (B) green"}]
+    assert post({"messages": msgs, "options": ["red", "green"]}).json()["choices"][0]["message"]["content"] == "B"
+
+
+def test_api_key(media, serve):
+    srv = serve(Agent(policy=ScriptedPolicy(script)), video_root=str(media["dir"]), api_key="s3cret")
+    body = {"messages": user("colours.mp4", "What colour?\nA. red\nB. green")}
+    assert httpx.post(srv.url + "/v1/chat/completions", json=body).status_code == 401
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(srv.url + "/v1/models").status_code == 401
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"}, timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "B"
+    assert httpx.get(srv.url + "/health").status_code == 200  # liveness needs no key
+
+
+def test_a_full_queue_answers_429_at_once(media, serve):
+    srv = serve(Agent(policy=ScriptedPolicy(script, delay=0.5)), video_root=str(media["dir"]), max_concurrent=1,
+                max_queue=1)
+    body = {"messages": user("colours.mp4", "What colour?\nA. red\nB. green")}
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def one(delay):
+                await asyncio.sleep(delay)
+                t0 = time.perf_counter()
+                r = await client.post(srv.url + "/v1/chat/completions", json=body)
+                return r, time.perf_counter() - t0
+
+            return await asyncio.gather(one(0), one(0.05), one(0.3))
+
+    (a, _), (b, _), (c, tc) = asyncio.run(run())
+    assert a.status_code == b.status_code == 200  # one runs, one waits its turn
+    assert c.status_code == 429 and int(c.headers["Retry-After"]) >= 1 and tc < 0.5  # no hang
+    assert c.json()["error"]["code"] == "queue_full"
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)  # capacity comes back
+    assert r.status_code == 200
+
+
+class SlowSubAgents(Policy):
+    """The planner dispatches four calls; each sub-agent takes 3 s unless cancelled (counted)."""
+
+    name = "slow"
+
+    def __init__(self):
+        self.started = self.cancelled = self.finished = 0
+
+    async def generate(self, messages, sampling, prefix="", continuation=None):
+        if role_of(messages) == "planner":
+            calls = "".join(f'<tool_call>{{"name": "crop_video", "arguments": {{"start_time": {s}, '
+                            f'"end_time": {s + 5}}}}}</tool_call>' for s in (0, 10, 20, 30))
+            return Generation(text=prefix + "look</think>" + calls)
+        self.started += 1
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.finished += 1
+        return Generation(text="green")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_disconnect_cancels_its_subagents(media, serve, stream):
+    policy = SlowSubAgents()
+    srv = serve(Agent(policy=policy), video_root=str(media["dir"]))
+    body = {"messages": user("colours.mp4", "What colour?"), "stream": stream}
+    with (pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=httpx.Timeout(60, read=1.0)) as client,
+          client.stream("POST", srv.url + "/v1/chat/completions", json=body) as r):
+        for _ in r.iter_lines():
+            pass
+    deadline = time.time() + 5
+    while policy.cancelled < 4 and time.time() < deadline:
+        time.sleep(0.05)
+    assert policy.started == 4 and policy.cancelled == 4 and policy.finished == 0
+    assert srv.server.config.app.state.service().admitted == 0  # its place in the queue is free again
+
+
+@pytest.mark.slow
+def test_paravt_api_on_the_toy_policy_answers_32_concurrent_requests(toy_rl, tmp_path):
+    """The real CLI with the local backend: 32 questions at once, all answered, their model calls batched."""
+    from openai import AsyncOpenAI
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "paravt_agent.cli", "api", "--port", str(port), "--video-root",
+                             toy_rl["video_root"], "--max-concurrent", "32", "--store", str(tmp_path / "t.db")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "paravt api did not start"
+            time.sleep(0.3)
+        items = []
+        for w in toy_rl["worlds"]:
+            mcq = [q for q in w.questions if q.options][:1]
+            items += [(w, q) for q in mcq] * 8
+
+        async def run():
+            client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=600)
+
+            async def one(w, q):
+                return await client.chat.completions.create(
+                    model="paravt", messages=user(Path(w.video).name, q.question),
+                    extra_body={"options": q.options, "n_frames": 8})
+
+            return await asyncio.gather(*(one(w, q) for w, q in items))
+
+        replies = asyncio.run(run())
+        assert len(replies) == 32 and all(r.choices[0].message.content for r in replies)
+        exts = [r.model_extra["paravt"] for r in replies]
+        assert all(e["ok"] for e in exts)
+        sizes = [b for e in exts for b in e["planner_batch_sizes"]] + [c["batch_size"] for e in exts for c in e["calls"]]
+        assert max(sizes) > 1  # concurrent questions shared batches on the local backend
+        right = sum(e["choice"] == q.answer for e, (_, q) in zip(exts, items, strict=True))
+        assert right >= 24, right  # the shipped toy policy answers these colour questions
+        assert TrajectoryStore(tmp_path / "t.db").count() == 32
+    finally:
+        proc.terminate()
+        proc.wait(20)

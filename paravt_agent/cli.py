@@ -154,7 +154,10 @@ def serve_cmd(
     model: str = typer.Argument(..., help="Model path or hub name of a Qwen3-VL checkpoint."),
     host: str = typer.Option("127.0.0.1", help="Bind address."),
     port: int = typer.Option(30000, help="Port."),
-    tp: int = typer.Option(1, help="Tensor-parallel GPUs."),
+    tp: int = typer.Option(1, help="Tensor-parallel GPUs (per worker with --dp)."),
+    dp: int = typer.Option(1, min=1, help="Data-parallel workers: N SGLang servers (ports PORT+1..PORT+N, TP GPUs "
+                                          "each) behind sglang-router on PORT, which spreads requests (cache-aware) "
+                                          "and retries on another worker when one fails."),
     mem_fraction: float = typer.Option(None, help="--mem-fraction-static for SGLang."),
     context_length: int = typer.Option(65536, help="Context length (64 frames of 256 tokens need ~17K)."),
     vlm_cache_mb: int = typer.Option(4096, help="SGLANG_VLM_CACHE_SIZE_MB (at least 4096 for 64-frame inputs)."),
@@ -174,8 +177,30 @@ def serve_cmd(
     if served != model:
         typer.echo(f"serving {served}: {model} with an image processor that keeps the protocol's frame sizes",
                    err=True)
-    argv, env = sglang_command(served, host, port, tp, mem_fraction, context_length, vlm_cache_mb=vlm_cache_mb,
-                               deterministic=deterministic)
+    kw = dict(mem_fraction=mem_fraction, context_length=context_length, vlm_cache_mb=vlm_cache_mb,
+              deterministic=deterministic)
+    if dp > 1:
+        from paravt_agent.serve import launch_router, router_commands
+
+        workers, router = router_commands(served, dp, host, port, tp, **kw)
+        lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv) for argv, env in workers]
+        lines.append(shlex.join(router))
+        if dry_run:
+            typer.echo("\n".join(lines))
+            return
+        typer.echo("starting:\n  " + "\n  ".join(lines), err=True)
+        try:
+            procs = launch_router(workers, router, host, port)
+        except ParaVTError as exc:
+            _fail(str(exc))
+        typer.echo(f"healthy: http://{host}:{port}/v1 ({dp} workers behind sglang-router; Ctrl-C to stop)", err=True)
+        try:
+            sys.exit(procs[-1].wait())
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+        return
+    argv, env = sglang_command(served, host, port, tp, **kw)
     line = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv)
     if dry_run:
         typer.echo(line)
@@ -190,7 +215,6 @@ def serve_cmd(
         sys.exit(proc.wait())
     except KeyboardInterrupt:
         proc.terminate()
-
 
 if __name__ == "__main__":
     app()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 
-__all__ = ["launch", "protocol_model_dir", "sglang_command", "wait_healthy"]
+__all__ = ["launch", "launch_router", "protocol_model_dir", "router_commands", "sglang_command", "wait_healthy"]
 
 #: 64-frame inputs need a larger multimodal cache (paper, Appendix B: ~134 MB per 64-frame video).
 MIN_VLM_CACHE_MB = 4096
@@ -150,3 +150,45 @@ def launch(argv: list[str], env: dict[str, str], host: str, port: int, timeout: 
         proc.terminate()
         raise
     return proc
+
+
+def router_commands(
+    model: str, dp: int, host: str = "127.0.0.1", port: int = 30000, tp: int = 1, policy: str = "cache_aware",
+    **worker_kw,
+) -> tuple[list[tuple[list[str], dict[str, str]]], list[str]]:
+    """``dp`` SGLang workers (ports ``port+1 … port+dp``, ``tp`` GPUs each from ``--base-gpu-id``) and the
+    ``sglang-router`` in front of them on ``port``: ``([(worker argv, env), ...], router argv)``.
+
+    Workers listen on 127.0.0.1 (only the router faces clients). ``cache_aware`` routing sends requests
+    that share a prefix (a question's G rollouts, a planner's later turns) to the worker that holds it
+    in its radix cache."""
+    if dp < 1:
+        raise ValueError("dp must be at least 1")
+    workers, urls = [], []
+    for i in range(dp):
+        wport = port + 1 + i
+        argv, env = sglang_command(model, "127.0.0.1", wport, tp, **worker_kw)
+        workers.append((argv + ["--base-gpu-id", str(i * tp)], env))
+        urls.append(f"http://127.0.0.1:{wport}")
+    router = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
+              "--policy", policy, "--worker-urls", *urls]
+    return workers, router
+
+
+def launch_router(workers: list[tuple[list[str], dict[str, str]]], router: list[str], host: str, port: int,
+                  timeout: float = 900.0) -> list[subprocess.Popen]:
+    """Start the workers, wait until each is healthy, then the router; every process is stopped if any fails."""
+    if importlib.util.find_spec("sglang_router") is None:
+        raise PolicyError("sglang-router is not installed: `pip install sglang-router` (or 'paravt[sglang]')")
+    procs: list[subprocess.Popen] = []
+    try:
+        for argv, env in workers:
+            procs.append(launch(argv, env, "127.0.0.1", int(argv[argv.index("--port") + 1]), timeout=timeout))
+        proc = subprocess.Popen(router)
+        procs.append(proc)
+        wait_healthy(f"http://{host}:{port}", timeout=120, proc=proc)
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        raise
+    return procs

@@ -18,8 +18,10 @@ mode matters on a server that is answering users while it learns
 to the queue and flushes the cache with the update, so they restart on the new
 weights; ``in_place`` keeps them where they are and must not flush (SGLang
 refuses a flush while requests run, and its scheduler asserts on it); ``abort``
-ends them (the ``sglang`` policy retries aborted replies). Several servers (a
-router's workers) are updated one after the other.
+ends them (the ``sglang`` policy retries aborted replies). Several servers are
+updated one after the other; an endpoint that is an SGLang router (``paravt
+serve --dp N``) stands for the workers its ``GET /workers`` lists, since the
+router forwards generation, not weight updates.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 
-__all__ = ["PAUSE_MODES", "SGLangTensorSync", "SGLangWeightSync", "device_uuid", "serialize_named_tensors",
+__all__ = ["PAUSE_MODES", "SGLangTensorSync", "SGLangWeightSync", "device_uuid", "expand_routers",
+           "serialize_named_tensors",
            "tag_device_uuid"]
 
 PAUSE_MODES = ("retract", "in_place", "abort")
@@ -51,6 +54,27 @@ def _json(resp) -> dict:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def expand_routers(client, urls: list[str]) -> list[str]:
+    """Each URL, or the workers behind it when it is an SGLang router (``GET /workers`` lists them): the router
+    forwards generation but not weight updates, so every worker is updated directly. Asked at each push, so
+    workers added to the router later are updated too."""
+    out: list[str] = []
+    for url in urls:
+        workers = None
+        try:
+            resp = client.get(f"{url}/workers", timeout=10)
+            data = _json(resp) if resp.status_code == 200 else {}
+            listed = data.get("workers")
+            if isinstance(listed, list) and listed and all(isinstance(w, dict) and w.get("url") for w in listed):
+                workers = [_base_url(w["url"]) for w in listed]
+        except Exception:  # noqa: BLE001 (a plain server: no /workers)
+            workers = None
+        for w in workers or [url]:
+            if w not in out:
+                out.append(w)
+    return out
 
 
 class _Paused:
@@ -94,7 +118,7 @@ class SGLangWeightSync:
 
         results = []
         with httpx.Client(timeout=self.timeout) as client:
-            for url in self.urls:
+            for url in expand_routers(client, self.urls):
                 try:
                     with _Paused(client, url, self.pause_mode):
                         resp = client.post(f"{url}/update_weights_from_disk", json={
@@ -188,7 +212,8 @@ class SGLangTensorSync:
         buckets = list(self.buckets(named_tensors))
         sent = 0
         with httpx.Client(timeout=self.timeout) as client:
-            for url in self.urls:
+            targets = expand_routers(client, self.urls)
+            for url in targets:
                 sent = 0
                 try:
                     with _Paused(client, url, self.pause_mode):
@@ -205,4 +230,4 @@ class SGLangTensorSync:
                             sent += len(bucket)
                 except httpx.HTTPError as exc:
                     raise PolicyError(f"weight sync to {url} failed: {exc}", transient=True) from exc
-        return {"success": True, "tensors": sent, "buckets": len(buckets), "servers": len(self.urls)}
+        return {"success": True, "tensors": sent, "buckets": len(buckets), "servers": len(targets)}

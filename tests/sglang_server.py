@@ -280,6 +280,8 @@ def make_handler(engine: Engine):
         def do_GET(self):  # noqa: N802
             if self.path == "/health":
                 self._send(200, {})
+            elif self.path == "/get_server_info":  # SGLang's has the server args; this test server's counts
+                self._send(200, {"served_requests": engine.requests, "weight_version": engine.weight_version})
             elif self.path == "/get_model_info":
                 self._send(200, {"model_path": engine.model_dir, "tokenizer_path": engine.model_dir,
                                  "is_generation": True, "weight_version": engine.weight_version})

@@ -43,6 +43,16 @@ def test_paravt_serve_dry_run():
     assert "--tool-call-parser" in out and "--context-length" in out
 
 
+def test_paravt_serve_dp_dry_run_puts_workers_behind_the_router():
+    lines = run("paravt", "serve", "Qwen/Qwen3-VL-8B-Instruct", "--port", "31000", "--tp", "2", "--dp", "2",
+                "--dry-run").stdout.strip().splitlines()
+    assert len(lines) == 3
+    assert "--port 31001" in lines[0] and "--base-gpu-id 0" in lines[0] and "--host 127.0.0.1" in lines[0]
+    assert "--port 31002" in lines[1] and "--base-gpu-id 2" in lines[1] and "--tp 2" in lines[1]
+    assert "sglang_router.launch_router" in lines[2] and "--port 31000" in lines[2]
+    assert lines[2].endswith("--worker-urls http://127.0.0.1:31001 http://127.0.0.1:31002")
+
+
 def test_paravt_serve_without_sglang_says_how_to_install():
     res = run("paravt", "serve", "some/model", check=False)
     assert res.returncode == 1 and "pip install 'paravt[sglang]'" in res.stderr
@@ -55,7 +65,8 @@ def test_paravt_answer_default_is_the_toy_policy(media, tmp_path):
 
 
 def test_help_texts():
-    for cmd in (["paravt", "--help"], ["paravt", "answer", "--help"], ["paravt", "serve", "--help"]):
+    for cmd in (["paravt", "--help"], ["paravt", "answer", "--help"], ["paravt", "serve", "--help"],
+                ["paravt", "api", "--help"]):
         assert run(*cmd).returncode == 0
 
 

@@ -1,0 +1,103 @@
+"""Deployment engines, for real on 127.0.0.1: SGLang's router in front of two SGLang-API workers, and
+LangGraph's own server (``langgraph dev``) serving the ParaVT graph."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+BIN = os.path.dirname(sys.executable)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout: float = 120, log=None) -> None:
+    deadline = time.time() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"{url}: the process exited ({proc.returncode}): {log() if log else ''}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, f"{url} did not come up"
+        time.sleep(0.3)
+
+
+def _served(worker) -> int:
+    return httpx.get(worker.url + "/get_server_info", timeout=10).json()["served_requests"]
+
+
+@pytest.mark.slow
+def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_dies(toy_policy_dir, toy_rl,
+                                                                                 sglang_stub, tmp_path):
+    pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
+    from paravt_agent.agent import Agent
+    from paravt_train.weight_sync import SGLangWeightSync
+
+    w1, w2 = sglang_stub(toy_policy_dir), sglang_stub(toy_policy_dir)
+    port = free_port()
+    router_url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "router.log"
+    with log.open("w") as f:
+        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                                   "--port", str(port), "--policy", "round_robin", "--prometheus-port", str(free_port()),
+                                   "--worker-urls", w1.url, w2.url],
+                                  stdout=f, stderr=subprocess.STDOUT)
+    try:
+        _wait(router_url + "/health", router, log=lambda: log.read_text()[-2000:])
+        assert sorted(w["url"] for w in httpx.get(router_url + "/workers").json()["workers"]) == sorted(
+            [w1.url, w2.url])
+
+        # the agent through the router: its calls spread over both workers
+        w = toy_rl["worlds"][0]
+        q = next(q for q in w.questions if q.options)
+        ans = Agent(model=toy_policy_dir, backend="sglang", endpoint=router_url).answer(w.video, q.question,
+                                                                                        q.options, n_frames=8)
+        assert ans.ok and ans.choice == q.answer
+        assert _served(w1) > 0 and _served(w2) > 0
+
+        # a weight push to the router reaches every worker behind it
+        before = [httpx.get(s.url + "/get_model_info").json()["weight_version"] for s in (w1, w2)]
+        SGLangWeightSync(router_url, tmp_path / "weights").push(Path(toy_policy_dir))
+        after = [httpx.get(s.url + "/get_model_info").json()["weight_version"] for s in (w1, w2)]
+        assert after == [b + 1 for b in before]
+
+        # an eval shard through the router; one worker is killed midway and no question is lost
+        out = tmp_path / "eval.jsonl"
+        start = _served(w2)
+        ev = subprocess.Popen([os.path.join(BIN, "paravt-train"), "eval", "-b", "toy", "--root",
+                               f"toy={toy_rl['data']}", "--backend", "sglang", "--model", toy_policy_dir,
+                               "--endpoint", router_url, "--shard", "0/2", "--out", str(out), "--concurrency", "2",
+                               "--set", "frames.n_frames=8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+        deadline = time.time() + 300
+        while _served(w2) < start + 3:
+            assert ev.poll() is None, ev.stderr.read()[-3000:]
+            assert time.time() < deadline
+            time.sleep(0.2)
+        w2.close()  # killed mid-run
+        killed_at = len(out.read_text().splitlines()) if out.exists() else 0
+        stdout, stderr = ev.communicate(timeout=600)
+        assert ev.returncode == 0, stderr[-3000:]
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        from paravt_train.benchmarks.toy import load_toy
+
+        expected = len(load_toy(Path(toy_rl["data"]))[0::2])
+        assert len(rows) == expected and killed_at < expected  # the kill happened before the shard was done
+        assert all(not r["errors"] for r in rows), [r["errors"] for r in rows if r["errors"]]
+        assert all(r["answer_text"].strip() for r in rows)
+        mcq = [r["correct"] for r in rows if "correct" in r]
+        assert mcq and sum(mcq) / len(mcq) >= 0.5  # the toy policy's answers, not empty replies
+    finally:
+        router.terminate()
+        router.wait(20)

@@ -101,3 +101,61 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
     finally:
         router.terminate()
         router.wait(20)
+
+
+@pytest.mark.slow
+def test_langgraph_dev_serves_the_paravt_graph(toy_policy_dir, toy_rl, tmp_path):
+    """`langgraph dev` with the repository's langgraph.json: LangGraph's own API (threads, runs, streaming)
+    answers as Agent.answer does."""
+    pytest.importorskip("langgraph_api", reason="langgraph-cli[inmem] is not installed")
+    from langgraph_sdk import get_client
+
+    from paravt_agent.agent import Agent
+
+    port = free_port()
+    log = tmp_path / "langgraph.log"
+    env = {**os.environ, "LANGSMITH_TRACING": "false", "PARAVT_MODEL": toy_policy_dir,
+           "PARAVT_VIDEO_ROOT": toy_rl["video_root"]}
+    with log.open("w") as f:  # run from elsewhere: the dev server keeps its state in the working directory
+        server = subprocess.Popen([os.path.join(BIN, "langgraph"), "dev", "--no-browser", "--no-reload", "--host",
+                                   "127.0.0.1", "--port", str(port), "--config", str(REPO / "langgraph.json")],
+                                  cwd=tmp_path, env=env, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait(url + "/ok", server, log=lambda: log.read_text()[-3000:])
+        w = toy_rl["worlds"][1]
+        q = next(q for q in w.questions if q.options)
+        inp = {"video": Path(w.video).name, "question": q.question, "options": q.options, "n_frames": 8}
+
+        async def run():
+            client = get_client(url=url)
+            assert [a["graph_id"] for a in await client.assistants.search()] == ["paravt"]
+            thread = await client.threads.create()
+            events, values = [], None
+            async for part in client.runs.stream(thread["thread_id"], "paravt", input=inp,
+                                                 stream_mode=["custom", "values"]):
+                if part.event == "custom":
+                    events.append(part.data)
+                elif part.event == "values":
+                    values = part.data
+            state = await client.threads.get_state(thread["thread_id"])
+            bad = await client.runs.wait(None, "paravt", input={**inp, "video": "../../etc/passwd"},
+                                        raise_error=False)
+            return events, values, state, bad
+
+        import asyncio
+
+        events, values, state, bad = asyncio.run(run())
+        kinds = [e["event"] for e in events]
+        assert kinds[0] == "overview" and kinds.count("planner") >= 2 and "subagent" in kinds
+        assert len(events[0]["timestamps"]) == 8
+        direct = Agent(model=toy_policy_dir).answer(w.video, q.question, q.options, n_frames=8)
+        assert values["ok"] and values["choice"] == direct.choice == q.answer
+        assert values["answer"] == direct.text
+        assert values["trace"]["question"] == q.question and values["trace_id"] == values["trace"]["id"]
+        assert state["values"]["trace_id"] == values["trace_id"]  # the thread keeps the run's result
+        assert "VideoError" in json.dumps(bad)  # PARAVT_VIDEO_ROOT is enforced
+        assert "outside the server's video root" in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(30)

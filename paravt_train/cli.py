@@ -172,8 +172,10 @@ def toy_video_cmd(
 @app.command("eval")
 def eval_cmd(
     benchmark: list[str] = typer.Option(..., "--benchmark", "-b", help="videomme, videomme_sub, longvideobench, "
-                                        "lvbench, mlvu, mmvu, charades or toy; repeat for several."),
-    root: list[str] = typer.Option(None, "--root", help="Benchmark folder as name=path (default: DATA_ROOT/name)."),
+                                        "lvbench, mlvu, mlvu_generation, mmvu, charades or toy; repeat for "
+                                        "several."),
+    root: list[str] = typer.Option(None, "--root", help="Benchmark folder as name=path (default: DATA_ROOT/name; "
+                                   "videomme_sub reads videomme's, mlvu_generation mlvu's)."),
     data_root: Path = typer.Option(Path("data/benchmarks"), help="Folder holding one sub-folder per benchmark."),
     backend: str = typer.Option("local", help="local, openai or sglang."),
     model: str = typer.Option(None, help="Model directory (local/sglang) or served model name (openai)."),
@@ -194,6 +196,7 @@ def eval_cmd(
     from paravt_agent.agent import Agent
     from paravt_agent.config import resolve_agent_config
     from paravt_agent.errors import ParaVTError
+    from paravt_train.benchmarks import folder_of
     from paravt_train.eval import load_benchmark, results_table, run_eval
 
     roots = dict(r.split("=", 1) for r in (root or []))
@@ -205,7 +208,7 @@ def eval_cmd(
     try:
         items = []
         for name in benchmark:
-            loaded = load_benchmark(name, roots.get(name, data_root / name))
+            loaded = load_benchmark(name, roots.get(name, data_root / folder_of(name)))
             items += loaded[:limit] if limit else loaded
         # one rule for every entry point: --config, else --preset, else the model's agent_config.yaml, else defaults
         notes: list[str] = []

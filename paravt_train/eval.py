@@ -105,8 +105,9 @@ def results_table(records: list[dict]) -> str:
     rows = defaultdict(list)
     for r in records:
         rows[(r["benchmark"], "all")].append(r)
-        if r.get("group"):
-            rows[(r["benchmark"], r["group"])].append(r)
+        # a question may belong to several groups (LVBench's categories): it counts in each, as officially
+        for g in (r.get("extra") or {}).get("groups") or ([r["group"]] if r.get("group") else []):
+            rows[(r["benchmark"], g)].append(r)
     lines = ["| benchmark | group | n | MCQ acc | mIoU | R@0.3 | R@0.5 | R@0.7 | OE F1 | tool calls |",
              "|---|---|---|---|---|---|---|---|---|---|"]
 

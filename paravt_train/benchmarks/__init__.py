@@ -5,7 +5,8 @@
 ``videomme_sub`` VideoMME with subtitles in the question
 ``longvideobench`` LongVideoBench validation (:mod:`.longvideobench`)
 ``lvbench``      LVBench (:mod:`.lvbench`)
-``mlvu``         MLVU dev (:mod:`.mlvu`)
+``mlvu``         MLVU dev, the multiple-choice tasks (M-Avg) (:mod:`.mlvu`)
+``mlvu_generation`` MLVU dev, the generation tasks as open-ended (token F1, a proxy)
 ``mmvu``         MMVU validation (:mod:`.mmvu`)
 ``charades``     Charades-STA test, temporal grounding (:mod:`.charades`)
 ``toy``          the toy benchmark of ``paravt-train toy`` (:mod:`.toy`)
@@ -27,12 +28,12 @@ from paravt_train.benchmarks.base import BenchmarkError, EvalItem
 from paravt_train.benchmarks.charades import load_charades
 from paravt_train.benchmarks.longvideobench import load_longvideobench
 from paravt_train.benchmarks.lvbench import load_lvbench
-from paravt_train.benchmarks.mlvu import load_mlvu
+from paravt_train.benchmarks.mlvu import load_mlvu, load_mlvu_generation
 from paravt_train.benchmarks.mmvu import load_mmvu
 from paravt_train.benchmarks.toy import load_toy
 from paravt_train.benchmarks.videomme import load_videomme
 
-__all__ = ["BENCHMARKS", "BenchmarkError", "EvalItem", "available_benchmarks", "load_benchmark"]
+__all__ = ["BENCHMARKS", "BenchmarkError", "EvalItem", "available_benchmarks", "folder_of", "load_benchmark"]
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,20 @@ BENCHMARKS: dict[str, Callable[[Path], list[EvalItem]]] = {
     "longvideobench": load_longvideobench,
     "lvbench": load_lvbench,
     "mlvu": load_mlvu,
+    "mlvu_generation": load_mlvu_generation,
     "mmvu": load_mmvu,
     "charades": load_charades,
     "toy": load_toy,
 }
+
+
+#: Benchmarks read from another one's folder (the same download).
+SHARED_FOLDERS = {"videomme_sub": "videomme", "mlvu_generation": "mlvu"}
+
+
+def folder_of(name: str) -> str:
+    """The folder name a benchmark's files live in under the data root."""
+    return SHARED_FOLDERS.get(name, name)
 
 
 def available_benchmarks() -> list[str]:

@@ -1,7 +1,10 @@
 """VideoMME (with and without subtitles).
 
-Layout: ``videomme/test-*.parquet`` (video_id, videoID, duration, question_id, question, options,
-answer), videos ``data/<videoID>.mp4``, subtitles ``subtitle/<videoID>.srt``.
+Published layout (Hugging Face ``lmms-lab/Video-MME``): ``videomme/test-*.parquet`` (video_id, duration,
+domain, sub_category, url, videoID, question_id, task_type, question, options ["A. ...", ...], answer),
+videos ``data/<videoID>.mp4`` (from ``videos_chunked_*.zip``), subtitles ``subtitle/<videoID>.srt`` (from
+``subtitle.zip``). With subtitles, the whole subtitle text goes before the question (long videos have
+long subtitles: nothing is cut, so the question never loses the part a question is about).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def load_videomme(root: Path, subtitles: bool = False) -> list[EvalItem]:
                     from tools.builtin import read_subtitles
 
                     text = " ".join(t for _, _, t in read_subtitles(srt))
-                    q = f"Subtitles: {text[:4000]}\n{q}"
+                    q = f"Subtitles: {text}\n{q}"
             items.append(EvalItem(name, str(r["question_id"]), str(root / "data" / f"{vid}.mp4"), q, "mcq",
                                   r["answer"], labelled(list(r["options"])), str(r.get("duration", ""))))
     return items

@@ -16,7 +16,7 @@ from paravt_agent.policy.base import Policy
 from paravt_agent.policy.registry import make_policy
 from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, layout_planner_messages, layout_system_prompt
 from paravt_agent.protocol import extract_answer, extract_choice, is_degenerate, parse_span
-from paravt_agent.trajectory import Trace
+from paravt_agent.trajectory import Phase, Trace
 from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, RolloutInput, StreamEvent
 from paravt_agent.video import VideoReader
 
@@ -115,7 +115,9 @@ class Agent:
             raise ParaVTError("the question is empty")
         f = self.config.frames
         reader = VideoReader(local_video(video), backend=f.backend)
+        t_overview = time.perf_counter()
         overview = reader.overview(n_frames, f)
+        overview_latency = time.perf_counter() - t_overview
         info = overview.info
         ctx = ToolContext(video=reader, frames=f, strict_video_path=self.config.strict_video_path)
         messages = layout_planner_messages(
@@ -125,10 +127,10 @@ class Agent:
         trace = Trace(
             video=os.fspath(video), question=question, options=list(options) if options else None,
             mode=self.config.mode, duration=info.duration, overview_timestamps=list(overview.timestamps),
-            warnings=[f"overview: {w}" for w in overview.warnings],
+            warnings=[f"overview: {w}" for w in overview.warnings], overview_latency=overview_latency,
         )
         return RolloutInput(question, list(options) if options else None, messages, ctx, trace,
-                            n_frames if n_frames is not None else f.n_frames)
+                            n_frames if n_frames is not None else f.n_frames, overview_started=t_overview)
 
     def _graph_config(self) -> dict:
         return {"max_concurrency": self.config.max_concurrency, "recursion_limit": 6 * (self.config.max_turns + 3)}
@@ -167,8 +169,12 @@ class Agent:
         t0 = time.perf_counter() if t0 is None else t0
         state = {"question": inp.question, "options": inp.options, "ctx": inp.context, "messages": inp.messages,
                  "turn": 0, "calls": [], "results": {}, "turns": [], "records": [], "seed": seed,
-                 "continuation": None}
+                 "continuation": None, "phases": []}
         trace = inp.trace.model_copy(deep=True, update={"id": uuid.uuid4().hex})
+        if inp.overview_started is not None and inp.overview_started >= t0:  # the overview was decoded in this run
+            trace.phases = [Phase(name="overview", start=inp.overview_started - t0, seconds=trace.overview_latency)]
+        else:
+            trace.overview_latency = 0.0
         last = state
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
@@ -193,7 +199,7 @@ class Agent:
             trace.errors.append(f"{exc.__class__.__name__}: {exc}")
         finally:
             deadline.cancel()
-        yield AnswerEvent(self._finish(last, trace, time.perf_counter() - t0))
+        yield AnswerEvent(self._finish(last, trace, time.perf_counter() - t0, t0))
 
     async def arun(self, inp: RolloutInput, *, seed: int | None = None) -> Answer:
         """:meth:`astream_input` to its answer."""
@@ -251,8 +257,10 @@ class Agent:
         """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item."""
         return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress))
 
-    def _finish(self, state: dict, trace: Trace, latency: float) -> Answer:
+    def _finish(self, state: dict, trace: Trace, latency: float, t0: float = 0.0) -> Answer:
         results = state.get("results", {}) or {}
+        trace.phases = [*trace.phases, *(Phase(**{**p, "start": p["start"] - t0})
+                                         for p in state.get("phases", []) or [])]
         turns = [t.model_copy(deep=True) for t in state.get("turns", []) or []]
         for t in turns:
             t.calls = [results[k] for k in sorted(results) if k[0] == t.turn and not t.forced_final]

@@ -82,6 +82,9 @@ def answer_cmd(
     config: Path = typer.Option(None, help="AgentConfig YAML file."),
     set_: list[str] = typer.Option(None, "--set", help="Config override key=value, e.g. --set max_turns=2."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole trace as JSON."),
+    profile: bool = typer.Option(False, "--profile", help="Also print where the time went: overview decode, "
+                                 "planner prefill/decode, each sub-agent's crop decode and generation, "
+                                 "aggregation, the answer turn."),
 ) -> None:
     """Answer a question about a video and print the answer with a compact trace."""
     from paravt_agent.errors import ParaVTError
@@ -95,6 +98,8 @@ def answer_cmd(
         typer.echo(ans.trace.to_json(indent=2))
     else:
         typer.echo(ans.trace.render())
+    if profile:
+        typer.echo(("\n" if not as_json else "") + ans.trace.render_profile(), err=as_json)
     if ans.trace.errors and not ans.trace.turns:
         raise typer.Exit(1)
 

@@ -93,6 +93,7 @@ class AgentState(TypedDict, total=False):
     records: Annotated[list, _append]  # GenerationRecord of every model call
     seed: int | None  # per-rollout sampling seed (each call derives its own); None = the config's
     response: str | None  # the planner's final response
+    phases: Annotated[list, _append]  # timed steps: dicts with name, start (perf_counter), seconds, turn, index
 
 
 def _transient(exc: BaseException) -> bool:
@@ -118,7 +119,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         s = config.planner_sampling
         return s.model_copy(update={"max_new_tokens": cap_tokens}) if cap_tokens else s
 
-    async def ask_planner(messages: list[dict], state: AgentState, turn: int,
+    async def ask_planner(messages: list[dict], state: AgentState, turn: int, phases: list,
                           sampling: Sampling | None = None) -> tuple[Generation, PlannerTurn]:
         t0 = time.perf_counter()
         gen = await policy.generate(messages, _seeded(sampling or config.planner_sampling, state.get("seed"), turn),
@@ -126,6 +127,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         record = PlannerTurn(turn=turn, text=gen.text, reasoning=split_think(gen.text)[0],
                              latency=time.perf_counter() - t0, prompt_tokens=gen.prompt_tokens,
                              completion_tokens=gen.completion_tokens, batch_size=gen.batch_size)
+        phases.append(_phase("planner", t0, turn, detail=gen.timings))
         return gen, record
 
     async def planner(state: AgentState) -> dict:
@@ -133,7 +135,8 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         turn = state.get("turn", 0)
         messages = list(state["messages"])
         forced_now = bool(state.get("final"))
-        gen, record = await ask_planner(messages, state, turn, final_sampling(state) if forced_now else None)
+        phases: list[dict] = []
+        gen, record = await ask_planner(messages, state, turn, phases, final_sampling(state) if forced_now else None)
         record.forced_final = forced_now
         records = [GenerationRecord("planner", turn, None, gen, images_of(messages))]
         messages = [*messages, {"role": "assistant", "content": gen.text}]
@@ -142,24 +145,24 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         if calls and turn >= config.max_turns and layout.final_turn == "none":
             writer(PlannerEvent(turn, gen.text))  # bound reached: the episode ends with this response
             return {"records": records, "messages": messages, "turns": [record], "response": gen.text,
-                    "calls": [], "continuation": continuation}
+                    "calls": [], "continuation": continuation, "phases": _answered(phases)}
         if calls and turn >= config.max_turns:
             # bound reached: ask for the final answer once more, without tools
             writer(PlannerEvent(turn, gen.text))
             messages = [*messages, {"role": "user", "content": final_prompt(layout, bool(state.get("options")))}]
-            final, forced = await ask_planner(messages, {**state, "continuation": continuation}, turn + 1,
+            final, forced = await ask_planner(messages, {**state, "continuation": continuation}, turn + 1, phases,
                                               final_sampling(state))
             forced.forced_final = True
             records.append(GenerationRecord("planner", turn + 1, None, final, images_of(messages)))
             messages = [*messages, {"role": "assistant", "content": final.text}]
             writer(PlannerEvent(turn + 1, final.text, forced_final=True))
             return {"records": records, "messages": messages, "turns": [record, forced], "response": final.text,
-                    "calls": [], "continuation": Continuation(len(messages) - 1, final)}
+                    "calls": [], "continuation": Continuation(len(messages) - 1, final), "phases": _answered(phases)}
         update: dict[str, Any] = {"records": records, "messages": messages, "turns": [record],
-                                  "continuation": continuation}
+                                  "continuation": continuation, "phases": phases}
         if not calls:
             writer(PlannerEvent(turn, gen.text, forced_final=forced_now))
-            return {**update, "response": gen.text, "calls": []}
+            return {**update, "response": gen.text, "calls": [], "phases": _answered(phases)}
         prepared = registry.prepare(calls, state["ctx"], max_calls=cap, drop_extra=layout.extra_calls == "drop")
         errors = {
             (turn, p.index): SubAgentRecord(index=p.index, raw=p.call.raw, name=getattr(p.call, "name", None),
@@ -190,6 +193,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         turn = payload["turn"]
         t0 = time.perf_counter()
         result = await p.tool.run(p.args, ctx)
+        phases = [_phase("crop", t0, turn, p.index)]
         rec = SubAgentRecord(
             index=p.index, raw=p.call.raw, name=p.call.name, arguments=dict(p.call.arguments), label=p.label,
             window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings),
@@ -205,8 +209,10 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
             window = result.window or (result.timestamps[0], result.timestamps[-1])
             msgs = layout_subagent_messages(layout, result.frames, result.timestamps, window, question,
                                             system=sub_system)
+            t_gen = time.perf_counter()
             gen = await policy.generate(msgs, _seeded(config.subagent_sampling, payload.get("seed"), turn,
                                                       p.index + 1))
+            phases.append(_phase("subagent", t_gen, turn, p.index, detail=gen.timings))
             rec.summary = gen.text.strip()
             rec.prompt_tokens, rec.completion_tokens = gen.prompt_tokens, gen.completion_tokens
             rec.batch_size = gen.batch_size
@@ -216,7 +222,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
             rec.summary = result.text
         rec.latency = time.perf_counter() - t0
         get_stream_writer()(SubAgentEvent(turn, rec))
-        return {**update, "results": {(turn, p.index): rec}}
+        return {**update, "results": {(turn, p.index): rec}, "phases": phases}
 
     def subagent_failed(payload: dict, error: NodeError) -> Command:
         p: PreparedCall = payload["call"]
@@ -228,6 +234,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         return Command(update={"results": {(payload["turn"], p.index): rec}})
 
     async def aggregate(state: AgentState) -> dict:
+        t0 = time.perf_counter()
         turn = state.get("turn", 0)
         results = state.get("results", {})
         evidence = state.get("evidence", {}) or {}
@@ -245,7 +252,7 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         if layout.final_turn == "after_tools" and turn + 1 >= config.max_turns:
             messages.append({"role": "user", "content": final_prompt(layout, bool(state.get("options")))})
             update["final"] = True
-        return {**update, "messages": messages}
+        return {**update, "messages": messages, "phases": [_phase("aggregate", t0, turn)]}
 
     retry = RetryPolicy(max_attempts=config.retries + 1, initial_interval=0.5, retry_on=_transient)
     g = StateGraph(AgentState)
@@ -259,6 +266,20 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
     g.add_edge("subagent", "aggregate")
     g.add_edge("aggregate", "planner")
     return g.compile()
+
+
+def _phase(name: str, t0: float, turn: int | None = None, index: int | None = None,
+           detail: dict | None = None) -> dict:
+    """A timed step from ``t0`` (``time.perf_counter()``) to now."""
+    return {"name": name, "start": t0, "seconds": time.perf_counter() - t0, "turn": turn, "index": index,
+            "detail": dict(detail or {})}
+
+
+def _answered(phases: list[dict]) -> list[dict]:
+    """The planner call that gave the final response is the ``answer`` phase."""
+    if phases and phases[-1]["name"] == "planner":
+        phases[-1] = {**phases[-1], "name": "answer"}
+    return phases
 
 
 def _error_text(template: str, error: str, window: tuple[float, float] | None) -> str:

@@ -9,10 +9,25 @@ from pydantic import BaseModel, Field
 
 from paravt_agent.protocol import format_time
 
-__all__ = ["MODEL_OUTPUT_ERRORS", "PlannerTurn", "SubAgentRecord", "Trace"]
+__all__ = ["MODEL_OUTPUT_ERRORS", "Phase", "PlannerTurn", "SubAgentRecord", "Trace"]
 
 #: How the errors about what the model wrote begin (see :meth:`Trace.run_errors`).
 MODEL_OUTPUT_ERRORS = ("degenerate output:", "empty answer:")
+
+
+class Phase(BaseModel):
+    """One timed step of a run: ``overview`` (decoding the planner's frames), ``planner`` (one planner
+    call), ``crop`` (a tool call's work, e.g. decoding a crop), ``subagent`` (a sub-agent's generation),
+    ``aggregate`` (laying out a turn's results), ``answer`` (the planner call that gave the final response).
+    ``start`` is seconds since the question began; ``detail`` splits a model call where the backend can
+    tell (``encode``, ``prefill``, ``decode``)."""
+
+    name: str
+    start: float
+    seconds: float
+    turn: int | None = None
+    index: int | None = None
+    detail: dict[str, float] = Field(default_factory=dict)
 
 
 class SubAgentRecord(BaseModel):
@@ -70,6 +85,8 @@ class Trace(BaseModel):
     errors: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)  # e.g. frames a damaged video could not give
     latency: float = 0.0
+    overview_latency: float = 0.0  # decoding the overview (0 when the run started from a prepared input)
+    phases: list[Phase] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -94,6 +111,44 @@ class Trace(BaseModel):
     @property
     def completion_tokens(self) -> int:
         return sum(t.completion_tokens + sum(c.completion_tokens for c in t.calls) for t in self.turns)
+
+    def breakdown(self) -> dict[str, float]:
+        """Where this question's wall time went, in seconds: phases on the critical path (they add up to
+        ``latency`` with ``other``) and, for the sub-agents that ran concurrently, their summed work."""
+        out = {"decode overview": self.overview_latency}
+        planner = [p for p in self.phases if p.name == "planner"]
+        out["planner prefill"] = sum(p.detail.get("prefill", 0.0) for p in planner)
+        out["planner decode"] = sum(p.detail.get("decode", 0.0) for p in planner)
+        out["planner queue+encode"] = sum(p.seconds for p in planner) - out["planner prefill"] - out["planner decode"]
+        wall = 0.0
+        for turn in sorted({p.turn for p in self.phases if p.name in ("crop", "subagent")}):
+            ps = [p for p in self.phases if p.name in ("crop", "subagent") and p.turn == turn]
+            wall += max(p.start + p.seconds for p in ps) - min(p.start for p in ps)
+        out["sub-agents (wall)"] = wall
+        out["aggregate"] = sum(p.seconds for p in self.phases if p.name == "aggregate")
+        answer = [p for p in self.phases if p.name == "answer"]
+        out["answer turn"] = sum(p.seconds for p in answer)
+        on_path = (out["decode overview"] + sum(p.seconds for p in planner) + wall + out["aggregate"]
+                   + out["answer turn"])
+        out["other"] = max(0.0, self.latency - on_path)
+        out["crop decode (sum)"] = sum(p.seconds for p in self.phases if p.name == "crop")
+        out["sub-agent generation (sum)"] = sum(p.seconds for p in self.phases if p.name == "subagent")
+        return {k: round(v, 4) for k, v in out.items()}
+
+    def render_profile(self) -> str:
+        """The breakdown as a table, then every timed phase in the order it started."""
+        lines = ["phase                         seconds   share"]
+        total = self.latency or 1e-9
+        for name, sec in self.breakdown().items():
+            share = "" if "(sum)" in name else f"{100 * sec / total:5.1f}%"
+            lines.append(f"{name:<28} {sec:8.3f}  {share}")
+        lines.append(f"{'total':<28} {self.latency:8.3f}")
+        lines.append("")
+        for p in sorted(self.phases, key=lambda p: p.start):
+            where = "" if p.turn is None else f" turn {p.turn + 1}" + ("" if p.index is None else f" call {p.index + 1}")
+            detail = ", ".join(f"{k} {v:.3f}" for k, v in p.detail.items())
+            lines.append(f"  {p.start:7.3f}s +{p.seconds:.3f}s  {p.name}{where}" + (f"  ({detail})" if detail else ""))
+        return "\n".join(lines)
 
     def to_json(self, **kw) -> str:
         return self.model_dump_json(**kw)

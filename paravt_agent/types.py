@@ -89,6 +89,9 @@ class Generation:
     image_grid_thw: list[tuple[int, int, int]] | None = None
     retokenized: bool = False
     batch_size: int = 1
+    #: where the call's time went, where the backend can tell: ``encode`` (chat template, processor),
+    #: ``prefill`` (vision tower + prompt, to the first token), ``decode`` (the other tokens)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def has_tokens(self) -> bool:
@@ -190,6 +193,7 @@ class RolloutInput:
     context: ToolContext
     trace: Trace  # the trace every run starts from (video, question, overview timestamps)
     n_frames: int | None = None
+    overview_started: float | None = None  # time.perf_counter() when decoding the overview began
 
 
 @dataclass

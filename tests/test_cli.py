@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -62,6 +63,10 @@ def test_paravt_answer_default_is_the_toy_policy(media, tmp_path):
     out = run("paravt", "answer", media["video"], "What colour is shown at second 5?", "--n-frames", "8",
               env={"PARAVT_HOME": str(tmp_path)}).stdout
     assert "planner turn 1" in out and "crop_video(" in out and "Answer:" in out
+    prof = run("paravt", "answer", media["video"], "What colour is shown at second 5?", "--n-frames", "8",
+               "--profile", env={"PARAVT_HOME": str(tmp_path)}).stdout
+    assert "decode overview" in prof and "planner prefill" in prof and "sub-agents (wall)" in prof
+    assert re.search(r"subagent turn 1 call \d+ +\(encode [\d.]+, prefill [\d.]+, decode [\d.]+\)", prof)
 
 
 def test_help_texts():

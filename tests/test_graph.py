@@ -195,6 +195,37 @@ def test_concurrency_k_subagents_take_about_one_delay(media):
     assert f"{k - 1} more tool calls not run" in calls[1].error
 
 
+def test_trace_phases_say_where_the_time_went(media):
+    delay = 0.3
+    agent = agent_with(summary_script(WINDOWS), delay=delay)
+    ans = agent.answer(media["video"], "Which colour?", ["red", "green"], n_frames=8)
+    t = ans.trace
+    names = [(p.name, p.turn, p.index) for p in sorted(t.phases, key=lambda p: (p.start, p.name))]
+    assert names[0] == ("overview", None, None) and names[1] == ("planner", 0, None)
+    assert sorted(n for n in names if n[0] in ("crop", "subagent")) == sorted(
+        [("crop", 0, i) for i in range(4)] + [("subagent", 0, i) for i in range(4)])
+    assert names[-2:] == [("aggregate", 0, None), ("answer", 1, None)]
+    # phases are real intervals in order: the sub-agents start after the planner turn ends
+    planner = next(p for p in t.phases if p.name == "planner")
+    subs = [p for p in t.phases if p.name == "subagent"]
+    assert all(s.start >= planner.start + planner.seconds - 1e-3 for s in subs)
+    assert planner.seconds >= delay and all(s.seconds >= delay for s in subs)
+    b = t.breakdown()
+    on_path = (b["decode overview"] + b["planner prefill"] + b["planner decode"] + b["planner queue+encode"]
+               + b["sub-agents (wall)"] + b["aggregate"] + b["answer turn"] + b["other"])
+    assert on_path == pytest.approx(t.latency, abs=0.01)
+    assert b["sub-agent generation (sum)"] >= 4 * delay > b["sub-agents (wall)"] >= delay  # concurrent
+    assert b["decode overview"] == round(t.overview_latency, 4) and t.overview_latency > 0
+    assert "sub-agents (wall)" in t.render_profile() and "subagent turn 1 call 4" in t.render_profile()
+    again = Trace.from_json(t.to_json())
+    assert again.breakdown() == b
+    # a run from a prepared input (a GRPO rollout) did not decode the overview itself
+    inp = agent.prepare(media["video"], "Which colour?", ["red", "green"], n_frames=8)
+    time.sleep(0.05)
+    rollout = agent.run(agent.arun(inp, seed=1)).trace
+    assert rollout.overview_latency == 0 and not any(p.name == "overview" for p in rollout.phases)
+
+
 def test_trace_json_roundtrip_and_render(media):
     ans = agent_with(summary_script(WINDOWS)).answer(media["video"], "Which colour?", ["red", "green"])
     data = ans.trace.to_json()

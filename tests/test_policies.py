@@ -168,6 +168,10 @@ def test_local_backend_end_to_end(tiny_model, media):
     assert t.turns[0].prompt_tokens > 0 and t.turns[0].completion_tokens > 0
     assert len(t.overview_timestamps) == 4
     assert ans.records and ans.records[0].role == "planner" and ans.records[0].generation.has_tokens
+    # the local backend splits each call's time: prefill (vision tower + prompt) and decode
+    planner = next(p for p in t.phases if p.name in ("planner", "answer"))
+    assert set(planner.detail) == {"encode", "prefill", "decode"} and planner.detail["prefill"] > 0
+    assert sum(planner.detail.values()) <= planner.seconds + 1e-3
 
 
 def test_missing_model_dir_is_clear(tmp_path):

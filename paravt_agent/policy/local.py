@@ -186,9 +186,14 @@ class LocalPolicy(Policy):
         if first.stop:
             kw.update(stop_strings=list(first.stop), tokenizer=proc.tokenizer)
         with self._lock, torch.inference_mode():
+            t_gen = time.perf_counter()
             out = model.generate(**inputs, **kw)
+            t_end = time.perf_counter()
         logits = torch.stack(out.logits, dim=1).float()  # (B, new, vocab): raw, before the sampler
         latency = time.perf_counter() - t0
+        t_first = sampler.first_call or t_end
+        timings = {"encode": round(t_gen - t0, 6), "prefill": round(t_first - t_gen, 6),
+                   "decode": round(t_end - t_first, 6)}
         gens = []
         for i, (enc, s, prefix) in enumerate(rows):
             n_prompt = len(enc.ids)
@@ -209,7 +214,7 @@ class LocalPolicy(Policy):
                 prompt_tokens=n_prompt, completion_tokens=len(new), latency=latency,
                 prompt_ids=enc.prompt_ids, prefix_ids=list(enc.prefix_ids), output_ids=new, logprobs=logprobs,
                 logprob_temperature=temp, image_grid_thw=list(enc.image_grid_thw), retokenized=enc.retokenized,
-                batch_size=len(rows),
+                batch_size=len(rows), timings=dict(timings),
             ))
         return gens
 
@@ -282,6 +287,7 @@ class RowSampler:
 
         self.samplings = samplings
         self.banned = list(banned or [])  # never chosen (vision placeholders)
+        self.first_call: float | None = None  # when the first token's scores arrived (the prefill's end)
         self.generators = []
         for s in samplings:
             g = None
@@ -293,6 +299,8 @@ class RowSampler:
     def __call__(self, input_ids, scores):
         import torch
 
+        if self.first_call is None:
+            self.first_call = time.perf_counter()
         chosen = torch.empty(scores.shape[0], dtype=torch.long)
         for i, s in enumerate(self.samplings):
             row = scores[i].float()

@@ -110,6 +110,7 @@ class _PyAVDecoder(Decoder):
         )
         self._gop: int | None = None  # smallest keyframe distance seen, in frames
         self._last_key: int | None = None
+        self._target_pts: int | None = None  # the frame being sought (see _frames)
 
     def _display_rotation(self) -> int:
         """The display matrix's rotation (counter-clockwise degrees, a multiple of 90), from the first frame."""
@@ -141,40 +142,63 @@ class _PyAVDecoder(Decoder):
                 self._gop = gap if self._gop is None else min(self._gop, gap)
             self._last_key = index
 
+    def _frames(self):
+        """Decoded frames from the current position. Packets of frames shown before the target
+        (``self._target_pts``) are decoded only when other frames reference them (``skip_frame``
+        NONREF): nothing the target depends on is skipped, so the target decodes exactly as it would
+        have; what is saved is the non-reference B-frames between the keyframe and the target."""
+        cc = self._stream.codec_context
+        for pkt in self._container.demux(self._stream):
+            early = pkt.pts is not None and self._target_pts is not None and pkt.pts < self._target_pts
+            cc.skip_frame = "NONREF" if early else "DEFAULT"
+            yield from cc.decode(pkt)
+
+    def _keyframe(self, target: int, after: float | None):
+        """The keyframe at or before ``target`` (the next keyframe when that one is at or before ``after``
+        seconds): only keyframe packets are read and decoded, each drained at once."""
+        cc = self._stream.codec_context
+        self._seek(target)
+        try:
+            for pkt in self._container.demux(self._stream):
+                if not pkt.is_keyframe or pkt.size == 0:
+                    continue
+                if after is not None and pkt.pts is not None and (pkt.pts - self._start) * self._tb <= after + 1e-6:
+                    continue  # the previous target's keyframe: take the next one
+                frames = [*cc.decode(pkt), *cc.decode(None)]
+                cc.flush_buffers()
+                frames = [f for f in frames if after is None or (f.pts - self._start) * self._tb > after + 1e-6]
+                if frames:
+                    return frames[0]
+            return None
+        finally:
+            cc.flush_buffers()
+
     def _decode(self, indices, size, keyframes_only: bool):
         import av
 
-        s = self._stream
-        s.codec_context.skip_frame = "NONKEY" if keyframes_only else "DEFAULT"
         h, w = size
         out, stamps, problems = [], [], []
         cur = None  # index of the last decoded frame
         it = None
         forward = self._gop if self._gop is not None else max(1, round(2 * self.info.fps))
         for target in indices:
-            if keyframes_only:
-                self._seek(target)
-                it = self._container.decode(s)
-                cur = None
-            elif it is None or cur is None or target <= cur or target - cur > forward:
-                self._seek(target)
-                it = self._container.decode(s)
-                self._last_key = None
             got = None
             try:
-                for frame in it:
-                    idx = self._index(frame)
-                    if not keyframes_only:
+                if keyframes_only:
+                    got = self._keyframe(target, stamps[-1] if stamps else None)
+                else:
+                    if it is None or cur is None or target <= cur or target - cur > forward:
+                        self._seek(target)
+                        it = self._frames()
+                        self._last_key = None
+                    self._target_pts = self._start + int(target / self.info.fps / self._tb)
+                    for frame in it:
+                        idx = self._index(frame)
                         self._note_key(frame, idx)
-                    cur = idx
-                    if keyframes_only:
-                        if stamps and (frame.pts - self._start) * self._tb <= stamps[-1] + 1e-6:
-                            continue  # same keyframe as the previous target: take the next one
-                        got = frame
-                        break
-                    if idx >= target:
-                        got = frame
-                        break
+                        cur = idx
+                        if idx >= target:
+                            got = frame
+                            break
             except (av.error.FFmpegError, ValueError) as exc:
                 problems.append(f"decoding stopped near frame {target}: {exc}")
                 it = None
@@ -190,7 +214,8 @@ class _PyAVDecoder(Decoder):
             stamps.append(round(float((got.pts - self._start) * self._tb), 6))
             if self._gop is not None:
                 forward = self._gop
-        s.codec_context.skip_frame = "DEFAULT"
+        self._stream.codec_context.skip_frame = "DEFAULT"
+        self._target_pts = None
         return out, stamps, problems
 
     def frames(self, indices, size):

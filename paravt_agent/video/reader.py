@@ -13,6 +13,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -142,13 +143,11 @@ class VideoReader:
             self._pool.release(self._key, dec)
         return info
 
-    def _sample(self, kind: str, times: list[float], size: tuple[int, int], fast: bool) -> Clip:
-        info = self.info
-        last = info.num_frames - 1
-        indices = sorted({min(last, max(0, math.floor(t * info.fps + 1e-6))) for t in times})
+    def _decode(self, indices: list[int], size: tuple[int, int], fast: bool):
+        """One decoder from the pool decodes ``indices`` in order."""
         dec = self._pool.acquire(self._key)
         try:
-            frames, stamps, problems = (dec.keyframes if fast else dec.frames)(indices, size)
+            got = (dec.keyframes if fast else dec.frames)(indices, size)
         except VideoError:
             dec.close()
             raise
@@ -156,6 +155,50 @@ class VideoReader:
             dec.close()
             raise VideoError(f"{self.path}: decoding failed ({exc.__class__.__name__}: {exc})") from exc
         self._pool.release(self._key, dec)
+        return got
+
+    def _decode_parallel(self, indices: list[int], size: tuple[int, int], fast: bool, workers: int):
+        """``workers`` decoders take disjoint, contiguous stretches of ``indices`` at once.
+
+        Exact frames are the same as one decoder's (each target is the first frame at or after its
+        index, whoever decodes it). A stretch that fails ends the result where one decoder would have
+        stopped. Keyframe mode takes the next keyframe when two targets share one, which depends on the
+        previous target's choice: when two stretches meet at one keyframe (or a stretch comes back
+        short), one decoder does the whole list again, in order (sparse keyframes: rare, and cheap)."""
+        n = len(indices)
+        bounds = [round(i * n / workers) for i in range(workers + 1)]
+        chunks = [indices[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+        with ThreadPoolExecutor(len(chunks), thread_name_prefix="paravt-decode") as ex:
+            parts = list(ex.map(lambda c: self._decode(c, size, fast), chunks))
+        if fast and any(len(f) < len(c) for c, (f, _, _) in zip(chunks, parts, strict=True)):
+            return self._decode(indices, size, fast)  # keyframes ran out inside a stretch: one decoder, in order
+        frames, stamps, problems = [], [], []
+        for f, t, p in parts:
+            if fast and stamps and t and t[0] <= stamps[-1] + 1e-6:
+                return self._decode(indices, size, fast)  # two stretches met at one keyframe: one decoder
+            frames += f
+            stamps += t
+            problems += p
+            if p:  # a damaged stretch: one decoder would have stopped here
+                break
+        return frames, stamps, problems
+
+    def _workers(self, n: int, frames: FrameConfig | None) -> int:
+        if self.backend != "pyav" or n < 8:
+            return 1
+        want = (frames.decode_workers if frames is not None else 0) or min(8, os.cpu_count() or 1)
+        return max(1, min(want, n // 4))
+
+    def _sample(self, kind: str, times: list[float], size: tuple[int, int], fast: bool,
+                frames_cfg: FrameConfig | None = None) -> Clip:
+        info = self.info
+        last = info.num_frames - 1
+        indices = sorted({min(last, max(0, math.floor(t * info.fps + 1e-6))) for t in times})
+        workers = self._workers(len(indices), frames_cfg)
+        if workers > 1:
+            frames, stamps, problems = self._decode_parallel(indices, size, fast, workers)
+        else:
+            frames, stamps, problems = self._decode(indices, size, fast)
         if not frames:
             detail = "; ".join(problems) or "no frame decoded"
             raise VideoError(f"{self.path}: no frame of the {kind} decodes ({detail}); the file may be corrupt")
@@ -190,7 +233,7 @@ class VideoReader:
             info = self.info
             times = overview_times(info.duration, fps=f.fps, max_frames=f.max_frames, n=n)
             size = fit_size(info.height, info.width, f.max_pixels, f.factor)
-            clip = self._sample("overview", times, size, f.fast_overview)
+            clip = self._sample("overview", times, size, f.fast_overview, f)
             self._pool.store(key, clip)
         return clip
 
@@ -204,7 +247,7 @@ class VideoReader:
         if clip is None:
             times = crop_times(start, end, info.fps, max_frames=f.crop_max_frames, fps=f.crop_fps)
             times = [min(t, info.duration - 0.5 / info.fps) for t in times]
-            clip = self._sample("crop", times, fit_size(info.height, info.width, f.max_pixels, f.factor), False)
+            clip = self._sample("crop", times, fit_size(info.height, info.width, f.max_pixels, f.factor), False, f)
             clip = _inside(clip, start, end)
             self._pool.store(key, clip)
         return clip

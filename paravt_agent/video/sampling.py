@@ -57,6 +57,9 @@ class FrameConfig(BaseModel):
     crop_max_frames: int = Field(16, ge=1, description="Frames per crop (paper: at most 16 per sub-agent).")
     crop_fps: float | None = Field(2.0, gt=0, description="Cap on crop frames per second; None = no cap.")
     backend: Literal["pyav", "decord", "torchcodec"] = Field("pyav", description="Video decoder.")
+    decode_workers: int = Field(0, ge=0, description="PyAV: decoders working on disjoint stretches of the timeline "
+                                "at once (each its own open file, in threads: FFmpeg decodes without the GIL). "
+                                "0 = one per core, at most 8. The frames are the same whatever the number.")
 
 
 @dataclass(frozen=True)

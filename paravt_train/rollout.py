@@ -86,13 +86,22 @@ def gate_frames(seed: int, prompt_id: str, choices: Sequence[int]) -> int:
     return random.Random(int.from_bytes(h[:8], "big")).choice(list(choices))
 
 
+def _frame_bytes(inp: RolloutInput) -> int:
+    from paravt_agent.policy.base import images_of
+
+    return sum(im.nbytes for im in images_of(inp.messages))
+
+
 class PromptCache:
     """Prepared :class:`RolloutInput` s (decoded overview + planner messages), LRU, keyed by the video's
-    identity, the question, the options and n. Thread-safe; concurrent requests for one key prepare once."""
+    identity, the question, the options and n, bounded by entries and by the bytes of their frames.
+    Thread-safe; concurrent requests for one key prepare once."""
 
-    def __init__(self, agent: Agent, capacity: int = 64):
+    def __init__(self, agent: Agent, capacity: int = 64, max_bytes: int = 1 << 30):
         self.agent = agent
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._items: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._pending: dict[tuple, threading.Event] = {}
@@ -109,7 +118,7 @@ class PromptCache:
                 if k in self._items:
                     self.hits += 1
                     self._items.move_to_end(k)
-                    return self._items[k]
+                    return self._items[k][0]
                 wait = self._pending.get(k)
                 if wait is None:
                     self._pending[k] = threading.Event()
@@ -118,10 +127,13 @@ class PromptCache:
             wait.wait()
         try:
             value = self.agent.prepare(video, question, options, n_frames=n)
+            size = _frame_bytes(value)
             with self._lock:
-                self._items[k] = value
-                while len(self._items) > self.capacity:
-                    self._items.popitem(last=False)
+                self._items[k] = (value, size)
+                self.bytes += size
+                while len(self._items) > 1 and (len(self._items) > self.capacity or self.bytes > self.max_bytes):
+                    _, (_, gone) = self._items.popitem(last=False)
+                    self.bytes -= gone
         finally:
             with self._lock:
                 self._pending.pop(k).set()

@@ -166,6 +166,20 @@ def test_prompt_cache_is_keyed_by_video_question_and_n(toy, toy_rl, tmp_path):
     assert f is not a and cache.misses == 5
 
 
+def test_prompt_cache_is_bounded_by_bytes(toy, toy_rl):
+    w = toy_rl["worlds"][1]
+    one = PromptCache(toy).get(w.video, "What colour is shown at second 3?", None, 8)
+    size = sum(p["image"].nbytes for m in one.messages if isinstance(m["content"], list)
+               for p in m["content"] if p.get("type") == "image")
+    cache = PromptCache(toy, capacity=100, max_bytes=int(2.5 * size))
+    for t in range(3, 8):
+        cache.get(w.video, f"What colour is shown at second {t}?", None, 8)
+        assert cache.bytes <= cache.max_bytes
+    assert len(cache._items) == 2 and cache.bytes == 2 * size  # the two most recent; frames bound it
+    cache.get(w.video, "What colour is shown at second 7?", None, 8)
+    assert cache.hits == 1
+
+
 def test_prompt_cache_prepares_once_under_concurrent_use(toy, toy_rl):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -144,6 +144,21 @@ def test_cache_reuses_decoders_and_keys_everything(media, tmp_path):
     assert after[1] > 200 and before[1] < 50
 
 
+def test_frame_cache_is_bounded_by_bytes(media):
+    from paravt_agent.video.reader import DecoderPool
+
+    pool = DecoderPool(max_result_bytes=3 * 8 * 64 * 96 * 3)  # three 8-frame 64x96 overviews
+    r = VideoReader(media["video"], pool=pool)
+    clips = [r.overview(n=8, max_pixels=64 * 96 + i) for i in range(5)]  # five keys, same size
+    assert all(c.frames.nbytes == 8 * 64 * 96 * 3 for c in clips)
+    assert pool.result_bytes == 3 * clips[0].frames.nbytes and len(pool._results) == 3
+    assert r.overview(n=8, max_pixels=64 * 96 + 4) is clips[4]  # the newest are kept
+    assert r.overview(n=8, max_pixels=64 * 96) is not clips[0]  # the oldest went
+    huge = DecoderPool(max_result_bytes=100)
+    VideoReader(media["video"], pool=huge).overview(n=8)
+    assert huge.result_bytes == 0  # a clip larger than the whole cache is not kept
+
+
 def test_bad_inputs(tmp_path, media):
     with pytest.raises(VideoError, match="no such file"):
         VideoReader(tmp_path / "missing.mp4")

@@ -34,15 +34,27 @@ from paravt_agent.video.sampling import (
 __all__ = ["POOL", "DecoderPool", "VideoReader", "open_video"]
 
 
-class DecoderPool:
-    """Open decoders by (file identity, backend); each is used by one caller at a time."""
+def _cache_bytes() -> int:
+    """The decoded-frame cache's bound: ``PARAVT_FRAME_CACHE_MB`` (default 512 MiB)."""
+    try:
+        return max(0, int(float(os.environ.get("PARAVT_FRAME_CACHE_MB", "512")) * (1 << 20)))
+    except ValueError:
+        return 512 << 20
 
-    def __init__(self, max_files: int = 16, max_idle_per_file: int = 4, max_results: int = 64):
+
+class DecoderPool:
+    """Open decoders by (file identity, backend); each is used by one caller at a time. Decoded results
+    are kept in an LRU bounded by bytes (``max_result_bytes``; ``PARAVT_FRAME_CACHE_MB``) and entries."""
+
+    def __init__(self, max_files: int = 16, max_idle_per_file: int = 8, max_results: int = 256,
+                 max_result_bytes: int | None = None):
         self._lock = threading.Lock()
         self._idle: OrderedDict[tuple, list[Decoder]] = OrderedDict()
         self._info: dict[tuple, VideoInfo] = {}
         self._results: OrderedDict[tuple, Clip] = OrderedDict()
         self.max_files, self.max_idle, self.max_results = max_files, max_idle_per_file, max_results
+        self.max_result_bytes = _cache_bytes() if max_result_bytes is None else max_result_bytes
+        self.result_bytes = 0
         self.opened = 0  # decoders opened so far (for tests and benchmarks)
 
     def acquire(self, key: tuple) -> Decoder:
@@ -84,10 +96,18 @@ class DecoderPool:
             return clip
 
     def store(self, key: tuple, clip: Clip) -> None:
+        size = clip.frames.nbytes
+        if size > self.max_result_bytes:
+            return  # larger than the whole cache: not kept
         with self._lock:
+            old = self._results.pop(key, None)
+            if old is not None:
+                self.result_bytes -= old.frames.nbytes
             self._results[key] = clip
-            while len(self._results) > self.max_results:
-                self._results.popitem(last=False)
+            self.result_bytes += size
+            while len(self._results) > self.max_results or self.result_bytes > self.max_result_bytes:
+                _, gone = self._results.popitem(last=False)
+                self.result_bytes -= gone.frames.nbytes
 
     def clear(self) -> None:
         with self._lock:
@@ -95,6 +115,7 @@ class DecoderPool:
             self._idle.clear()
             self._info.clear()
             self._results.clear()
+            self.result_bytes = 0
         for d in decs:
             d.close()
 

@@ -339,3 +339,34 @@ def test_frames_reach_the_model_at_the_protocol_size(tmp_path, media, sglang_stu
     ref = local.generate_sync(msgs, Sampling(max_new_tokens=4))
     assert gen.output_ids == ref.output_ids and gen.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
     assert torch.equal(torch.tensor(gen.image_grid_thw), torch.tensor(ref.image_grid_thw))
+
+
+def test_frames_are_encoded_once_and_sent_as_the_same_bytes():
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from paravt_agent.policy.base import _EncodedFrames
+    from paravt_agent.policy.openai_backend import to_openai_messages
+
+    cache = _EncodedFrames(max_bytes=10_000)
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    first = cache.get(a, "PNG")
+    assert cache.get(a.copy(), "PNG") == first and (cache.hits, cache.misses) == (1, 1)  # same pixels: reused
+    decoded = np.asarray(Image.open(io.BytesIO(base64.b64decode(first))))
+    assert np.array_equal(decoded, a)  # lossless
+    b = a.copy()
+    b[0, 0, 0] ^= 1
+    assert cache.get(b, "PNG") != first and cache.misses == 2  # one pixel differs: its own entry
+    for _ in range(5):
+        cache.get(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "PNG")
+    assert 0 < cache.bytes <= cache.max_bytes  # bounded
+    # a planner's second turn sends its overview frames as the first turn's bytes
+    frames = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(3)]
+    turn1 = [{"role": "user", "content": [{"type": "image", "image": f} for f in frames] + [{"type": "text",
+                                                                                             "text": "q"}]}]
+    turn2 = [*turn1, {"role": "assistant", "content": "x"}, {"role": "user", "content": "<tool_response>"}]
+    assert to_openai_messages(turn2)[0] == to_openai_messages(turn1)[0]

@@ -80,10 +80,55 @@ def images_of(messages: list[dict]) -> list[np.ndarray]:
             if p["type"] == "image"]
 
 
-def encode_image(image: np.ndarray, fmt: str = "PNG") -> str:
-    """Base64 of an RGB frame (PNG by default: lossless, so every backend sees the same pixels)."""
+class _EncodedFrames:
+    """Base64 frames by content (a digest of the pixels), LRU, bounded by bytes. A planner's overview goes
+    out with every planner turn and a question's G rollouts share it: encoded once, sent as the same
+    bytes each time (which is also what lets a server's prefix cache match them)."""
+
+    def __init__(self, max_bytes: int = 64 << 20):
+        import threading
+        from collections import OrderedDict
+
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._items: OrderedDict[tuple, str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, image: np.ndarray, fmt: str) -> str:
+        import hashlib
+
+        arr = np.ascontiguousarray(image, dtype=np.uint8)
+        key = (hashlib.blake2b(arr.data, digest_size=16).digest(), arr.shape, fmt.upper())
+        with self._lock:
+            text = self._items.get(key)
+            if text is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return text
+        text = _encode(arr, fmt)
+        with self._lock:
+            self.misses += 1
+            if key not in self._items:
+                self._items[key] = text
+                self.bytes += len(text)
+                while self.bytes > self.max_bytes and self._items:
+                    _, gone = self._items.popitem(last=False)
+                    self.bytes -= len(gone)
+        return text
+
+
+def _encode(image: np.ndarray, fmt: str) -> str:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format=fmt)
+    Image.fromarray(image).save(buf, format=fmt)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+ENCODED = _EncodedFrames()
+
+
+def encode_image(image: np.ndarray, fmt: str = "PNG") -> str:
+    """Base64 of an RGB frame (PNG by default: lossless, so every backend sees the same pixels); a frame
+    already encoded is not encoded again (:data:`ENCODED`)."""
+    return ENCODED.get(image, fmt)

@@ -100,7 +100,8 @@ class OpenAIPolicy(Policy):
                               "endpoint that understands continue_final_message (SGLang, vLLM) with prefill=True")
         client, sem = self._client()
         t0 = time.perf_counter()
-        payload = to_openai_messages(messages, self.image_format)
+        # encoding frames is CPU work: off the event loop, so K sub-agents' requests do not queue behind it
+        payload = await asyncio.to_thread(to_openai_messages, messages, self.image_format)
         extra = dict(self.extra_body)
         if prefix and self.prefill:
             payload.append({"role": "assistant", "content": prefix})

@@ -55,8 +55,11 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
                                   stdout=f, stderr=subprocess.STDOUT)
     try:
         _wait(router_url + "/health", router, log=lambda: log.read_text()[-2000:])
-        assert sorted(w["url"] for w in httpx.get(router_url + "/workers").json()["workers"]) == sorted(
-            [w1.url, w2.url])
+        deadline = time.time() + 60
+        while sorted(w["url"] for w in httpx.get(router_url + "/workers").json()["workers"]) != sorted(
+                [w1.url, w2.url]):  # the router adds its workers once each answers its health check
+            assert time.time() < deadline, httpx.get(router_url + "/workers").text
+            time.sleep(0.2)
 
         # the agent through the router: its calls spread over both workers
         w = toy_rl["worlds"][0]

@@ -185,6 +185,9 @@ def hf_server(tiny_model, tmp_path_factory):
     cache = tmp_path_factory.mktemp("hfcache")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
     exe = os.path.join(os.path.dirname(sys.executable), "transformers")
+    usage = subprocess.run([exe, "serve", "--help"], capture_output=True, text=True, env=env, timeout=120).stdout
+    if "FORCE_MODEL" not in usage:  # transformers 5.0 serves only models it downloads (no local path argument)
+        pytest.skip("this transformers' `serve` takes no model directory (a later 5.x does)")
     proc = subprocess.Popen([exe, "serve", tiny_model, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"

@@ -114,12 +114,14 @@ class Trace(BaseModel):
 
     def breakdown(self) -> dict[str, float]:
         """Where this question's wall time went, in seconds: phases on the critical path (they add up to
-        ``latency`` with ``other``) and, for the sub-agents that ran concurrently, their summed work."""
+        ``latency`` with ``other``) and, for the sub-agents that ran concurrently, their summed work.
+        ``planner other`` is a planner call's time outside prefill and decode: queueing and encoding, or the
+        whole call where the backend cannot split it (an OpenAI-compatible endpoint)."""
         out = {"decode overview": self.overview_latency}
         planner = [p for p in self.phases if p.name == "planner"]
         out["planner prefill"] = sum(p.detail.get("prefill", 0.0) for p in planner)
         out["planner decode"] = sum(p.detail.get("decode", 0.0) for p in planner)
-        out["planner queue+encode"] = sum(p.seconds for p in planner) - out["planner prefill"] - out["planner decode"]
+        out["planner other"] = sum(p.seconds for p in planner) - out["planner prefill"] - out["planner decode"]
         wall = 0.0
         for turn in sorted({p.turn for p in self.phases if p.name in ("crop", "subagent")}):
             ps = [p for p in self.phases if p.name in ("crop", "subagent") and p.turn == turn]

@@ -1,9 +1,10 @@
 """What the HTTP layer costs: ``paravt api`` against in-process ``Agent.answer``, on the toy policy.
 
 Both sides answer the same toy questions (real mp4s, the shipped toy policy, local backend, 8-frame
-overviews) one at a time: in-process with ``Agent.answer``, then over HTTP through ``paravt api`` (a
-subprocess on 127.0.0.1, the official ``openai`` client). Prints p50/p95 latency of each and of the
-per-question difference (the API layer's cost: JSON, video path checks, SSE-free reply, the client).
+overviews) one at a time, interleaved (question i in-process with ``Agent.answer``, then over HTTP
+through ``paravt api``: a subprocess on 127.0.0.1, the official ``openai`` client), so drift of the
+machine hits both alike. Prints p50/p95 latency of each and of the per-question difference (the API
+layer's cost: JSON, video path checks, the reply, the client).
 Then throughput (questions per second) with 1, 8 and 32 concurrent clients against the API, where the
 local backend batches concurrent questions' model calls.
 
@@ -49,11 +50,6 @@ def main() -> None:
 
     agent = Agent(model=str(REPO_CHECKPOINT))
     agent.answer(items[0][0].video, items[0][1].question, items[0][1].options, n_frames=8)  # load, warm
-    direct = []
-    for w, q in items:
-        t0 = time.perf_counter()
-        agent.answer(w.video, q.question, q.options, n_frames=8)
-        direct.append(time.perf_counter() - t0)
 
     proc = subprocess.Popen([sys.executable, "-m", "paravt_agent.cli", "api", "--port", str(args.port),
                              "--video-root", str(tmp / "videos"), "--max-concurrent", "32"],
@@ -78,8 +74,11 @@ def main() -> None:
                                                        {"type": "text", "text": q.question}]}])
 
         ask(client, *items[0])  # load, warm
-        api = []
+        direct, api = [], []
         for w, q in items:
+            t0 = time.perf_counter()
+            agent.answer(w.video, q.question, q.options, n_frames=8)
+            direct.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             ask(client, w, q)
             api.append(time.perf_counter() - t0)
@@ -105,8 +104,10 @@ def main() -> None:
 
             t0 = time.perf_counter()
             out = await asyncio.gather(*(one(w, q) for w, q in batch))
+            took = time.perf_counter() - t0
+            await aclient.close()
             assert all(r.choices[0].message.content is not None for r in out)
-            return len(batch) / (time.perf_counter() - t0)
+            return len(batch) / took
 
         print("\n| concurrent clients | questions/s | vs 1 client |\n|---|---|---|")
         base = None

@@ -373,3 +373,56 @@ def test_frames_are_encoded_once_and_sent_as_the_same_bytes():
                                                                                              "text": "q"}]}]
     turn2 = [*turn1, {"role": "assistant", "content": "x"}, {"role": "user", "content": "<tool_response>"}]
     assert to_openai_messages(turn2)[0] == to_openai_messages(turn1)[0]
+
+
+def test_sglang_requests_are_shaped_for_the_radix_cache(tiny_model, media):
+    """SGLang's radix cache shares work only between requests whose token prefix and images are the same:
+    the G rollouts of a prompt send the same ids and the same image bytes, and the planner's next turn
+    sends the previous turn's ids (prompt, prefix, its own output) unchanged, then the new tokens."""
+    from transformers import AutoProcessor
+
+    from paravt_agent.types import Continuation
+
+    tok = AutoProcessor.from_pretrained(tiny_model).tokenizer
+    out = tok("plan</think>\n<tool_call>", add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(
+        "<|im_end|>")]
+    seen = []
+
+    class Server(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            raw = json.dumps({"output_ids": out, "meta_info": {
+                "finish_reason": {"type": "stop"}, "completion_tokens": len(out),
+                "output_token_logprobs": [[-0.1, t, None] for t in out]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        pol = SGLangPolicy(model=tiny_model, endpoint=f"http://127.0.0.1:{srv.server_address[1]}")
+        msgs = overview_messages(media, n=4)
+
+        async def group():
+            return await asyncio.gather(*(pol.generate(msgs, Sampling(temperature=0.7, max_new_tokens=8, seed=s),
+                                                       prefix="<think>\n") for s in range(4)))
+
+        gens = asyncio.run(group())
+        first = seen[0]
+        assert len(seen) == 4 and len(first["image_data"]) == 4
+        assert all(r["input_ids"] == first["input_ids"] and r["image_data"] == first["image_data"] for r in seen)
+        turn2 = [*msgs, {"role": "assistant", "content": gens[0].text},
+                 {"role": "user", "content": "<tool_response>\n[1] crop: red\n</tool_response>"}]
+        asyncio.run(pol.generate(turn2, Sampling(max_new_tokens=8), "<think>\n", Continuation(len(msgs), gens[0])))
+        again = seen[-1]
+        done = first["input_ids"] + out  # turn 1's prompt and prefix, then its own tokens
+        assert again["input_ids"][: len(done)] == done and len(again["input_ids"]) > len(done)
+        assert again["image_data"] == first["image_data"]
+    finally:
+        srv.shutdown()

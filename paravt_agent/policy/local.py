@@ -27,6 +27,7 @@ from pathlib import Path
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt
+from paravt_agent.policy.reuse import PrefixCache, VisionCache, image_keys
 from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["LocalPolicy", "RowSampler"]
@@ -39,8 +40,13 @@ class LocalPolicy(Policy):
     returns_tokens = True
 
     def __init__(self, model: str | Path, device: str = "auto", dtype: str = "auto", model_obj=None, processor=None,
-                 max_batch: int = 8, batch_wait: float = 0.005):
+                 max_batch: int = 8, batch_wait: float = 0.005, reuse: bool = True, vision_cache_mb: int = 256,
+                 prefix_cache_mb: int = 256):
         self.path = str(model)
+        # shared prompt work (paravt_agent.policy.reuse): vision features per distinct frame, KV of prefixes
+        self.reuse = reuse
+        self.vision_cache = VisionCache(vision_cache_mb << 20)
+        self.prefix_cache = PrefixCache(prefix_cache_mb << 20)
         self.max_batch = max_batch
         self.batch_wait = batch_wait
         self._cv = threading.Condition()
@@ -172,6 +178,8 @@ class LocalPolicy(Policy):
             if enc.pixel_values is not None:
                 pixel.append(enc.pixel_values)
                 grid.append(torch.tensor(enc.image_grid_thw))
+        keys = [image_keys(enc.pixel_values, enc.image_grid_thw) if enc.pixel_values is not None else []
+                for enc, *_ in rows]
         inputs = {"input_ids": ids, "attention_mask": att}
         if pixel:
             inputs["pixel_values"] = torch.cat(pixel)
@@ -185,10 +193,16 @@ class LocalPolicy(Policy):
                   output_logits=True, return_dict_in_generate=True, logits_processor=LogitsProcessorList([sampler]))
         if first.stop:
             kw.update(stop_strings=list(first.stop), tokenizer=proc.tokenizer)
+        reuse = self.reuse and self._reusable(model)
         with self._lock, torch.inference_mode():
             t_gen = time.perf_counter()
+            if reuse:
+                self.prefix_cache.check_version(model)
+                inputs = self._shared_work(model, rows, keys, inputs)
             out = model.generate(**inputs, **kw)
             t_end = time.perf_counter()
+            if reuse:
+                self._store_prefixes(model, rows, keys, out, width)
         logits = torch.stack(out.logits, dim=1).float()  # (B, new, vocab): raw, before the sampler
         latency = time.perf_counter() - t0
         t_first = sampler.first_call or t_end
@@ -217,6 +231,115 @@ class LocalPolicy(Policy):
                 batch_size=len(rows), timings=dict(timings),
             ))
         return gens
+
+    # ------------------------------------------------------------------ shared prompt work
+
+    @staticmethod
+    def _reusable(model) -> bool:
+        """Models whose forward takes precomputed vision features (``mm_encoder_outputs``) and a KV cache."""
+        import inspect
+
+        return "mm_encoder_outputs" in inspect.signature(model.forward).parameters and hasattr(model, "model")
+
+    def _shared_work(self, model, rows, keys, inputs: dict) -> dict:
+        """``generate``'s inputs with the shared work done once.
+
+        Vision features come from :class:`VisionCache` (each distinct frame through the tower once).
+        Where rows repeat a prompt (the G rollouts) or continue a stored sequence (:class:`PrefixCache`:
+        a planner turn after its tool turn), each distinct prompt's KV is computed once at batch 1 (the
+        stored part reused, only the new tokens prefilled), left-padded into one batch cache, and
+        ``generate`` feeds only the last prompt token of every row."""
+        import torch
+        from transformers import DynamicCache
+
+        plain = {k: v for k, v in inputs.items() if k != "pixel_values"}
+        groups: dict[tuple, list[int]] = {}
+        for i, ((enc, *_), k) in enumerate(zip(rows, keys, strict=True)):
+            groups.setdefault((tuple(enc.ids), tuple(k)), []).append(i)
+        entries = {}
+        for g in groups:
+            enc_ids, k = list(g[0]), list(g[1])
+            e = self.prefix_cache.lookup(enc_ids, k)
+            if e is not None and len(k) == len(e.images):  # no new frames after the stored part
+                entries[g] = e
+        if not entries and len(groups) == len(rows):  # nothing shared: one batched prefill, cached vision
+            if "pixel_values" not in inputs:
+                return inputs
+            mm = self.vision_cache.features(model, [(enc.pixel_values, list(enc.image_grid_thw), k)
+                                                    for (enc, *_), k in zip(rows, keys, strict=True)])
+            return {**plain, "mm_encoder_outputs": mm}
+        fresh = [g for g in groups if g not in entries]
+        mm_rows = [(rows[groups[g][0]][0].pixel_values, list(rows[groups[g][0]][0].image_grid_thw), list(g[1]))
+                   for g in fresh if g[1]]
+        mm = self.vision_cache.features(model, mm_rows) if mm_rows else None
+        width = inputs["input_ids"].shape[1]
+        per_group: dict[tuple, tuple[list, object]] = {}
+        img_at = 0
+        for g in groups:
+            ids = torch.tensor([list(g[0])], device=model.device)
+            n = ids.shape[1]
+            cache = DynamicCache(config=model.config)
+            if g in entries:
+                e = entries[g]
+                for li, (k, v) in enumerate(e.layers):
+                    cache.update(k.clone(), v.clone(), li)
+                model.model.rope_deltas = e.rope_deltas
+                if len(e.ids) < n - 1:  # the new tokens after the stored part (text: positions continue)
+                    model(input_ids=ids[:, len(e.ids):n - 1], past_key_values=cache, use_cache=True,
+                          logits_to_keep=1)
+                deltas = e.rope_deltas
+            else:
+                one = {"input_ids": ids[:, :n - 1], "attention_mask": torch.ones_like(ids[:, :n - 1])}
+                if "mm_token_type_ids" in inputs:
+                    one["mm_token_type_ids"] = self.chat.mm_token_types(ids[:, :n - 1].cpu()).to(model.device)
+                if g[1]:
+                    count = len(g[1])
+                    one["mm_encoder_outputs"] = _images(mm, img_at, count)
+                    grid = rows[groups[g][0]][0].image_grid_thw
+                    one["image_grid_thw"] = torch.tensor(list(grid), device=model.device)
+                    img_at += count
+                model.model.rope_deltas = None
+                model(**one, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                deltas = model.model.rope_deltas
+            if deltas is None:
+                deltas = torch.zeros((1, 1), dtype=torch.long, device=model.device)
+            per_group[g] = ([(layer.keys, layer.values) for layer in cache.layers], deltas.reshape(1, 1))
+        # one batch cache: row i holds its prompt's KV, left-padded to the batch width minus the last token
+        order = [next(g for g, m in groups.items() if i in m) for i in range(len(rows))]
+        batch = DynamicCache(config=model.config)
+        for li in range(len(per_group[order[0]][0])):
+            ks, vs = [], []
+            for g in order:
+                k, v = per_group[g][0][li]
+                pad = width - 1 - k.shape[-2]
+                if pad:
+                    k = torch.nn.functional.pad(k, (0, 0, pad, 0))
+                    v = torch.nn.functional.pad(v, (0, 0, pad, 0))
+                ks.append(k)
+                vs.append(v)
+            batch.update(torch.cat(ks), torch.cat(vs), li)
+        model.model.rope_deltas = torch.cat([per_group[g][1] for g in order])
+        return {**plain, "past_key_values": batch}
+
+    def _store_prefixes(self, model, rows, keys, out, width: int) -> None:
+        """Each row's whole sequence (prompt + its own tokens, no padding) into :class:`PrefixCache`, for a
+        turn that continues it."""
+        cache = out.past_key_values
+        deltas = model.model.rope_deltas
+        if cache is None or not hasattr(cache, "layers") or deltas is None:
+            return
+        filled = cache.layers[0].keys.shape[-2]
+        for i, (enc, *_rest) in enumerate(rows):
+            new = out.sequences[i, width:].tolist()
+            if self.eos_id in new:
+                new = new[: new.index(self.eos_id) + 1]
+            seq = [*enc.ids, *new]
+            off = width - len(enc.ids)  # left padding of this row
+            n = min(len(seq) - 1, filled - off)  # the last token was never fed back
+            layers = [(layer.keys[i:i + 1, :, off:off + n].clone(), layer.values[i:i + 1, :, off:off + n].clone())
+                      for layer in cache.layers]
+            row_delta = deltas[i:i + 1] if deltas.shape[0] == len(rows) else deltas[:1]
+            self.prefix_cache.put(seq[:n], keys[i], layers, row_delta.clone())
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
                        continuation: Continuation | None = None) -> Generation:
@@ -260,6 +383,17 @@ class LocalPolicy(Policy):
                         r.future.set_exception(g)
                     else:
                         r.future.set_result(g)
+
+
+def _images(mm: dict, start: int, count: int) -> dict:
+    """Images ``start`` .. ``start + count`` of precomputed vision features (one prompt's)."""
+    out = {}
+    for name, o in mm.items():
+        kw = {"pooler_output": o.pooler_output[start:start + count]}
+        if getattr(o, "deepstack_features", None) is not None:
+            kw["deepstack_features"] = [layer[start:start + count] for layer in o.deepstack_features]
+        out[name] = type(o)(**kw)
+    return out
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""Shared prompt work in the local backend (paravt_agent.policy.reuse): the vision tower once per
+distinct frame, a repeated prompt prefilled once, a continued sequence's KV reused. Every output
+(token ids, logprobs) equals the same requests run without any reuse."""
+
+import pytest
+import torch
+
+from paravt_agent.policy.local import LocalPolicy
+from paravt_agent.policy.reuse import weights_version
+from paravt_agent.prompts import planner_messages
+from paravt_agent.types import Continuation, Sampling
+
+
+def overview(media, n):
+    from paravt_agent.video import VideoReader
+
+    clip = VideoReader(media["video"]).overview(n=n)
+    return planner_messages("You are a video understanding agent.", clip.frames, clip.timestamps, 40.0, "Which colour?")
+
+
+def same_outputs(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.output_ids == y.output_ids and x.prompt_ids == y.prompt_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model):
+    return LocalPolicy(tiny_model, reuse=False), LocalPolicy(tiny_model)
+
+
+def test_repeated_prompt_and_mixed_batch_equal_plain_generation(pair, media):
+    plain, shared = pair
+    g = [(overview(media, 8), Sampling(temperature=1.0, max_new_tokens=12, seed=s), "<think>\n") for s in range(4)]
+    other = [(overview(media, 4), Sampling(temperature=0.0, max_new_tokens=12), ""),
+             (overview(media, 6), Sampling(temperature=1.0, max_new_tokens=12, seed=9), "<think>\n")]
+    # the G rollouts of one prompt: one prefill, the tower once per distinct frame
+    before = shared.vision_cache.misses
+    same_outputs(plain.generate_batch(g), shared.generate_batch(g))
+    assert 0 < shared.vision_cache.misses - before <= 8
+    # rows of different lengths, two of them the same prompt: left-padded shared KV
+    mixed = [g[0], other[0], g[1], other[1]]
+    same_outputs(plain.generate_batch(mixed), shared.generate_batch(mixed))
+    assert shared.vision_cache.hits > 0  # these frames were seen before
+
+
+def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pair, media):
+    plain, shared = pair
+    msgs = overview(media, 8)
+    s = Sampling(temperature=0.0, max_new_tokens=10)
+    first = [p.generate_sync(msgs, s, "<think>\n") for p in pair]
+    same_outputs([first[0]], [first[1]])
+
+    def turn2(gen):
+        return [*msgs, {"role": "assistant", "content": gen.text},
+                {"role": "user", "content": "<tool_response>\n[1] crop: red 1 2; blue 3\n</tool_response>"}]
+
+    hits, reused = shared.prefix_cache.hits, shared.prefix_cache.reused_tokens
+    second = [p.generate_sync(turn2(f), s, "<think>\n", Continuation(len(msgs), f)) for p, f in zip(pair, first,
+                                                                                                  strict=True)]
+    same_outputs([second[0]], [second[1]])
+    assert shared.prefix_cache.hits == hits + 1
+    # the whole first turn (prompt, think prefix and its own tokens) came from the cache
+    assert shared.prefix_cache.reused_tokens - reused >= len(first[1].prompt_ids) + len(first[1].output_ids) - 1
+    # G continuations in one batch, each of its own stored sequence
+    gs = [shared.generate_sync(msgs, Sampling(temperature=1.0, max_new_tokens=8, seed=k), "<think>\n")
+          for k in range(3)]
+    reqs = [(turn2(x), s, "<think>\n", Continuation(len(msgs), x)) for x in gs]
+    hits = shared.prefix_cache.hits
+    same_outputs(plain.generate_batch(reqs), shared.generate_batch(reqs))
+    assert shared.prefix_cache.hits == hits + 3
+
+
+def test_caches_follow_the_weights(tiny_model, media):
+    """An in-place weight change (an optimizer step of the in-process trainer) empties both caches: the
+    next answer is the new weights', equal to a policy that never cached."""
+    plain, shared = LocalPolicy(tiny_model, reuse=False), LocalPolicy(tiny_model)
+    msgs = overview(media, 6)
+    s = Sampling(temperature=0.0, max_new_tokens=8)
+    shared.generate_sync(msgs, s)
+    assert shared.vision_cache.entries and shared.prefix_cache.entries
+    version = weights_version(shared.model.model.visual)
+    with torch.no_grad():
+        for p in (plain, shared):
+            for w in p.model.parameters():
+                w.mul_(1.5)
+    assert weights_version(shared.model.model.visual) != version
+    misses = shared.vision_cache.misses
+    same_outputs([plain.generate_sync(msgs, s)], [shared.generate_sync(msgs, s)])
+    assert shared.vision_cache.misses > misses  # recomputed, not served stale
+
+
+def test_vision_cache_is_bounded_by_bytes(tiny_model, media):
+    shared = LocalPolicy(tiny_model, vision_cache_mb=0)
+    shared.generate_sync(overview(media, 6), Sampling(max_new_tokens=4))
+    assert not shared.vision_cache.entries and shared.vision_cache.bytes == 0

@@ -95,3 +95,30 @@ def test_vision_cache_is_bounded_by_bytes(tiny_model, media):
     shared = LocalPolicy(tiny_model, vision_cache_mb=0)
     shared.generate_sync(overview(media, 6), Sampling(max_new_tokens=4))
     assert not shared.vision_cache.entries and shared.vision_cache.bytes == 0
+
+
+def test_prompt_encoding_equals_the_processor_and_is_remembered(tiny_model):
+    """The chat tokenizer expands each image's placeholder itself, with image-processor outputs remembered
+    by frame bytes: ids, pixel values and grids equal the processor's own, for any frame size."""
+    import numpy as np
+    from transformers import AutoProcessor
+
+    from paravt_agent.policy.chat import ChatTokenizer, to_chat_messages
+
+    proc = AutoProcessor.from_pretrained(tiny_model)
+    chat = ChatTokenizer(proc)
+    rng = np.random.default_rng(0)
+    for n, h, w in [(1, 32, 32), (4, 64, 96), (3, 224, 224)]:
+        frames = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for _ in range(n)]
+        msgs = planner_messages("sys", frames, [float(i) for i in range(n)], 40.0, "Which colour?")
+        hf, pil = to_chat_messages(msgs)
+        ref = proc(text=[chat.render(hf, True)], images=pil, return_tensors="pt", **chat.size_kwargs(pil))
+        for _ in range(2):  # the second time from memory
+            enc = chat.encode(msgs)
+            assert enc.ids == ref["input_ids"][0].tolist()
+            assert torch.equal(enc.pixel_values, ref["pixel_values"])
+            assert enc.image_grid_thw == [tuple(g.tolist()) for g in ref["image_grid_thw"]]
+    assert len(chat._memo) == 3
+    frames[0][0, 0, 0] ^= 1  # one pixel differs: encoded anew
+    enc = chat.encode(planner_messages("sys", frames, [float(i) for i in range(n)], 40.0, "Which colour?"))
+    assert len(chat._memo) == 4 and not torch.equal(enc.pixel_values, ref["pixel_values"])

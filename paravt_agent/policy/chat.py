@@ -91,6 +91,12 @@ class ChatTokenizer:
     def __init__(self, processor):
         self.processor = processor
         self.tokenizer = processor.tokenizer
+        from collections import OrderedDict
+
+        self._memo: OrderedDict = OrderedDict()  # image_inputs by frame bytes
+        self._memo_size = 0
+        self.memo_bytes = 64 << 20
+        self.remember = True  # False: every call runs the image processor (LocalPolicy(reuse=False))
         self.eos_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
         self.image_token_id = self.tokenizer.convert_tokens_to_ids(processor.image_token)
         # the vision placeholders: a model that samples one would make its own turn unreadable (and unscorable)
@@ -127,11 +133,38 @@ class ChatTokenizer:
         return {"size": {"shortest_edge": self.unit * self.unit, "longest_edge": max(max(areas), self.unit**2)}}
 
     def image_inputs(self, images: list) -> dict:
-        """``pixel_values`` and ``image_grid_thw`` of frames, as a training forward pass needs them."""
+        """``pixel_values`` and ``image_grid_thw`` of frames, as a training forward pass needs them.
+
+        Remembered for the last few frame lists (by their bytes, bounded by :attr:`memo_bytes`): the G
+        rollouts of a prompt and a planner's later turns carry the same frames again."""
         if not images:
             return {}
+        if not self.remember:
+            out = self.processor.image_processor(images=list(images), return_tensors="pt",
+                                                 **self.size_kwargs(images))
+            return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        import hashlib
+
+        h = hashlib.blake2b(digest_size=16)
+        for img in images:
+            a = np.asarray(img)
+            h.update(repr(a.shape).encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        key = h.digest()
+        hit = self._memo.get(key)
+        if hit is not None:
+            self._memo.move_to_end(key)
+            return dict(hit)
         out = self.processor.image_processor(images=list(images), return_tensors="pt", **self.size_kwargs(images))
-        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        res = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        size = res["pixel_values"].numel() * res["pixel_values"].element_size()
+        if size <= self.memo_bytes:
+            self._memo[key] = res
+            self._memo_size += size
+            while self._memo_size > self.memo_bytes:
+                _, old = self._memo.popitem(last=False)
+                self._memo_size -= old["pixel_values"].numel() * old["pixel_values"].element_size()
+        return dict(res)
 
     def visual_tokens(self, grid) -> int:
         t, h, w = (int(x) for x in grid)
@@ -151,13 +184,14 @@ class ChatTokenizer:
             k = continuation.message_index
             tail = continuation_text(self.render, chat, k)
         if tail is None:
-            enc = self.processor(text=[self.render(chat, True)], images=pil or None, return_tensors="pt",
-                                 **self.size_kwargs(pil))
-            ids = enc["input_ids"][0].tolist()
-            pixel = enc.get("pixel_values")
-            grid = enc.get("image_grid_thw")
-            pixel_list = [pixel] if pixel is not None else []
-            grid_list = [grid] if grid is not None else []
+            # the frames through the (remembered) image processor; each image's one placeholder in the
+            # rendered text expanded to its visual tokens, as the processor does
+            img = self.image_inputs(pil)
+            ids = self.tokens(self.render(chat, True))
+            pixel_list = [img["pixel_values"]] if img else []
+            grid_list = [img["image_grid_thw"]] if img else []
+            if img:
+                ids = self.expand(ids, img["image_grid_thw"].tolist())
         else:
             before = len(images_of(messages[: k + 1]))
             pixel_list, grid_list = [], []

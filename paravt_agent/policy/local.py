@@ -121,6 +121,7 @@ class LocalPolicy(Policy):
                ) -> EncodedPrompt:
         """The prompt's tokens (continuing ``continuation``'s exact ids), ``prefix`` appended as tokens."""
         self._load()
+        self.chat.remember = self.reuse  # image-processor outputs remembered by frame bytes
         return self.chat.encode(messages, prefix, continuation)
 
     def count_tokens(self, messages: list[dict]) -> int:
@@ -178,8 +179,8 @@ class LocalPolicy(Policy):
             if enc.pixel_values is not None:
                 pixel.append(enc.pixel_values)
                 grid.append(torch.tensor(enc.image_grid_thw))
-        keys = [image_keys(enc.pixel_values, enc.image_grid_thw) if enc.pixel_values is not None else []
-                for enc, *_ in rows]
+        keys = [image_keys(enc.pixel_values, enc.image_grid_thw) if self.reuse and enc.pixel_values is not None
+                else [] for enc, *_ in rows]
         inputs = {"input_ids": ids, "attention_mask": att}
         if pixel:
             inputs["pixel_values"] = torch.cat(pixel)

@@ -24,6 +24,36 @@ from paravt_agent.prompts import planner_messages
 SHORT = AgentConfig(planner_sampling=Sampling(max_new_tokens=24), subagent_sampling=Sampling(max_new_tokens=12))
 
 
+class JSONServer:
+    """A server on 127.0.0.1 that records every POSTed JSON body and answers ``reply(body) -> (status, dict)``."""
+
+    def __init__(self, reply):
+        self.seen: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.seen.append(body)
+                status, data = reply(body)
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -265,36 +295,19 @@ def test_sglang_retries_5xx_and_aborted_replies(tiny_model, media):
         "<|im_end|>")]
     replies = [(503, {}), (200, {"text": "", "output_ids": ids[:2], "meta_info": {"finish_reason": {"type": "abort"},
                                                                                  "output_token_logprobs": []}})]
-    seen = []
-
-    class Server(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            status, data = replies.pop(0) if replies else (200, {
-                "output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(ids),
-                                                 "output_token_logprobs": [[-0.1, t, None] for t in ids]}})
-            raw = json.dumps(data).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    done = {"output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(ids),
+                                             "output_token_logprobs": [[-0.1, t, None] for t in ids]}}
+    srv = JSONServer(lambda body: replies.pop(0) if replies else (200, done))
+    seen = srv.seen
     try:
-        pol = SGLangPolicy(model=tiny_model, endpoint=f"http://127.0.0.1:{srv.server_address[1]}", max_retries=3)
+        pol = SGLangPolicy(model=tiny_model, endpoint=srv.url, max_retries=3)
         gen = asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
         assert len(seen) == 3 and gen.text.endswith("<answer>B</answer>") and gen.finish_reason == "stop"
         replies.extend([(200, {"meta_info": {"finish_reason": {"type": "abort"}}})] * 4)
         with pytest.raises(PolicyError, match="aborted"):
             asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
     finally:
-        srv.shutdown()
+        srv.close()
 
 
 def test_sglang_unreachable(tiny_model, media):
@@ -386,27 +399,12 @@ def test_sglang_requests_are_shaped_for_the_radix_cache(tiny_model, media):
     tok = AutoProcessor.from_pretrained(tiny_model).tokenizer
     out = tok("plan</think>\n<tool_call>", add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(
         "<|im_end|>")]
-    seen = []
-
-    class Server(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            raw = json.dumps({"output_ids": out, "meta_info": {
-                "finish_reason": {"type": "stop"}, "completion_tokens": len(out),
-                "output_token_logprobs": [[-0.1, t, None] for t in out]}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    reply = {"output_ids": out, "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(out),
+                                              "output_token_logprobs": [[-0.1, t, None] for t in out]}}
+    srv = JSONServer(lambda body: (200, reply))
+    seen = srv.seen
     try:
-        pol = SGLangPolicy(model=tiny_model, endpoint=f"http://127.0.0.1:{srv.server_address[1]}")
+        pol = SGLangPolicy(model=tiny_model, endpoint=srv.url)
         msgs = overview_messages(media, n=4)
 
         async def group():
@@ -425,4 +423,4 @@ def test_sglang_requests_are_shaped_for_the_radix_cache(tiny_model, media):
         assert again["input_ids"][: len(done)] == done and len(again["input_ids"]) > len(done)
         assert again["image_data"] == first["image_data"]
     finally:
-        srv.shutdown()
+        srv.close()

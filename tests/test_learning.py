@@ -134,4 +134,4 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, sglang_stub)
     assert learner.run(max_steps=12, once=True) == 12
     assert len(learner.state["trained"]) == 24  # every feedback row, the page's included
     after = _heldout(served, d, "red")  # the same server, now holding the pushed weights
-    assert sum(before) / len(before) <= 0.25 and sum(after) / len(after) >= 0.75
+    assert sum(before) / len(before) <= 0.25 and sum(after) / len(after) >= 0.75, (before, after)

@@ -378,7 +378,7 @@ def test_paper_config_trains_on_sglang_rollouts_under_torchrun(toy_policy_dir, t
     assert before == pytest.approx(_model_logprobs(toy_policy_dir, tok_ids), abs=1e-4)
     out = tmp_path / "run"
     sets = {"model": toy_policy_dir, "endpoint": stub.url, "data": toy_rl["data"], "video_root": toy_rl["video_root"],
-            "eval_data": "null", "output_dir": str(out), "steps": 2, "prompts_per_step": 2, "group_size": 2,
+            "eval_data": "null", "output_dir": str(out), "steps": 2, "prompts_per_step": 2, "group_size": 4,
             "max_new_tokens": 96, "subagent_max_new_tokens": 40, "save_every": 1, "lr": 1e-3}
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
             "-m", "paravt_train.cli", "grpo", "--config", str(root / "examples/configs/paragrpo_qwen3vl_8b.yaml")]
@@ -393,10 +393,13 @@ def test_paper_config_trains_on_sglang_rollouts_under_torchrun(toy_policy_dir, t
         assert len(r["prompts"]) == 2  # both ranks' prompts: metrics are gathered over the ranks
         assert r["logprob_mismatch"] < 1e-4  # the trainer scores exactly what the server sampled, step 2 included
         assert r["sequences"] > 0 and r["trained_tokens"] > 0 and r["sync_seconds"] > 0
+    # a group whose rollouts all score the same has no advantage: with none in either step, nothing is trained
+    assert sum(r["groups"] - r["zero_std_groups"] for r in recs) > 0, "no group had reward variance"
     after = _server_logprobs(stub, tok_ids)
     final = _model_logprobs(str(out / "final"), tok_ids)
-    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-3  # the server holds new weights
-    assert after == pytest.approx(final, abs=1e-4)  # ... exactly the trained ones
+    moved = max(abs(a - b) for a, b in zip(before, final, strict=True))
+    assert moved > 1e-3, f"training did not move the weights ({moved:.2e}; {[r['zero_std_groups'] for r in recs]})"
+    assert after == pytest.approx(final, abs=1e-4), "the server does not hold the trained weights"
 
 
 def _perturbed_copy(model_dir: str, out: Path, scale: float = 0.05) -> Path:

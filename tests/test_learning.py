@@ -120,18 +120,19 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, sglang_stub)
     served = Agent(backend="sglang", endpoint=stub.url, model=world["sft"], store=store)
     before = _heldout(served, d, "red")
     page = Demo(store=str(tmp_path / "traces.db"))
-    for i, v in enumerate(list(TRAIN) * 3):
+    for i, v in enumerate(list(TRAIN) * 5):
         ans = served.answer(str(d / f"v{v}.mp4"), QUESTION)
         if i % 2:
             served.feedback(ans.trace.id, answer="red")
         else:
             assert page.feedback(ans.trace.id, "red", "up").startswith("Thanks")
     cfg = GRPOConfig(model=world["sft"], output_dir=str(tmp_path / "online"), backend="sglang", endpoint=stub.url,
-                     prompts_per_step=2, group_size=8, max_new_tokens=24, temperature=1.0, lr=1e-3, save_every=4,
+                     prompts_per_step=2, group_size=8, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=4,
                      concurrency=2, seed=0, gating=False, resume=False)
     learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
-    # 12 updates: with 8 the flip was on the edge (one CI machine stayed at 0/4); 12 flip it for seeds 1-3
-    assert learner.run(max_steps=12, once=True) == 12
-    assert len(learner.state["trained"]) == 24  # every feedback row, the page's included
+    # 20 updates at lr 6e-4: 12 at lr 1e-3 usually flipped it, but one full-suite run collapsed at update 7
+    # (format and accuracy to 0, the server's sampling order differs under load); the smaller steps recover
+    assert learner.run(max_steps=20, once=True) == 20
+    assert len(learner.state["trained"]) == 40  # every feedback row, the page's included
     after = _heldout(served, d, "red")  # the same server, now holding the pushed weights
     assert sum(before) / len(before) <= 0.25 and sum(after) / len(after) >= 0.75, (before, after)

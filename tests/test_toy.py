@@ -29,6 +29,8 @@ from paravt_train.toy.world import (
 )
 from tools import ToolRegistry
 
+COPY_STEPS = 800  # the test-size model starts copying between steps 400 and 800 at seed 0
+
 SCHEMA = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
 
 
@@ -130,6 +132,15 @@ def test_sft_rows_mix():
     assert len(extra) == 40 and len({len(r["messages"][-1]["content"].split("; ")) for r in extra}) > 4
     # the no-tool think has its own shape: the colour comes from an image, not from a tool response
     assert all(r["messages"][-1]["content"].startswith(("<think>\nframe ", "<think>\nframes at:")) for r in direct)
+    # copy rows (text only, off by default): the assistant repeats the user's random sequence
+    with_copies = sft_rows(worlds, SCHEMA, video_root="/v", copy_rows=3)
+    copies = [r for r in with_copies if "-copy" in r["id"]]
+    assert len(copies) == 30 and not any("-copy" in r["id"] for r in rows)
+    for r in copies:
+        user, reply = r["messages"]
+        seq = user["content"].removeprefix("Repeat: ")
+        assert isinstance(user["content"], str) and reply["content"].startswith(f"<think>\n{seq}</think>")
+    assert len({r["messages"][0]["content"] for r in copies}) == 30
 
 
 def test_grounding_plan_copies_the_duration():
@@ -228,9 +239,10 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     from paravt_train.toy.quickstart import run
 
     cfg = ToyConfig(out=str(tmp_path / "toy"), train_worlds=4, test_worlds=1, steps=2, size="test", vocab_size=600,
-                    batch_size=4)
+                    batch_size=4, copy_steps=2)
     logs = []
     model = build(cfg, progress=False, log=logs.append)
+    assert sum(m.startswith("copy warm-up: 2 steps") for m in logs) == 1  # a fresh model is warmed up first
     assert (model / "config.json").is_file() and (model / "agent_config.yaml").is_file()
     assert build(cfg, progress=False, log=logs.append) == model and "already built" in logs[-1]
     out = run(model, out=tmp_path / "qs", worlds=1, modes=("parallel", "none"), ns=(8,), progress=False,
@@ -245,6 +257,7 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     assert warm.digest() != cfg.digest()
     model2 = build(warm, progress=False, log=logs.append)
     assert any(m.startswith("warm start from") for m in logs) and not (tmp_path / "warm" / "init").exists()
+    assert sum(m.startswith("copy warm-up") for m in logs) == 1  # not for a warm start
     assert (model2 / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
     from safetensors.torch import load_file
 
@@ -252,3 +265,23 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a)  # lr 1e-9: the same weights
     with pytest.raises(ConfigError, match="not a model directory"):
         build(warm.model_copy(update={"init": str(tmp_path)}), progress=False)
+
+
+def test_copy_warmup_teaches_a_fresh_model_to_copy(tmp_path):
+    """The stand-in for pretraining: after the warm-up a fresh tiny model continues a repeated random
+    sequence by copying (an induction head), which it cannot do before; its weights are saved in place."""
+    from safetensors.torch import load_file
+
+    from paravt_train.toy.tiny import build_tiny_model, copy_warmup
+
+    model = build_tiny_model(tmp_path / "m", ["red green blue 12 13"] * 4, size="test")
+    before = load_file(model / "model.safetensors")
+    logs = []
+    out = copy_warmup(model, steps=COPY_STEPS, length=(8, 24), seed=0, log=logs.append)
+    print(out["accuracy_before"], out["accuracy_after"], out["losses"][0], out["losses"][-1])
+    assert out["accuracy_before"] < 0.1 and out["accuracy_after"] > 0.8
+    assert out["losses"][-1] < out["losses"][0] / 3 and len(out["losses"]) == COPY_STEPS
+    after = load_file(model / "model.safetensors")
+    assert any((before[k] - after[k]).abs().max() > 1e-3 for k in before)
+    assert logs == [f"copy warm-up: {COPY_STEPS} steps, copy accuracy {out['accuracy_before']:.2f} -> "
+                    f"{out['accuracy_after']:.2f}"]

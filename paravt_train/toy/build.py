@@ -41,6 +41,14 @@ class ToyConfig(BaseModel):
     batch_size: int = Field(16, ge=1, description="SFT samples per step.")
     lr: float = Field(2e-3, gt=0, description="SFT peak learning rate (warmup, then cosine).")
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="SFT warmup, as a fraction of the steps.")
+    copy_rows: int = Field(0, ge=0, description="Text-only copy rows per training video in the SFT mix: they keep "
+                                                "the copy skill the warm-up taught, which the SFT erases without "
+                                                "them (see world.copy_sample). Off by default (README, the toy "
+                                                "world).")
+    copy_steps: int = Field(0, ge=0, description="Copy warm-up steps of a fresh tiny model before the SFT (the "
+                                               "stand-in for pretraining; see tiny.copy_warmup; 1500 forms the "
+                                               "skill at the toy size); 0, the default, skips it. Not run for a "
+                                               "warm start.")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start.")
@@ -76,7 +84,7 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     from paravt_train.data import write_parquet
     from paravt_train.sft import train
     from paravt_train.sft_config import SFTConfig
-    from paravt_train.toy.tiny import build_tiny_model
+    from paravt_train.toy.tiny import build_tiny_model, copy_warmup
     from paravt_train.toy.world import check_trace_roundtrip, corpus, make_worlds, rl_rows, sft_rows
     from tools import ToolRegistry
 
@@ -96,7 +104,7 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     test_w = make_worlds(range(TEST_SEED0 + cfg.seed, TEST_SEED0 + cfg.seed + cfg.test_worlds), out / "videos",
                          progress)
     schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
-    rows = sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos")
+    rows = sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos", copy_rows=cfg.copy_rows)
     check_trace_roundtrip(rows)
     write_parquet(rows, out / "data" / "sft_train.parquet")
     write_parquet(rl_rows(train_w, out / "videos"), out / "data" / "rl_train.parquet")
@@ -108,6 +116,11 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
         log(f"warm start from {init}")
     else:
         init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
+        if cfg.copy_steps:
+            warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, progress=progress, log=log)
+            if warm["accuracy_after"] < 0.9:
+                log(f"warning: the copy warm-up reached only {warm['accuracy_after']:.2f} copy accuracy; the "
+                    "grounding answer step needs it (raise copy_steps)")
     agent_cfg = toy_agent_config()
     sft = SFTConfig(
         model=str(init), data=str(out / "data" / "sft_train.parquet"), video_root=str(out / "videos"),

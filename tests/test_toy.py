@@ -1,13 +1,14 @@
 """The toy world: its videos, its questions' evidence design, its traces and the build pipeline."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from paravt_agent.agent import Agent
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.base import Generation, Policy, text_of
 from paravt_agent.policy.scripted import role_of
-from paravt_agent.protocol import parse_tool_calls
+from paravt_agent.protocol import extract_answer, parse_tool_calls, split_think
 from paravt_agent.video import VideoReader
 from paravt_train.data import SFTSample, render_messages
 from paravt_train.sft import build_example
@@ -16,6 +17,8 @@ from paravt_train.toy.quickstart import shortcut
 from paravt_train.toy.world import (
     COLOURS,
     answer_turn,
+    copy_rows,
+    corpus,
     direct_trace,
     make_world,
     make_worlds,
@@ -132,15 +135,42 @@ def test_sft_rows_mix():
     assert len(extra) == 40 and len({len(r["messages"][-1]["content"].split("; ")) for r in extra}) > 4
     # the no-tool think has its own shape: the colour comes from an image, not from a tool response
     assert all(r["messages"][-1]["content"].startswith(("<think>\nframe ", "<think>\nframes at:")) for r in direct)
-    # copy rows (text only, off by default): the assistant repeats the user's random sequence
-    with_copies = sft_rows(worlds, SCHEMA, video_root="/v", copy_rows=3)
-    copies = [r for r in with_copies if "-copy" in r["id"]]
-    assert len(copies) == 30 and not any("-copy" in r["id"] for r in rows)
-    for r in copies:
+    assert not any(r["id"].startswith("copy") for r in rows)  # copy rows are added by the build, off by default
+
+
+def test_copy_rows_repeat_arbitrary_tokens(tmp_path):
+    from paravt_train.toy.tiny import build_tiny_model, copy_vocabulary
+
+    model = build_tiny_model(tmp_path / "m", corpus(sft_rows([make_world(s) for s in range(4)], SCHEMA)),
+                             size="test", vocab_size=600)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    vocab = copy_vocabulary(tok)
+    assert len(vocab) > 100 and len(set(vocab)) == len(vocab)
+    # no digits (the traces' numbers), no tag or JSON characters (a random sequence never opens a tag)
+    assert not any(set(v) & set("0123456789<>|{}[]\"\\") for v in vocab) and all(v.strip() for v in vocab)
+    rows = copy_rows(40, vocab, seed=3)
+    assert rows == copy_rows(40, vocab, seed=3) and rows != copy_rows(40, vocab, seed=4)
+    seqs = []
+    for r in rows:
         user, reply = r["messages"]
         seq = user["content"].removeprefix("Repeat: ")
-        assert isinstance(user["content"], str) and reply["content"].startswith(f"<think>\n{seq}</think>")
-    assert len({r["messages"][0]["content"] for r in copies}) == 30
+        assert reply["content"] == f"<think>\n{seq}</think>\n<answer>{seq.split()[-1]}</answer>"
+        assert split_think(reply["content"])[0] and extract_answer(reply["content"]) == seq.split()[-1]
+        seqs.append(tok(seq)["input_ids"])
+    assert len({tuple(x) for x in seqs}) == 40 and all(8 <= len(x) <= 100 for x in seqs)
+    # arbitrary tokens: the rows use much of the vocabulary, so a repeat cannot be guessed from word statistics
+    assert len({t for x in seqs for t in x}) > 0.5 * len(vocab)
+    # longer rows on request (the reach a copy has to have is the length it was trained on)
+    long = [tok(r["messages"][0]["content"])["input_ids"] for r in copy_rows(5, vocab, length=(300, 320))]
+    assert all(len(x) > 150 for x in long) and max(len(x) for x in long) > 2 * max(len(x) for x in seqs) - 40
+    from paravt_agent.config import apply_overrides
+    from paravt_train.toy.build import ToyConfig
+
+    assert apply_overrides(ToyConfig(out="o"), ["copy_length=[200, 800]"]).copy_length == (200, 800)
+    with pytest.raises(ConfigError, match="copy_length"):
+        apply_overrides(ToyConfig(out="o"), ["copy_length=[80, 20]"])
 
 
 def test_grounding_plan_copies_the_duration():
@@ -239,10 +269,12 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     from paravt_train.toy.quickstart import run
 
     cfg = ToyConfig(out=str(tmp_path / "toy"), train_worlds=4, test_worlds=1, steps=2, size="test", vocab_size=600,
-                    batch_size=4, copy_steps=2)
+                    batch_size=4, copy_steps=2, copy_rows=2)
     logs = []
     model = build(cfg, progress=False, log=logs.append)
     assert sum(m.startswith("copy warm-up: 2 steps") for m in logs) == 1  # a fresh model is warmed up first
+    data = pd.read_parquet(tmp_path / "toy" / "data" / "sft_train.parquet")
+    assert data["id"].str.startswith("copy").sum() == 8  # 2 copy rows per training video, in the mix
     assert (model / "config.json").is_file() and (model / "agent_config.yaml").is_file()
     assert build(cfg, progress=False, log=logs.append) == model and "already built" in logs[-1]
     out = run(model, out=tmp_path / "qs", worlds=1, modes=("parallel", "none"), ns=(8,), progress=False,

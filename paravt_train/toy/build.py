@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
@@ -41,17 +42,31 @@ class ToyConfig(BaseModel):
     batch_size: int = Field(16, ge=1, description="SFT samples per step.")
     lr: float = Field(2e-3, gt=0, description="SFT peak learning rate (warmup, then cosine).")
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="SFT warmup, as a fraction of the steps.")
-    copy_rows: int = Field(0, ge=0, description="Text-only copy rows per training video in the SFT mix: they keep "
-                                                "the copy skill the warm-up taught, which the SFT erases without "
-                                                "them (see world.copy_sample). Off by default (README, the toy "
-                                                "world).")
+    copy_rows: int = Field(0, ge=0, description="Text-only copy rows (random sequences of the tokenizer's "
+                                                "ordinary tokens, repeated) per training video in the SFT mix: "
+                                                "they keep the copy skill the warm-up taught, which the SFT erases "
+                                                "without them (see world.copy_sample). Off by default (README, "
+                                                "the toy world).")
     copy_steps: int = Field(0, ge=0, description="Copy warm-up steps of a fresh tiny model before the SFT (the "
                                                "stand-in for pretraining; see tiny.copy_warmup; 1500 forms the "
                                                "skill at the toy size); 0, the default, skips it. Not run for a "
                                                "warm start.")
+    copy_length: tuple[int, int] = Field(
+        (20, 80),
+        description="Shortest and longest sequence of the copy warm-up (tokens) and of the copy rows (tokenizer "
+                    "pieces). A copy learned on short sequences does not reach further back (README, the toy "
+                    "world); the grounding answer step copies from up to ~1600 tokens back.",
+    )
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start.")
+
+    @field_validator("copy_length")
+    @classmethod
+    def _ordered(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if not 2 <= v[0] <= v[1]:
+            raise ValueError(f"copy_length must be (shortest, longest) with 2 <= shortest <= longest, got {v}")
+        return v
 
     def digest(self) -> str:
         """Settings plus the source of the world and model recipes: a changed trace format rebuilds."""
@@ -81,11 +96,20 @@ def toy_agent_config(**overrides) -> AgentConfig:
 
 def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     """Data + model + SFT; returns the trained model directory."""
+    from transformers import AutoTokenizer
+
     from paravt_train.data import write_parquet
     from paravt_train.sft import train
     from paravt_train.sft_config import SFTConfig
-    from paravt_train.toy.tiny import build_tiny_model, copy_warmup
-    from paravt_train.toy.world import check_trace_roundtrip, corpus, make_worlds, rl_rows, sft_rows
+    from paravt_train.toy.tiny import build_tiny_model, copy_vocabulary, copy_warmup
+    from paravt_train.toy.world import (
+        check_trace_roundtrip,
+        copy_rows,
+        corpus,
+        make_worlds,
+        rl_rows,
+        sft_rows,
+    )
     from tools import ToolRegistry
 
     if cfg.init and not (Path(cfg.init) / "config.json").is_file():
@@ -104,23 +128,29 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     test_w = make_worlds(range(TEST_SEED0 + cfg.seed, TEST_SEED0 + cfg.seed + cfg.test_worlds), out / "videos",
                          progress)
     schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
-    rows = sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos", copy_rows=cfg.copy_rows)
+    rows = sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos")
     check_trace_roundtrip(rows)
-    write_parquet(rows, out / "data" / "sft_train.parquet")
-    write_parquet(rl_rows(train_w, out / "videos"), out / "data" / "rl_train.parquet")
-    write_parquet(rl_rows(test_w, out / "videos"), out / "data" / "rl_test.parquet")
-    log(f"toy data: {len(train_w)} training videos, {len(test_w)} held-out videos, {len(rows)} SFT samples "
-        f"({time.time() - t0:.0f}s)")
     if cfg.init:
         init = Path(cfg.init)
         log(f"warm start from {init}")
     else:
         init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
         if cfg.copy_steps:
-            warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, progress=progress, log=log)
+            warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, length=cfg.copy_length, progress=progress,
+                               log=log)
             if warm["accuracy_after"] < 0.9:
                 log(f"warning: the copy warm-up reached only {warm['accuracy_after']:.2f} copy accuracy; the "
                     "grounding answer step needs it (raise copy_steps)")
+    if cfg.copy_rows:  # drawn from the policy's own tokenizer, so they exist only once it does
+        copies = copy_rows(cfg.copy_rows * len(train_w), copy_vocabulary(AutoTokenizer.from_pretrained(init)),
+                           seed=cfg.seed, length=cfg.copy_length)
+        rows = rows + copies
+        random.Random(cfg.seed).shuffle(rows)
+    write_parquet(rows, out / "data" / "sft_train.parquet")
+    write_parquet(rl_rows(train_w, out / "videos"), out / "data" / "rl_train.parquet")
+    write_parquet(rl_rows(test_w, out / "videos"), out / "data" / "rl_test.parquet")
+    log(f"toy data: {len(train_w)} training videos, {len(test_w)} held-out videos, {len(rows)} SFT samples "
+        f"({time.time() - t0:.0f}s)")
     agent_cfg = toy_agent_config()
     sft = SFTConfig(
         model=str(init), data=str(out / "data" / "sft_train.parquet"), video_root=str(out / "videos"),

@@ -154,6 +154,21 @@ def build_tiny_model(
     return out_dir
 
 
+def copy_vocabulary(tokenizer) -> list[str]:
+    """The pieces copy rows are drawn from (``world.copy_sample``): the text of every ordinary token (no
+    bytes, no special or added tokens) that is printable ASCII, not only spaces, and free of digits and of
+    the characters the protocol's tags and JSON use, so a random sequence of them never opens a tag or a
+    tool call, and numbers (split into digits by the toy tokenizer) stay the traces' own."""
+    import re
+
+    out = []
+    for i in range(256, tokenizer.vocab_size):
+        text = tokenizer.decode([i])
+        if text.strip() and text.isascii() and text.isprintable() and not re.search(r'[0-9<>|{}\[\]"\\]', text):
+            out.append(text)
+    return out
+
+
 def copy_warmup(
     model_dir: str | Path,
     steps: int = 1500,
@@ -172,7 +187,7 @@ def copy_warmup(
     pretraining; a tiny model trained from scratch on the toy traces never finds it from their few copies
     (one asked colour per grounding question). It forms in a sudden step, not gradually (``toy`` size,
     seed 0: copy accuracy 0.03 at step 800, 0.97 by step 1050). The toy SFT erases it within 200 steps
-    unless its mix keeps copy rows (``world.copy_sample``). Off by default in ``paravt-train toy``
+    unless its mix keeps copy rows of arbitrary tokens (``world.copy_sample``). Off by default in ``paravt-train toy``
     (``copy_steps``); README's toy section has what it did and did not fix. Returns the losses and the copy
     accuracy on held-out sequences before and after.
     """

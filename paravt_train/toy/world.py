@@ -405,12 +405,11 @@ def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[in
 def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nframes=(4, 8, 16, 32, 64),
              video_root: str | Path | None = None, p_sequential: float = 0.2, p_direct: float = 0.4,
              direct_nframes=(16, 32, 64, 64), answer_only=(("mcq", 0.5), ("oe", 0.5), ("tvg", 1.0)),
-             extra_subagents: int = 4, copy_rows: int = 0) -> list[dict]:
+             extra_subagents: int = 4) -> list[dict]:
     """SFT rows. Per question: a parallel trace; with the task's probability in ``answer_only`` the same
     again with only the answer turn trained; with probability ``p_sequential`` a sequential trace; with
     probability ``p_direct`` a direct-answer (no tool) trace at an n from ``direct_nframes``; sub-agent
-    samples of its windows. Per world: extra sub-agent samples on random windows, and ``copy_rows``
-    text-only copy rows (``copy_sample``)."""
+    samples of its windows. Per world: extra sub-agent samples on random windows."""
     p_answer = dict(answer_only)
     rng = random.Random(seed)
     rows = []
@@ -433,29 +432,26 @@ def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nfram
                 rows.append({"id": f"{q.qid}-sub{a}", "messages": subagent_sample(w, q, video, (a, b))})
         for i, msgs in enumerate(extra_subagent_samples(w, video, rng, extra_subagents)):
             rows.append({"id": f"{w.wid}-xsub{i}", "messages": msgs})
-        for i in range(copy_rows):
-            rows.append({"id": f"{w.wid}-copy{i}", "messages": copy_sample(rng)})
     rng.shuffle(rows)
     return rows
 
 
-def _copy_words() -> list[str]:
-    import re
-
-    text = " ".join([NO_TOOL_SYSTEM_PROMPT, SUBAGENT_SYSTEM_PROMPT, grounding_question("red"),
-                     "What colour is shown at second 12? Answer with the colour name. Scan all Inspect around"])
-    words = sorted({x.lower() for x in re.findall(r"[A-Za-z]+", text)} | set(COLOURS))
-    return words + [str(i) for i in range(0, 130)]
-
-
-def copy_sample(rng: random.Random, length: tuple[int, int] = (12, 40)) -> list[dict]:
+def copy_sample(rng: random.Random, vocabulary: list[str], length: tuple[int, int] = (20, 80)) -> list[dict]:
     """A text-only row that keeps the copy skill (see ``tiny.copy_warmup``) while the traces are learned:
-    the user gives a random sequence of the toy's words and numbers, the assistant repeats it. No video,
-    no tool: it teaches nothing about the world, only to continue a sequence seen earlier in the context."""
-    words = _copy_words()
-    seq = " ".join(rng.choice(words) for _ in range(rng.randint(*length)))
+    the user gives a random sequence of ``vocabulary`` pieces (``tiny.copy_vocabulary``: the tokenizer's
+    ordinary tokens), the assistant repeats it. No video, no tool: it teaches nothing about the world,
+    only to continue a sequence seen earlier in the context. The pieces must be arbitrary tokens, not the
+    toy's words: repeats of toy words are mostly predictable from the words before them, and a model
+    learns no copying from them (README, the toy world)."""
+    seq = "".join(rng.choice(vocabulary) for _ in range(rng.randint(*length))).strip()
     return [{"role": "user", "content": f"Repeat: {seq}"},
             {"role": "assistant", "content": f"<think>\n{seq}</think>\n<answer>{seq.split()[-1]}</answer>"}]
+
+
+def copy_rows(count: int, vocabulary: list[str], seed: int = 0, length: tuple[int, int] = (20, 80)) -> list[dict]:
+    """``count`` copy rows (``copy_sample``, ``length`` pieces each), seeded."""
+    rng = random.Random(f"copy/{seed}")
+    return [{"id": f"copy{i}", "messages": copy_sample(rng, vocabulary, length)} for i in range(count)]
 
 
 def rl_rows(worlds: list[World], video_root: str | Path | None = None) -> list[dict]:

@@ -52,14 +52,18 @@ PARSERS = {
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_every_parser_is_linear_and_never_raises(shape):
     """Every parser over 1k, 10k and 100k characters of each adversarial shape: it returns (no exception on
-    model output) within a generous bound, and 10x the input never costs 100x the time."""
+    model output) within a generous bound, and 10x the input never costs 30x the time
+    (each size timed three times, the fastest kept)."""
     for name, parse in PARSERS.items():
         times = []
         for n in (1_000, 10_000, 100_000):
             text = SHAPES[shape](n)
-            t0 = time.perf_counter()
-            parse(text)
-            times.append(time.perf_counter() - t0)
+            best = float("inf")
+            for _ in range(3):  # the fastest of three: a pause of the (shared, noisy) CI machine is not growth
+                t0 = time.perf_counter()
+                parse(text)
+                best = min(best, time.perf_counter() - t0)
+            times.append(best)
         assert times[2] < 2.0, f"{name} on {shape}: {times}"
         assert times[2] < 30 * times[1] + 0.05, f"{name} on {shape} grows faster than linear: {times}"
 

@@ -85,8 +85,9 @@ def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
             clip = r.crop(a, b, crop_fps=1.0, max_pixels=1024)
             frames = zip(clip.frames, clip.timestamps, strict=True)
             seen = [f"{nearest_colour(f.reshape(-1, 3).mean(0))} {round(t)}" for f, t in frames]
-            if q.task == "tvg":  # a grounding sub-agent lists what its frames show
-                assert w.summary(q, a, b) == "; ".join(seen)
+            if q.task == "tvg":  # a grounding sub-agent repeats the asked colour, then lists what its frames show
+                assert w.summary(q, a, b) == f"Looking for colour {q.colour}. " + "; ".join(seen)
+                assert f"colour {q.colour} " in q.question  # the words it copies, as the question has them
             else:  # a colour-at-t sub-agent lists its frames second first, t among them
                 flipped = ["{1} {0}".format(*e.split()) for e in w.summary(q, a, b).split("; ")]
                 assert flipped == seen and f"{q.colour} {q.t}" in seen
@@ -126,13 +127,17 @@ def test_sft_rows_mix():
     subs = [r for r in rows if "-sub" in r["id"] or "-xsub" in r["id"]]
     for r in subs:
         asked = r["messages"][1]["content"][-1]["text"]
-        entries = r["messages"][-1]["content"].split("; ")
+        report = r["messages"][-1]["content"]
         if "at second" in asked:  # second first (the answer step has t and copies the colour after it)
-            assert all(e.split()[0].isdigit() and e.split()[1] in COLOURS for e in entries)
-        else:
-            assert all(e.split()[0] in COLOURS and e.split()[1].isdigit() for e in entries)
+            assert all(e.split()[0].isdigit() and e.split()[1] in COLOURS for e in report.split("; "))
+        else:  # the asked colour as the question words it, then colour first
+            colour = asked.split("segment of colour ")[1].split()[0]
+            head, listing = report.split(". ", 1)
+            assert head == f"Looking for colour {colour}"
+            assert all(e.split()[0] in COLOURS and e.split()[1].isdigit() for e in listing.split("; "))
     extra = [r for r in rows if "-xsub" in r["id"]]
     assert len(extra) == 40 and len({len(r["messages"][-1]["content"].split("; ")) for r in extra}) > 4
+    assert {r["messages"][-1]["content"].startswith("Looking for colour") for r in extra} == {True, False}
     # the no-tool think has its own shape: the colour comes from an image, not from a tool response
     assert all(r["messages"][-1]["content"].startswith(("<think>\nframe ", "<think>\nframes at:")) for r in direct)
     assert not any(r["id"].startswith("copy") for r in rows)  # copy rows are added by the build, off by default
@@ -198,7 +203,10 @@ def test_grounding_answer_covers_the_segment():
             assert colours[:-1] == [q.colour] * (len(entries) - 1) and colours[-1] != q.colour
             # the copy starts with the asked colour's name, and every entry is verbatim in the tool response
             assert entries[0].startswith(q.colour)
-            listing = "; ".join(w.summary(q, a, b) for a, b in windows_for(w, q))
+            reports = [w.summary(q, a, b) for a, b in windows_for(w, q)]
+            # the asked colour is in every report, after the same word as in the answer's head
+            assert all(r.startswith(f"Looking for colour {q.colour}. ") for r in reports)
+            listing = "; ".join(r.split(". ", 1)[1] for r in reports)
             assert all(e in listing.split("; ") for e in entries)
 
 
@@ -315,5 +323,39 @@ def test_copy_warmup_teaches_a_fresh_model_to_copy(tmp_path):
     assert out["losses"][-1] < out["losses"][0] / 3 and len(out["losses"]) == COPY_STEPS
     after = load_file(model / "model.safetensors")
     assert any((before[k] - after[k]).abs().max() > 1e-3 for k in before)
-    assert logs == [f"copy warm-up: {COPY_STEPS} steps, copy accuracy {out['accuracy_before']:.2f} -> "
-                    f"{out['accuracy_after']:.2f}"]
+    assert logs == [f"copy warm-up: {COPY_STEPS} steps, copy accuracy on 8-24 tokens {out['accuracy_before']:.2f} "
+                    f"-> {out['accuracy_after']:.2f}"]
+    assert out["accuracy_first_stage"] is None
+
+
+def test_copy_warmup_reach_stages_run_longer_sequences_in_smaller_batches(tmp_path, monkeypatch):
+    """The reach stages: a third of reach_steps at half of reach_length, the rest at reach_length, with
+    batches cut so a step holds about the tokens of a first-stage step; accuracy is measured on
+    reach_length sequences, after the first stage too."""
+    from transformers import AutoModelForImageTextToText
+
+    from paravt_train.toy.tiny import build_tiny_model, copy_warmup
+
+    model = build_tiny_model(tmp_path / "m", ["red green blue 12 13"] * 4, size="test")
+    seen = []  # (training?, input shape) of every forward pass
+    load = AutoModelForImageTextToText.from_pretrained
+
+    def load_and_watch(*a, **k):
+        m = load(*a, **k)
+        m.register_forward_pre_hook(lambda mod, args, kw: seen.append((mod.training, tuple(kw["input_ids"].shape))),
+                                    with_kwargs=True)
+        return m
+
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", load_and_watch)
+    logs = []
+    out = copy_warmup(model, steps=4, batch_size=8, length=(8, 24), reach_steps=6, reach_length=(40, 96), seed=0,
+                      log=logs.append)
+    assert len(out["losses"]) == 10 and out["accuracy_first_stage"] is not None
+    train = [shape for training, shape in seen if training]
+    assert [b for b, _ in train] == [8] * 4 + [8] * 2 + [4] * 4  # 8 * 24 / 48 * 2 = 8, then 8 * 24 / 96 * 2 = 4
+    assert all(w <= 48 for _, w in train[:4]) and all(40 <= w <= 96 for _, w in train[4:6])
+    assert all(80 <= w <= 192 for _, w in train[6:]) and max(w for _, w in train[6:]) > 96
+    held = [shape for training, shape in seen if not training]  # 3 evaluations of 32 sequences, 8 at a time
+    assert len(held) == 12 and all(80 <= w <= 192 for _, w in held)
+    assert logs[0].startswith("copy warm-up: 4 steps on 8-24 tokens; accuracy on 40-96 tokens")
+    assert logs[-1].startswith("copy warm-up: 10 steps, copy accuracy on 40-96 tokens")

@@ -53,10 +53,14 @@ class ToyConfig(BaseModel):
                                                "warm start.")
     copy_length: tuple[int, int] = Field(
         (20, 80),
-        description="Shortest and longest sequence of the copy warm-up (tokens) and of the copy rows (tokenizer "
-                    "pieces). A copy learned on short sequences does not reach further back (README, the toy "
-                    "world); the grounding answer step copies from up to ~1600 tokens back.",
+        description="Shortest and longest sequence of the copy rows (tokenizer pieces) and of the warm-up's "
+                    "reach stage (tokens). A copy learned on short sequences does not reach further back (README, "
+                    "the toy world); the grounding answer step copies listing entries from up to ~800 tokens back.",
     )
+    copy_reach_steps: int = Field(0, ge=0, description="Warm-up steps after the copy_steps (which use 20-80 tokens) "
+                                                       "that extend the copy to copy_length sequences: a third at "
+                                                       "half that length, then the rest (tiny.copy_warmup). 0 skips "
+                                                       "them.")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start.")
@@ -89,7 +93,7 @@ def toy_agent_config(**overrides) -> AgentConfig:
         max_calls_per_turn=8,  # a grounding scan of a 128-second video: 8 windows of 16 s
         max_turns=8,  # the sequential baseline makes the same calls one per turn
         planner_sampling={"max_new_tokens": 384},
-        subagent_sampling={"max_new_tokens": 96},
+        subagent_sampling={"max_new_tokens": 128},  # a grounding report: 16 entries and the asked colour
     )
     return cfg.override([f"{k}={v}" for k, v in overrides.items()]) if overrides else cfg
 
@@ -136,8 +140,8 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     else:
         init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
         if cfg.copy_steps:
-            warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, length=cfg.copy_length, progress=progress,
-                               log=log)
+            warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, reach_steps=cfg.copy_reach_steps,
+                               reach_length=cfg.copy_length, progress=progress, log=log)
             if warm["accuracy_after"] < 0.9:
                 log(f"warning: the copy warm-up reached only {warm['accuracy_after']:.2f} copy accuracy; the "
                     "grounding answer step needs it (raise copy_steps)")

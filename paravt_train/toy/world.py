@@ -26,8 +26,10 @@ sub-agent sees its window's frames and the question:
 * grounding: the planner copies the duration from the overview's intro line
   ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
   windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
-  per duration); each sub-agent lists every second of its window, colour first
-  ("red 16; red 17; cyan 18"); the answer step starts from the asked colour's name
+  per duration); each sub-agent repeats the asked colour and lists every second of
+  its window, colour first ("Looking for colour cyan. red 16; red 17; cyan 18"); the
+  answer step starts from the asked colour's name (copied from the last report, not
+  from the question 1000-1600 tokens back)
   and copies the run of its entries and the entry after it ("cyan 18; cyan 19;
   blue 20.") and answers ``[first, last]`` of what it copied: the segment's start
   and the second the next segment starts.
@@ -91,6 +93,7 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 LETTERS = "ABCD"
 DURATIONS = (64, 80, 96, 112, 128)  # multiples of the scan window: a scan is 4-8 windows that tile the video
 MCQ_WINDOW = 1  # colour-at-t: two parallel windows [t, t+1] and [t-1, t]; both see second t
+REPORT_HEAD = "Looking for colour"  # a grounding report's first words, before the asked colour (World.summary)
 SCAN_WINDOW = 16  # grounding: windows of 16 frames at 1 fps, [0, 15], [16, 31], ..., tiling the whole video
 UNIQUE = 2  # colours that appear exactly once (the grounding targets)
 
@@ -133,9 +136,13 @@ class World:
         """What a correct sub-agent reports on window [start, end] for question ``q``: every second of the
         window, in the order the answer step copies from: second first for a colour-at-t question ("28 red;
         29 red": the answer has t and copies the colour after it), colour first for grounding ("red 16;
-        cyan 17": the answer has the colour and copies the seconds after it)."""
+        cyan 17": the answer has the colour and copies the seconds after it). A grounding report first
+        repeats the asked colour as the question words it ("Looking for colour cyan. red 16; ..."): the
+        sub-agent copies it from its prompt a few tokens back, and the answer step then finds it in the
+        last report (tens of tokens back) instead of in the question (1000-1600 tokens back, further than
+        the toy model's copy reaches)."""
         if q.task == "tvg":
-            return self.listing(start, end)
+            return f"{REPORT_HEAD} {q.colour}. {self.listing(start, end)}"
         return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
 
     def listing(self, start: float, end: float) -> str:

@@ -99,6 +99,11 @@ class AgentConfig(BaseModel):
         "(SGLang, vLLM); a backend that cannot pin it refuses it."
     )
     question_to_subagents: bool = Field(True, description="Sub-agents see the question (else: only the window).")
+    subagent_report: Literal["full", "answer"] = Field(
+        "full", description="What the planner reads of a sub-agent's reply: full (all of it) or answer (what follows "
+        "its </think>: a sub-agent that thinks reports only its conclusion; all of it when it closed no think). The "
+        "trace keeps the whole reply (a call's reply), and training learns the sub-agent's whole reply."
+    )
     strict_video_path: bool = Field(True, description="A video_path naming another file is an invalid call.")
     planner_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=1024),
                                        description="Decoding of planner turns (greedy by default).")

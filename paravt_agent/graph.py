@@ -54,7 +54,7 @@ from paravt_agent.prompts import (
     layout_subagent_messages,
     tool_response_messages,
 )
-from paravt_agent.protocol import parse_tool_calls, split_think
+from paravt_agent.protocol import parse_tool_calls, split_think, subagent_report
 from paravt_agent.trajectory import PlannerTurn, SubAgentRecord
 from paravt_agent.types import (
     CallInfo,
@@ -213,7 +213,9 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
             gen = await policy.generate(msgs, _seeded(config.subagent_sampling, payload.get("seed"), turn,
                                                       p.index + 1))
             phases.append(_phase("subagent", t_gen, turn, p.index, detail=gen.timings))
-            rec.summary = gen.text.strip()
+            rec.summary = subagent_report(gen.text, config.subagent_report)
+            if rec.summary != gen.text.strip():
+                rec.reply = gen.text.strip()
             rec.prompt_tokens, rec.completion_tokens = gen.prompt_tokens, gen.completion_tokens
             rec.batch_size = gen.batch_size
             update["records"] = [GenerationRecord("subagent", turn, p.index, gen, images_of(msgs))]

@@ -39,6 +39,7 @@ __all__ = [
     "parse_tool_calls",
     "render_tool_call",
     "split_think",
+    "subagent_report",
     "strip_tool_blocks",
     "tag_stats",
 ]
@@ -355,6 +356,17 @@ def split_think(text: str) -> tuple[str, str]:
     if end < 0:
         return text[body_from:].strip() if start >= 0 else "", "" if start >= 0 else text
     return text[body_from:end].strip(), text[end + len("</think>") :]
+
+
+def subagent_report(text: str, mode: str = "full") -> str:
+    """What the planner reads of a sub-agent's reply ``text`` (``AgentConfig.subagent_report``): all of it, or
+    for ``answer`` what follows its first ``</think>`` (all of it when it closed none, or nothing follows)."""
+    text = text.strip()
+    if mode == "answer":
+        end = text.find("</think>")
+        rest = text[end + len("</think>") :].strip() if end >= 0 else ""
+        return rest or text
+    return text
 
 
 def extract_answer(text: str) -> str:

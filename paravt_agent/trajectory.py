@@ -41,6 +41,7 @@ class SubAgentRecord(BaseModel):
     window: tuple[float, float] | None = None
     frame_timestamps: list[float] = Field(default_factory=list)
     summary: str = ""
+    reply: str | None = None  # the sub-agent's whole reply, when the planner read only part of it (subagent_report)
     evidence: str = "summary"  # summary (a sub-agent's text) | frames (the crop's frames went to the planner) | text
     error: str | None = None
     warnings: list[str] = Field(default_factory=list)

@@ -75,7 +75,7 @@ def turn2_bench(repeats: int) -> None:
     agent = Agent(policy=policy, config=toy_agent_config())
     inp = agent.prepare(w.video, q.question, q.options, 64)
     greedy = Sampling(temperature=0.0, max_new_tokens=96)
-    tool = tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in windows_for(w, q)])
+    tool = tool_response_message([(call_label(w, a, b), w.report(q, a, b)) for a, b in windows_for(w, q)])
     times: dict[bool, list[float]] = {False: [], True: []}
     phases: dict[bool, dict] = {}
     texts: dict[bool, str] = {}

@@ -66,6 +66,31 @@ def test_parallel_k_calls_one_tool_response_in_call_order(media):
     assert final_prompt[0]["role"] == "system" and "<tool_call>" in text_of(final_prompt[0]["content"])
 
 
+@pytest.mark.parametrize("report", ["full", "answer"])
+def test_subagent_report_full_or_answer(media, report):
+    """A thinking sub-agent: with subagent_report answer the planner reads what follows its </think> (all of a
+    reply that closed none); the trace keeps the whole reply."""
+
+    def script(role, msgs):
+        if role == "subagent":
+            a = float(re.search(r"Window ([\d.]+)-", text_of(msgs[1]["content"])).group(1))
+            return f"<think>\nnotes on {a:g}</think>\nfound {a:g}" if a != 10 else f"plain {a:g}"
+        if "<tool_response>" in text_of(msgs[-1]["content"]):
+            return "<think>done</think><answer>B</answer>"
+        return calls_text(WINDOWS)
+
+    pol = ScriptedPolicy(script)
+    ans = Agent(policy=pol, config=AgentConfig(subagent_report=report)).answer(media["video"], "Which?", ["a", "b"])
+    body = text_of(pol.calls[-1][1][-1]["content"])
+    assert "plain 10" in body and all(f"found {a}" in body for a, _ in WINDOWS if a != 10)
+    assert ("notes on" in body) == (report == "full")
+    records = ans.trace.turns[0].calls
+    assert [c.summary for c in records][1] == "plain 10"
+    assert records[0].summary == ("<think>\nnotes on 2</think>\nfound 2" if report == "full" else "found 2")
+    assert records[0].reply == (None if report == "full" else "<think>\nnotes on 2</think>\nfound 2")
+    assert records[1].reply is None and Trace.from_json(ans.trace.to_json()).turns[0].calls[0] == records[0]
+
+
 def test_think_prefix_is_pinned(media):
     seen = []
 

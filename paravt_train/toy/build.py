@@ -93,7 +93,9 @@ def toy_agent_config(**overrides) -> AgentConfig:
         max_calls_per_turn=8,  # a grounding scan of a 128-second video: 8 windows of 16 s
         max_turns=8,  # the sequential baseline makes the same calls one per turn
         planner_sampling={"max_new_tokens": 384},
-        subagent_sampling={"max_new_tokens": 128},  # a grounding report: 16 entries and the asked colour
+        # a grounding reply: a think with the asked colour and 16 entries (up to ~110 tokens), then the finding
+        subagent_sampling={"max_new_tokens": 192},
+        subagent_report="answer",  # the planner reads a grounding sub-agent's finding, not its listing
     )
     return cfg.override([f"{k}={v}" for k, v in overrides.items()]) if overrides else cfg
 

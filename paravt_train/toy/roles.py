@@ -71,7 +71,7 @@ async def _one(agent: Agent, w: World, q, n: int, scores: dict) -> None:
 
     async def answer():
         msgs = [*messages, {"role": "assistant", "content": plan},
-                tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in wins])]
+                tool_response_message([(call_label(w, a, b), w.report(q, a, b)) for a, b in wins])]
         gen = await agent.policy.generate(msgs, cfg.planner_sampling, prefix=cfg.think_prefix)
         scores["answer", q.task].append(score(gen.text, q))
         if q.task == "tvg":  # the best the answer step can do: [first, last + 1] of the seconds seen

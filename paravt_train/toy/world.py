@@ -26,21 +26,24 @@ sub-agent sees its window's frames and the question:
 * grounding: the planner copies the duration from the overview's intro line
   ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
   windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
-  per duration); each sub-agent repeats the asked colour and lists every second of
-  its window, colour first ("Looking for colour cyan. red 16; red 17; cyan 18"); the
-  answer step starts from the asked colour's name (copied from the last report, not
-  from the question 1000-1600 tokens back)
-  and copies the run of its entries and the entry after it ("cyan 18; cyan 19;
-  blue 20.") and answers ``[first, last]`` of what it copied: the segment's start
-  and the second the next segment starts.
+  per duration); each sub-agent thinks (it repeats the asked colour and lists every
+  second of its window, colour first: "<think>\nLooking for colour cyan. red 16;
+  red 17; cyan 18; ...</think>") and then gives its finding: the listing's run of
+  the asked colour and the entry after it ("cyan 18; cyan 19; blue 20."), or
+  "none.". The agent runs with ``subagent_report: answer``, so the planner reads
+  the findings only; the answer step copies the one or two that are not "none."
+  ("Found: cyan 18; cyan 19; blue 20.") and answers ``[first, last]`` of what it
+  copied: the segment's start and the second the next segment starts.
 
 Every step is a copy of tokens the model has in its context or a +/-1 on a time,
 and every copy is shaped for an induction head: what is copied follows the same
 words where it is read and where it is written. The toy tokenizer splits numbers
-into digits, so finding "29" in a listing is a two-token match. The shipped
-policy (about a million parameters) learned the colour-at-t copies; the grounding
-answer step (find the asked colour among 16-entry listings, copy its run) it has
-not learned (README, "The toy world"). Run-length summaries, larger arithmetic
+into digits, so finding "29" in a listing is a two-token match. Each copy is
+short-range: a sub-agent finds the asked colour's run in its own listing, a few
+dozen tokens back; the answer step copies the findings from a short tool response.
+An earlier design, whose answer step searched all eight listings (up to ~800
+tokens) for the asked colour's entries, was never learned by this model (README,
+"The toy world"). Run-length summaries, larger arithmetic
 and nearest-frame search are what such a model gets wrong; the no-tool traces
 need the last one, which is why the no-tool mode is weak below n = 64.
 
@@ -93,7 +96,7 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 LETTERS = "ABCD"
 DURATIONS = (64, 80, 96, 112, 128)  # multiples of the scan window: a scan is 4-8 windows that tile the video
 MCQ_WINDOW = 1  # colour-at-t: two parallel windows [t, t+1] and [t-1, t]; both see second t
-REPORT_HEAD = "Looking for colour"  # a grounding report's first words, before the asked colour (World.summary)
+REPORT_HEAD = "Looking for colour"  # a grounding sub-agent think's first words, before the asked colour (World.summary)
 SCAN_WINDOW = 16  # grounding: windows of 16 frames at 1 fps, [0, 15], [16, 31], ..., tiling the whole video
 UNIQUE = 2  # colours that appear exactly once (the grounding targets)
 
@@ -133,17 +136,37 @@ class World:
         return range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
 
     def summary(self, q: Question, start: float, end: float) -> str:
-        """What a correct sub-agent reports on window [start, end] for question ``q``: every second of the
-        window, in the order the answer step copies from: second first for a colour-at-t question ("28 red;
-        29 red": the answer has t and copies the colour after it), colour first for grounding ("red 16;
-        cyan 17": the answer has the colour and copies the seconds after it). A grounding report first
-        repeats the asked colour as the question words it ("Looking for colour cyan. red 16; ..."): the
-        sub-agent copies it from its prompt a few tokens back, and the answer step then finds it in the
-        last report (tens of tokens back) instead of in the question (1000-1600 tokens back, further than
-        the toy model's copy reaches)."""
+        """What a correct sub-agent replies on window [start, end] for question ``q``: every second of the
+        window, in the order the answer step copies from.
+
+        * colour-at-t: second first ("28 red; 29 red"): the answer has t and copies the colour after it.
+        * grounding: a think that repeats the asked colour as the question words it and lists the window
+          colour first ("<think>\nLooking for colour cyan. red 16; cyan 17; ...</think>"), then the finding:
+          the listing's run of the asked colour and the entry after it ("cyan 17; cyan 18; red 19."), or
+          "none." (:meth:`finding`). The sub-agent copies the colour from its prompt and the run from its
+          own listing, both a few tokens back. With ``subagent_report: answer`` the planner reads only the
+          finding (:meth:`report`), so the answer step copies the one or two non-empty findings from a
+          short tool response instead of searching eight listings for the asked colour's entries (README,
+          the toy world)."""
         if q.task == "tvg":
-            return f"{REPORT_HEAD} {q.colour}. {self.listing(start, end)}"
+            return f"<think>\n{REPORT_HEAD} {q.colour}. {self.listing(start, end)}.</think>\n{self.finding(q, start, end)}"
         return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
+
+    def report(self, q: Question, start: float, end: float) -> str:
+        """What the planner reads of the sub-agent's reply (``subagent_report: answer``)."""
+        from paravt_agent.protocol import subagent_report
+
+        return subagent_report(self.summary(q, start, end), "answer")
+
+    def finding(self, q: Question, start: float, end: float) -> str:
+        """Grounding: the window's entries of the asked colour and the entry after the last of them, when the
+        window holds it ("cyan 17; cyan 18; red 19."), else "none."."""
+        secs = list(self.seconds(start, end))
+        hits = [i for i, s in enumerate(secs) if self.colour_at(s) == q.colour]
+        if not hits:
+            return "none."
+        run = secs[hits[0] : hits[-1] + 2]
+        return "; ".join(f"{self.colour_at(s)} {s}" for s in run) + "."
 
     def listing(self, start: float, end: float) -> str:
         """Every second of the window, colour first: "red 16; red 17; cyan 18"."""
@@ -251,31 +274,24 @@ def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
     return [(q.t, q.t + MCQ_WINDOW), (q.t - MCQ_WINDOW, q.t)]
 
 
-def run_entries(w: World, q: Question) -> list[int]:
-    """Grounding: the seconds whose listing entries the answer step copies: the run of the asked colour
-    and the first second after it (the segment is never the last one)."""
-    a, b = w.span_of(q.colour)
-    return list(range(a, b + 1))
-
-
 def answer_turn(w: World, q: Question) -> str:
-    """The planner's final turn: copy the needed entries into the think, then answer with their tokens.
+    """The planner's final turn: copy what is needed into the think, then answer with its tokens.
 
     Every step is a copy of the token that follows the last one in the context, with the same tokens
     as the source (the toy tokenizer splits numbers into digits; " red" with its space is not "red"):
 
     * colour-at-t: t from the question, then the colour after it in the sub-agents' listings
       ("31 red; 32 red" → "32 red.", answer " red");
-    * grounding: "The colour" as in the question, so the next token is the asked colour (" cyan"); then
-      the run of its listing entries plus the entry after it ("The colour cyan: cyan 21; cyan 22; red
-      23."). It answers with the first and the last second it copied: the segment's start and the second
-      the next segment starts (a 1 fps frame stands for its whole second).
+    * grounding: the sub-agents' findings that are not "none." (one, or two when the segment crosses a
+      window's end), in call order ("Found: cyan 21; cyan 22; red 23."); it answers with the first and the
+      last second it copied: the segment's start and the second the next segment starts (a 1 fps frame
+      stands for its whole second). When the segment ends at a window's last second, the next second is in
+      a window without the colour and the last copied second is one short of the answer.
     """
     if q.task == "tvg":
-        seen = run_entries(w, q)
-        copied = "; ".join(f"{w.colour_at(s)} {s}" for s in seen)
-        return (f"<think>\nThe colour {q.colour}: {copied}.</think>\n"
-                f"<answer>[{seen[0]}, {seen[-1]}]</answer>")
+        found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q)) if f != "none.")
+        a, b = w.span_of(q.colour)
+        return f"<think>\nFound: {found}</think>\n<answer>[{a}, {b}]</answer>"
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
     return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
 
@@ -309,7 +325,7 @@ def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list
         {"role": "system", "content": tool_system_prompt(tools_schema)},
         _user(video, n, q),
         {"role": "assistant", "content": planner_turn(q, wins, w.duration)},
-        tool_response_message([(call_label(w, a, b), w.summary(q, a, b)) for a, b in wins]),
+        tool_response_message([(call_label(w, a, b), w.report(q, a, b)) for a, b in wins]),
         {"role": "assistant", "content": answer_turn(w, q)},
     ]
 
@@ -319,7 +335,7 @@ def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: li
     msgs = [{"role": "system", "content": tool_system_prompt(tools_schema, sequential=True)}, _user(video, n, q)]
     for a, b in wins:
         msgs.append({"role": "assistant", "content": planner_turn(q, [(a, b)], w.duration)})
-        msgs.append(tool_response_message([(call_label(w, a, b), w.summary(q, a, b))]))
+        msgs.append(tool_response_message([(call_label(w, a, b), w.report(q, a, b))]))
     msgs.append({"role": "assistant", "content": answer_turn(w, q)})
     return msgs
 

@@ -347,7 +347,8 @@ def test_copy_warmup_teaches_a_fresh_model_to_copy(tmp_path):
     after = load_file(model / "model.safetensors")
     assert any((before[k] - after[k]).abs().max() > 1e-3 for k in before)
     assert logs == [f"copy warm-up: {COPY_STEPS} steps, copy accuracy on 8-24 tokens {out['accuracy_before']:.2f} "
-                    f"-> {out['accuracy_after']:.2f}"]
+                    f"-> {out['accuracy_after']:.2f}, on listings {out['accuracy_listings_before']:.2f} -> "
+                    f"{out['accuracy_listings']:.2f}"]
     assert out["accuracy_first_stage"] is None
 
 
@@ -378,7 +379,58 @@ def test_copy_warmup_reach_stages_run_longer_sequences_in_smaller_batches(tmp_pa
     assert [b for b, _ in train] == [8] * 4 + [8] * 2 + [4] * 4  # 8 * 24 / 48 * 2 = 8, then 8 * 24 / 96 * 2 = 4
     assert all(w <= 48 for _, w in train[:4]) and all(40 <= w <= 96 for _, w in train[4:6])
     assert all(80 <= w <= 192 for _, w in train[6:]) and max(w for _, w in train[6:]) > 96
-    held = [shape for training, shape in seen if not training]  # 3 evaluations of 32 sequences, 8 at a time
-    assert len(held) == 12 and all(80 <= w <= 192 for _, w in held)
+    # 3 evaluations of 32 sequences, 8 at a time, and 2 of 32 listings (before and after)
+    held = [shape for training, shape in seen if not training]
+    assert len(held) == 20 and sum(80 <= w <= 192 for _, w in held) >= 12
     assert logs[0].startswith("copy warm-up: 4 steps on 8-24 tokens; accuracy on 40-96 tokens")
     assert logs[-1].startswith("copy warm-up: 10 steps, copy accuracy on 40-96 tokens")
+
+
+def test_copy_warmup_listing_stage_copies_random_listings(tmp_path, monkeypatch):
+    """The listing stage: after the random-token steps, listing_steps batches that repeat random listings of
+    the toy's colours and seconds (a copy of repeating pieces), measured on held-out listings."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from paravt_train.toy.tiny import build_tiny_model, copy_warmup
+
+    model = build_tiny_model(tmp_path / "m", corpus(sft_rows([make_world(s) for s in range(4)], SCHEMA)),
+                             size="test", vocab_size=600)
+    tok = AutoTokenizer.from_pretrained(model)
+    seen = []  # (training?, input ids) of every forward pass
+    load = AutoModelForImageTextToText.from_pretrained
+
+    def load_and_watch(*a, **k):
+        m = load(*a, **k)
+        m.register_forward_pre_hook(lambda mod, args, kw: seen.append((mod.training, kw["input_ids"])),
+                                    with_kwargs=True)
+        return m
+
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", load_and_watch)
+    logs = []
+    out = copy_warmup(model, steps=2, batch_size=4, length=(8, 24), listing_steps=3, seed=0, log=logs.append)
+    assert len(out["losses"]) == 5 and 0 <= out["accuracy_listings"] <= 1
+    train = [ids for training, ids in seen if training]
+    assert [ids.shape[0] for ids in train] == [4] * 5
+    for ids in train[2:]:  # each row: a listing, then the same listing again
+        for row in ids.tolist():
+            row = [t for t in row if t != tok.pad_token_id]
+            half = len(row) // 2
+            assert row[:half] == row[half:]
+            entries = tok.decode(row[:half]).strip().rstrip(".").split("; ")
+            assert 4 <= len(entries) <= 16
+            assert all(e.split()[0] in COLOURS and 0 <= int(e.split()[1]) < 128 for e in entries)
+    assert logs[0].startswith("copy warm-up: 2 steps on 8-24 tokens")
+    assert logs[-1].startswith("copy warm-up: 5 steps, copy accuracy on 8-24 tokens") and "on listings" in logs[-1]
+
+
+def test_listing_copy_rows():
+    rows = copy_rows(20, [], seed=1, kind="listings")
+    assert rows == copy_rows(20, [], seed=1, kind="listings") and rows != copy_rows(20, [], seed=2, kind="listings")
+    for r in rows:
+        user, reply = r["messages"]
+        seq = user["content"].removeprefix("Repeat: ")
+        assert reply["content"] == f"<think>\n{seq}</think>\n<answer>{seq.split()[-1]}</answer>"
+        entries = seq.rstrip(".").split("; ")
+        assert 4 <= len(entries) <= 16 and all(e.split()[0] in COLOURS for e in entries)
+    with pytest.raises(ValueError, match="tokens or listings"):
+        copy_rows(1, [], kind="words")

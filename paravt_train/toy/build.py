@@ -12,6 +12,7 @@ import random
 import shutil
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -61,6 +62,12 @@ class ToyConfig(BaseModel):
                                                        "that extend the copy to copy_length sequences: a third at "
                                                        "half that length, then the rest (tiny.copy_warmup). 0 skips "
                                                        "them.")
+    copy_listing_steps: int = Field(0, ge=0, description="Warm-up steps, after all others, that copy random "
+                                                         "listings of the toy's colours and seconds (world."
+                                                         "random_listing): a copy that must match several tokens "
+                                                         "back, which random-token copies do not teach. 0 skips them.")
+    copy_row_kind: Literal["tokens", "listings"] = Field("tokens", description="What the copy rows repeat: random "
+                                                         "tokens or random listings (world.copy_rows).")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start.")
@@ -143,13 +150,15 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
         init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
         if cfg.copy_steps:
             warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, reach_steps=cfg.copy_reach_steps,
-                               reach_length=cfg.copy_length, progress=progress, log=log)
-            if warm["accuracy_after"] < 0.9:
-                log(f"warning: the copy warm-up reached only {warm['accuracy_after']:.2f} copy accuracy; the "
-                    "grounding answer step needs it (raise copy_steps)")
+                               reach_length=cfg.copy_length, listing_steps=cfg.copy_listing_steps,
+                               progress=progress, log=log)
+            key = "accuracy_listings" if cfg.copy_listing_steps else "accuracy_after"
+            if warm[key] < 0.9:
+                log(f"warning: the copy warm-up reached only {warm[key]:.2f} copy accuracy; the grounding "
+                    f"copies need it (raise {'copy_listing_steps' if cfg.copy_listing_steps else 'copy_steps'})")
     if cfg.copy_rows:  # drawn from the policy's own tokenizer, so they exist only once it does
         copies = copy_rows(cfg.copy_rows * len(train_w), copy_vocabulary(AutoTokenizer.from_pretrained(init)),
-                           seed=cfg.seed, length=cfg.copy_length)
+                           seed=cfg.seed, length=cfg.copy_length, kind=cfg.copy_row_kind)
         rows = rows + copies
         random.Random(cfg.seed).shuffle(rows)
     write_parquet(rows, out / "data" / "sft_train.parquet")

@@ -471,9 +471,30 @@ def copy_sample(rng: random.Random, vocabulary: list[str], length: tuple[int, in
             {"role": "assistant", "content": f"<think>\n{seq}</think>\n<answer>{seq.split()[-1]}</answer>"}]
 
 
-def copy_rows(count: int, vocabulary: list[str], seed: int = 0, length: tuple[int, int] = (20, 80)) -> list[dict]:
-    """``count`` copy rows (``copy_sample``, ``length`` pieces each), seeded."""
+def random_listing(rng: random.Random, entries: tuple[int, int] = (4, 16)) -> str:
+    """Random entries in the grounding listings' shape, colour first ("cyan 75; red 12; white 3"): the pieces
+    the grounding copies are made of. Its 8 colours, 10 digits and separators repeat, so copying it takes a
+    match of several tokens back, which random-token copies never teach (README, the toy world)."""
+    names = list(COLOURS)
+    return "; ".join(f"{rng.choice(names)} {rng.randrange(128)}" for _ in range(rng.randint(*entries)))
+
+
+def listing_copy_sample(rng: random.Random, entries: tuple[int, int] = (4, 16)) -> list[dict]:
+    """A text-only copy row of a random listing (``random_listing``), shaped like ``copy_sample``."""
+    seq = random_listing(rng, entries) + "."
+    return [{"role": "user", "content": f"Repeat: {seq}"},
+            {"role": "assistant", "content": f"<think>\n{seq}</think>\n<answer>{seq.split()[-1]}</answer>"}]
+
+
+def copy_rows(count: int, vocabulary: list[str], seed: int = 0, length: tuple[int, int] = (20, 80),
+              kind: str = "tokens") -> list[dict]:
+    """``count`` copy rows, seeded: random tokens (``copy_sample``, ``length`` pieces each) or random
+    listings (``listing_copy_sample``)."""
+    if kind not in ("tokens", "listings"):
+        raise ValueError(f"copy row kind must be tokens or listings, got {kind!r}")
     rng = random.Random(f"copy/{seed}")
+    if kind == "listings":
+        return [{"id": f"copy{i}", "messages": listing_copy_sample(rng)} for i in range(count)]
     return [{"id": f"copy{i}", "messages": copy_sample(rng, vocabulary, length)} for i in range(count)]
 
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["CHAT_TEMPLATE", "SIZES", "SPECIAL_TOKENS", "build_tiny_model", "copy_warmup", "train_tokenizer"]
+__all__ = ["CHAT_TEMPLATE", "NUMBER_TOKENS", "SIZES", "SPECIAL_TOKENS", "build_tiny_model", "copy_warmup", "train_tokenizer"]
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -24,6 +24,12 @@ SPECIAL_TOKENS = [
 ]
 #: Added (non-special) tokens, single ids as in Qwen3: the structural tags of the protocol.
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+#: Added tokens: one per whole number 0-255 after a space (" 17"), matched longest first (" 127" is one token,
+#: not " 12" + "7"). Qwen's pre-tokenizer splits numbers into digits, so a time would be two or three tokens,
+#: and copying it a match of several tokens (digits repeat) that a tiny model trained from scratch does not
+#: learn; with these, the toy's seconds, durations and crop arguments are one token each and every copy of a
+#: time is a one-token lookup. Numbers without a space before them ("<17.0 seconds>") stay digits.
+NUMBER_TOKENS = [f" {i}" for i in range(256)]
 
 #: Qwen3-VL-style chat template: images as <|vision_start|><|image_pad|><|vision_end|>.
 CHAT_TEMPLATE = (
@@ -62,8 +68,9 @@ def _base_corpus() -> list[str]:
     return lines
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048):
-    """Byte-level BPE trained on ``corpus`` (plus the protocol text), wrapped as a ``Qwen2Tokenizer``."""
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, number_tokens: bool = True):
+    """Byte-level BPE trained on ``corpus`` (plus the protocol text), wrapped as a ``Qwen2Tokenizer``; with
+    ``number_tokens``, one added token per spaced number 0-255 (:data:`NUMBER_TOKENS`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
@@ -81,6 +88,8 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048):
     qt = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     qt.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
     qt.add_tokens(ADDED_TOKENS)
+    if number_tokens:
+        qt.add_tokens(NUMBER_TOKENS)
     qt.chat_template = CHAT_TEMPLATE
     return qt
 

@@ -21,34 +21,37 @@ sub-agent sees its window's frames and the question:
 
 * colour-at-t: the planner crops, in one turn, the window [t, t+1] and the window
   [t-1, t]; each sub-agent lists every second of its window, second first
-  ("Seen: 28 red; 29 red"); the answer step copies t from the question and the
-  colour after it in the listings ("At 29 red.") and answers with the colour's name.
+  ("28 red; 29 red"); the answer step copies t from the question and the colour
+  after it in the listings ("29 red.") and answers with the colour's name. These
+  are the traces the shipped policy was trained on, kept as they are.
 * grounding: the planner copies the duration from the overview's intro line
   ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
   windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
   per duration); each sub-agent thinks: it repeats the asked colour and lists every
   second of its window, colour first, marking where the asked colour starts ("new")
-  and the first entry after it ("gone"): "<think>\nLooking for colour cyan. red 16;
-  cyan 17 new; cyan 18; blue 19 gone; ...</think>". Then it gives its finding, the
-  two marked seconds ("Found: 17 19.", the window's last second + 1 when the run
-  reaches its end), or "Found: none.". The agent runs with ``subagent_report: answer``,
-  so the planner reads the findings only; the answer step copies the one or two that
-  are not "none" and answers with the first and the last second it copied
-  ("Found: 17 19." → "[ 17, 19]").
+  and the first entry after it ("gone"), between colour and second: "<think>\nLooking
+  for colour cyan. red 16; cyan new 17; cyan 18; blue gone 19; ...</think>" (a run
+  that reaches the window's end is closed by "gone 32", the second after the window).
+  Then it gives its finding, the marks with their seconds ("Found: new 17 gone 19."),
+  or "Nothing.". The agent runs with ``subagent_report: answer``, so the planner
+  reads the findings only; the answer step copies the one or two there are
+  ("Reports: Found: new 17 gone 19.") and answers with the first "new" second and the
+  last "gone" second, "[ 17, 19]".
 
 Every step is a copy of a token the model has in its context, a +1 on a time, or a
-comparison of a colour with the asked one a few tokens back. The toy tokenizer has
-one token per second (" 0" ... " 255", ``tiny.NUMBER_TOKENS``), so every copy of a
-time is a one-token lookup; a time written without its space ("[17") would be
-digits, which is why answers read "[ 17, 19]". A run's start and end are marked
-where the listing is written, so the finding copies the token before a mark instead
-of searching the listing for the asked colour's first entry, and the answer step
-copies a finding from a short tool response. Earlier designs (README, "The toy
-world") split numbers into digits, so every copy was a match of several tokens,
-which this model did not learn; and the ones whose sub-agent or answer step had to
-find the asked colour's run in a listing never learned it. Run-length summaries,
-larger arithmetic and nearest-frame search are what such a model gets wrong; the
-no-tool traces need the last one, which is why the no-tool mode is weak below n = 64.
+comparison of a colour with the asked one a few tokens back, and every copied time
+follows a word that says what it is ("new", "gone"), where it is read and where it is
+written: copying it is the lookup an induction head does (find the earlier "new",
+take the token after it), which the copy warm-up teaches. The toy tokenizer has one
+token per number after a space (" 0" ... " 255", ``tiny.NUMBER_TOKENS``), so that
+lookup is one token; a time written without its space ("[17") would be digits, which
+is why answers read "[ 17, 19]". Only a finding says "Found", so the answer step's
+"Found:" has no "Nothing." slots to confuse it. Earlier designs (README, "The toy
+world") split numbers into digits, so every copy was a match of several tokens, which
+this model did not learn; and the ones whose sub-agent or answer step had to find the
+asked colour's run in a listing never learned it. Run-length summaries, larger
+arithmetic and nearest-frame search are what such a model gets wrong; the no-tool
+traces need the last one, which is why the no-tool mode is weak below n = 64.
 
 Trace formats use the runtime's own prompt, protocol and tool-label functions,
 so the trained policy and the agent speak the same protocol (a test renders a
@@ -101,7 +104,8 @@ DURATIONS = (64, 80, 96, 112, 128)  # multiples of the scan window: a scan is 4-
 MCQ_WINDOW = 1  # colour-at-t: two parallel windows [t, t+1] and [t-1, t]; both see second t
 REPORT_HEAD = "Looking for colour"  # a grounding sub-agent think's first words, before the asked colour (World.summary)
 FOUND = "Found:"  # a grounding sub-agent's finding starts with it (World.finding)
-SEEN = "Seen:"  # a colour-at-t sub-agent's listing starts with it (World.summary)
+NOTHING = "Nothing."  # a grounding sub-agent's reply when its window does not show the asked colour
+REPORTS = "Reports:"  # the grounding answer step's think starts with it, then the findings it copies
 RUN_NEW, RUN_GONE = "new", "gone"  # the marks a grounding listing puts on where the asked colour starts and ends
 SCAN_WINDOW = 16  # grounding: windows of 16 frames at 1 fps, [0, 15], [16, 31], ..., tiling the whole video
 UNIQUE = 2  # colours that appear exactly once (the grounding targets)
@@ -144,19 +148,19 @@ class World:
     def summary(self, q: Question, start: float, end: float) -> str:
         """What a correct sub-agent replies on window [start, end] for question ``q``.
 
-        * colour-at-t: every second of the window, second first ("Seen: 28 red; 29 red"): the answer step
-          has t and copies the colour after it.
+        * colour-at-t: every second of the window, second first ("28 red; 29 red"): the answer step has t
+          and copies the colour after it.
         * grounding: a think that repeats the asked colour as the question words it and lists the window
-          colour first, marking the entry where the asked colour starts with "new" and the first entry after
-          it with "gone" ("<think>\nLooking for colour cyan. red 16; cyan 17 new; cyan 18; red 19 gone;
-          ...</think>"), then the finding: the two marked seconds ("Found: 17 19.", :meth:`finding`). Each
-          mark compares the entry's colour and the one before it with the asked colour, a few tokens back;
-          each second of the finding is the token before a mark. With ``subagent_report: answer`` the planner
-          reads only the finding (:meth:`report`)."""
+          colour first, marking the entry where the asked colour starts "new" and the first entry after it
+          "gone" (:meth:`listing`: "<think>\nLooking for colour cyan. red 16; cyan new 17; cyan 18; red gone
+          19; ...</think>"), then the finding: the marks with their seconds ("Found: new 17 gone 19.",
+          :meth:`finding`). Each mark compares the entry's colour and the one before it with the asked
+          colour, a few tokens back; each second of the finding is the token after its mark in the listing.
+          With ``subagent_report: answer`` the planner reads only the finding (:meth:`report`)."""
         if q.task == "tvg":
             return f"<think>\n{REPORT_HEAD} {q.colour}. {self.listing(start, end, q.colour)}.</think>\n" \
                    f"{self.finding(q, start, end)}"
-        return SEEN + " " + "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
+        return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
 
     def report(self, q: Question, start: float, end: float) -> str:
         """What the planner reads of the sub-agent's reply (``subagent_report: answer``)."""
@@ -183,25 +187,29 @@ class World:
         return sum(1 for i, x in enumerate(on) if x and (i == 0 or not on[i - 1]))
 
     def finding(self, q: Question, start: float, end: float) -> str:
-        """Grounding: "Found: a b." with the window's run of the asked colour as [a, b) (b is the second after
-        the run, or the window's last second + 1 when the run reaches its end), else "Found: none."."""
+        """Grounding: "Found: new a gone b." with the window's run of the asked colour as [a, b) (b is the second
+        after the run, or the window's last second + 1 when the run reaches its end), else "Nothing."."""
         run = self.run_in(q.colour, start, end)
-        return f"{FOUND} {run[0]} {run[1]}." if run else f"{FOUND} none."
+        return f"{FOUND} {RUN_NEW} {run[0]} {RUN_GONE} {run[1]}." if run else NOTHING
 
     def listing(self, start: float, end: float, colour: str | None = None) -> str:
         """Every second of the window, colour first: "red 16; red 17; cyan 18". With ``colour``, the entry where
-        a run of it starts is marked "new" and the first entry after the run "gone"
-        ("red 16; cyan 17 new; cyan 18; red 19 gone")."""
+        a run of it starts is marked "new" and the first entry after the run "gone", between colour and second
+        ("red 16; cyan new 17; cyan 18; red gone 19"); a run that reaches the window's end is closed by one
+        more entry, "gone" and the second after the window ("cyan 30; cyan 31; gone 32")."""
         out, prev = [], None
-        for s in self.seconds(start, end):
+        secs = list(self.seconds(start, end))
+        for s in secs:
             c = self.colour_at(s)
-            entry = f"{c} {s}"
             if colour is not None and c == colour and prev != colour:
-                entry += " " + RUN_NEW
+                out.append(f"{c} {RUN_NEW} {s}")
             elif colour is not None and c != colour and prev == colour:
-                entry += " " + RUN_GONE
-            out.append(entry)
+                out.append(f"{c} {RUN_GONE} {s}")
+            else:
+                out.append(f"{c} {s}")
             prev = c
+        if colour is not None and prev == colour and secs:
+            out.append(f"{RUN_GONE} {secs[-1] + 1}")
         return "; ".join(out)
 
     def scan_windows(self) -> list[tuple[int, int]]:
@@ -313,17 +321,18 @@ def answer_turn(w: World, q: Question) -> str:
     has one token per second, " 0" ... " 255", ``tiny.NUMBER_TOKENS``; " red" with its space is not "red"):
 
     * colour-at-t: t from the question, then the colour after it in the sub-agents' listings
-      ("Seen: 31 red; 32 red" → "At 32 red.", answer " red");
-    * grounding: the sub-agents' findings that are not "Found: none." (one, or two when the segment crosses
-      a window's end), in call order ("Found: 21 24."); it answers with the first and the last second it
-      copied, "[ 21, 24]": the segment's start and the second the next segment starts.
+      ("31 red; 32 red" → "32 red.", answer " red");
+    * grounding: the sub-agents' findings (one, or two when the segment crosses a window's end; the other
+      windows say "Nothing."), in call order ("Reports: Found: new 21 gone 24."); it answers with the first
+      "new" second and the last "gone" second, "[ 21, 24]": the segment's start and the second the next
+      segment starts.
     """
     if q.task == "tvg":
-        found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q)) if f != f"{FOUND} none.")
+        found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q)) if f != NOTHING)
         a, b = w.span_of(q.colour)
-        return f"<think>\n{found}</think>\n<answer>{span_text(a, b)}</answer>"
+        return f"<think>\n{REPORTS} {found}</think>\n<answer>{span_text(a, b)}</answer>"
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
-    return f"<think>\nAt {q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
+    return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
 
 
 def span_text(a: int, b: int) -> str:
@@ -436,7 +445,7 @@ def subagent_sample(w: World, q: Question, video: str, window: tuple[int, int]) 
 def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int = 4) -> list[list[dict]]:
     """Sub-agent samples on ``count`` random windows of 2 to 16 frames at random offsets: half asking the
     colour at a second of the window, half a grounding question for a colour the window shows as one run
-    (a finding) or does not show ("Found: none."), in turn. Colours with two runs in the window are not asked:
+    (a finding) or does not show ("Nothing."), in turn. Colours with two runs in the window are not asked:
     a grounding target appears once in the video."""
     out = []
     for i in range(count):

@@ -89,33 +89,13 @@ def test_video_shows_the_timeline_and_the_trace_matches_the_frames(tmp_path):
             seen = [f"{nearest_colour(f.reshape(-1, 3).mean(0))} {round(t)}" for f, t in frames]
             if q.task == "tvg":  # a grounding sub-agent thinks: the asked colour, then what its frames show
                 reply = w.summary(q, a, b)
-                think, finding = reply.split("</think>\n", 1)
-                head, listing = think.removeprefix("<think>\n").split(". ", 1)
-                assert head == f"Looking for colour {q.colour}"
+                assert reply.startswith(f"<think>\nLooking for colour {q.colour}. " + "; ".join(seen) + ".</think>\n")
                 assert f"colour {q.colour} " in q.question  # the words it copies, as the question has them
-                # colour first, the asked colour's start marked "new" and the entry after it "gone", between
-                # colour and second; a run that reaches the window's end is closed by "gone <the next second>"
-                entries = listing.removesuffix(".").split("; ")
-                on = [e.split()[0] == q.colour for e in seen]
-                closed = on[-1]
-                assert len(entries) == len(seen) + closed
-                if closed:
-                    assert entries[-1] == f"gone {int(seen[-1].split()[1]) + 1}"
-                for i, e in enumerate(entries[: len(seen)]):
-                    colour, second = seen[i].split()
-                    if on[i] and (i == 0 or not on[i - 1]):
-                        assert e == f"{colour} new {second}"
-                    elif not on[i] and i > 0 and on[i - 1]:
-                        assert e == f"{colour} gone {second}"
-                    else:
-                        assert e == seen[i]
-                # its finding: the marks with the seconds after them ("Found: new 17 gone 19."), or "Nothing."
+                # its finding: the listed entries of the asked colour and the one after them, or "none."
+                finding = reply.split("</think>\n", 1)[1]
                 assert w.report(q, a, b) == finding and msgs[3]["content"].count(finding) >= 1
-                marked = {e.split()[-2]: int(e.split()[-1]) for e in entries if e.split()[-2] in ("new", "gone")}
-                if not any(on):
-                    assert finding == "Nothing." and not marked
-                else:
-                    assert finding == f"Found: new {marked['new']} gone {marked['gone']}."
+                hits = [i for i, e in enumerate(seen) if e.split()[0] == q.colour]
+                assert finding == ("; ".join(seen[hits[0] : hits[-1] + 2]) + "." if hits else "none.")
             else:  # a colour-at-t sub-agent lists its frames second first, t among them
                 flipped = ["{1} {0}".format(*e.split()) for e in w.summary(q, a, b).split("; ")]
                 assert flipped == seen and f"{q.colour} {q.t}" in seen
@@ -158,22 +138,19 @@ def test_sft_rows_mix():
         report = r["messages"][-1]["content"]
         if "at second" in asked:  # second first (the answer step has t and copies the colour after it)
             assert all(e.split()[0].isdigit() and e.split()[1] in COLOURS for e in report.split("; "))
-        else:  # a think: the asked colour as the question words it, then the marked listing; the finding
+        else:  # a think: the asked colour as the question words it, then the listing colour first; the finding
             colour = asked.split("segment of colour ")[1].split()[0]
             think, finding = split_think(report)
             head, listing = think.split(". ", 1)
             assert head == f"Looking for colour {colour}" and listing.endswith(".")
             entries = listing.rstrip(".").split("; ")
-            assert all(e.split()[-1].isdigit() and e.split()[0] in (*COLOURS, "gone") for e in entries)
-            runs = sum(e.split()[1:2] == ["new"] for e in entries)
-            assert runs <= 1  # a colour the window shows as two runs is never asked
-            assert (finding == "\nNothing.") == (runs == 0)
+            assert all(e.split()[0] in COLOURS and e.split()[1].isdigit() for e in entries)
+            hits = [i for i, e in enumerate(entries) if e.split()[0] == colour]
+            want = "; ".join(entries[hits[0] : hits[-1] + 2]) + "." if hits else "none."
+            assert finding == "\n" + want
     extra = [r for r in rows if "-xsub" in r["id"]]
     assert len(extra) == 40 and len({len(r["messages"][-1]["content"].split("; ")) for r in extra}) > 4
-    grounding = [r["messages"][-1]["content"] for r in extra if r["messages"][-1]["content"].startswith("<think>")]
-    assert len(grounding) == 20 and 5 <= sum("Nothing." in x for x in grounding) <= 15  # hits and misses
-    # a grounding question's windows that show its colour are sampled twice
-    assert any(r["id"].endswith("r") and "-tvg" in r["id"] for r in subs)
+    assert {r["messages"][-1]["content"].startswith("<think>\nLooking for colour") for r in extra} == {True, False}
     # the no-tool think has its own shape: the colour comes from an image, not from a tool response
     assert all(r["messages"][-1]["content"].startswith(("<think>\nframe ", "<think>\nframes at:")) for r in direct)
     assert not any(r["id"].startswith("copy") for r in rows)  # copy rows are added by the build, off by default
@@ -226,43 +203,49 @@ def test_grounding_plan_copies_the_duration():
 
 
 def test_grounding_answer_covers_the_segment():
-    """Copying the findings gives the segment: the first finding's "new" second and the last one's "gone"
-    second, written with spaces so each is the findings' own single token."""
-    two = 0
+    """Copying the non-empty findings gives the segment: its first second and the second after it, except
+    when the segment ends at a window's end (the next second is in a window without the colour)."""
+    short = 0
     for seed in range(60):
         w = make_world(seed, mcq=0, oe=0, tvg=2)
         for q in w.questions:
             text = answer_turn(w, q)
-            assert text.endswith(f"<answer>[ {q.span[0]}, {q.span[1]}]</answer>")
-            body = text.split("\n", 1)[1].split("</think>")[0]
+            assert text.endswith(f"<answer>[{q.span[0]}, {q.span[1]}]</answer>")
+            head, body = text.split("\n", 1)[1].split("</think>")[0].split(" ", 1)
+            assert head == "Found:"
             findings = [w.report(q, a, b) for a, b in windows_for(w, q)]
-            found = [f for f in findings if f != "Nothing."]
-            assert 1 <= len(found) <= 2 and body == "Reports: " + " ".join(found)  # verbatim, in call order
-            assert all(f.startswith("Found: new ") for f in found) and not any("Found" in f for f in findings
-                                                                               if f not in found)
-            numbers = [[int(x) for x in f.rstrip(".").split()[2::2]] for f in found]
+            found = [f for f in findings if f != "none."]
+            assert 1 <= len(found) <= 2 and body == " ".join(found)  # verbatim, in call order
             if len(found) == 2:  # the segment crosses a window's end: the two findings are neighbours
                 i = findings.index(found[0])
                 assert findings[i + 1] == found[1]
-                assert numbers[0][1] == numbers[1][0] == (i + 1) * 16
-                two += 1
-            assert numbers[0][0] == q.span[0] and numbers[-1][1] == q.span[1]
+            entries = body.rstrip(".").replace(". ", "; ").split("; ")
+            colours = [e.split()[0] for e in entries]
+            seconds = [int(e.split()[1]) for e in entries]
+            assert seconds == list(range(q.span[0], seconds[-1] + 1)) and seconds[0] == q.span[0]
+            if colours[-1] == q.colour:  # ends at a window's end: one second short
+                assert seconds[-1] + 1 == q.span[1] and (seconds[-1] + 1) % 16 == 0
+                short += 1
+            else:
+                assert colours[:-1] == [q.colour] * (len(entries) - 1) and seconds[-1] == q.span[1]
             # the planner reads only the findings: the listings stay in the sub-agents' thinks
             tool = parallel_trace(w, q, w.video, 8, SCHEMA)[3]["content"]
             text_of_tool = tool if isinstance(tool, str) else text_of(tool)
-            assert "Looking for" not in text_of_tool and q.colour not in text_of_tool.split("</tool_response>")[0]
-    assert 0 < two < 30  # a segment crosses a window's end in about one question in eight
+            assert "Looking for" not in text_of_tool and text_of_tool.count(q.colour) == body.count(q.colour)
+    assert short < 12  # rare: 6% of grounding questions
 
 
-def test_toy_tokenizer_has_one_token_per_second(tmp_path):
-    """Every time the traces copy is one token (" 17"), the same where it is read and where it is written."""
+def test_number_tokens_give_one_token_per_spaced_number(tmp_path):
+    """ToyConfig.number_tokens: every number after a space in the traces is one token (" 17", longest first:
+    " 127", not " 12" + "7"), and text round-trips; without it numbers are digits."""
     from transformers import AutoTokenizer
 
     from paravt_train.toy.tiny import build_tiny_model
 
-    model = build_tiny_model(tmp_path / "m", corpus(sft_rows([make_world(s) for s in range(4)], SCHEMA)),
-                             size="test", vocab_size=600)
-    tok = AutoTokenizer.from_pretrained(model)
+    text_corpus = corpus(sft_rows([make_world(s) for s in range(4)], SCHEMA))
+    tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "m", text_corpus, size="test", vocab_size=600,
+                                                         number_tokens=True))
+    plain = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "p", text_corpus, size="test", vocab_size=600))
     w = make_world(5, mcq=1, oe=0, tvg=1)
     for q in w.questions:
         for msgs in (parallel_trace(w, q, "v.mp4", 8, SCHEMA), direct_trace(w, q, "v.mp4", 8)):
@@ -271,10 +254,10 @@ def test_toy_tokenizer_has_one_token_per_second(tmp_path):
                 ids = tok(text, add_special_tokens=False)["input_ids"]
                 assert tok.decode(ids) == text
                 pieces = [tok.decode([i]) for i in ids]
-                # every number after a space is a single token, longest first (" 127", not " 12" + "7")
                 spaced = re.findall(r"(?<= )\d+", text)
                 assert [p for p in pieces if p.strip().isdigit() and p.startswith(" ")] == [f" {n}" for n in spaced]
     assert [tok.decode([i]) for i in tok(" 127 12 0", add_special_tokens=False)["input_ids"]] == [" 127", " 12", " 0"]
+    assert [plain.decode([i]) for i in plain(" 127", add_special_tokens=False)["input_ids"]] == [" ", "1", "2", "7"]
 
 
 class Replay(Policy):

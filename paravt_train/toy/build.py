@@ -66,6 +66,10 @@ class ToyConfig(BaseModel):
                                                          "listings of the toy's colours and seconds (world."
                                                          "random_listing): a copy that must match several tokens "
                                                          "back, which random-token copies do not teach. 0 skips them.")
+    number_tokens: bool = Field(False, description="Give the fresh model's tokenizer one token per number after a "
+                                                   "space (\" 0\" ... \" 255\", tiny.NUMBER_TOKENS), so a copied time "
+                                                   "is one token, not digits. Off by default (README, the toy "
+                                                   "world: the planner's copy of t failed with it).")
     copy_row_kind: Literal["tokens", "listings"] = Field("tokens", description="What the copy rows repeat: random "
                                                          "tokens or random listings (world.copy_rows).")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
@@ -147,7 +151,8 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
         init = Path(cfg.init)
         log(f"warm start from {init}")
     else:
-        init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed)
+        init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed,
+                                number_tokens=cfg.number_tokens)
         if cfg.copy_steps:
             warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, reach_steps=cfg.copy_reach_steps,
                                reach_length=cfg.copy_length, listing_steps=cfg.copy_listing_steps,

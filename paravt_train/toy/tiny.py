@@ -28,7 +28,8 @@ ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respon
 #: not " 12" + "7"). Qwen's pre-tokenizer splits numbers into digits, so a time would be two or three tokens,
 #: and copying it a match of several tokens (digits repeat) that a tiny model trained from scratch does not
 #: learn; with these, the toy's seconds, durations and crop arguments are one token each and every copy of a
-#: time is a one-token lookup. Numbers without a space before them ("<17.0 seconds>") stay digits.
+#: time is a one-token lookup. Numbers without a space before them ("<17.0 seconds>") stay digits. Off by
+#: default (``ToyConfig.number_tokens``): with them the planner's copy of t failed (README, the toy world).
 NUMBER_TOKENS = [f" {i}" for i in range(256)]
 
 #: Qwen3-VL-style chat template: images as <|vision_start|><|image_pad|><|vision_end|>.
@@ -68,7 +69,7 @@ def _base_corpus() -> list[str]:
     return lines
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, number_tokens: bool = True):
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, number_tokens: bool = False):
     """Byte-level BPE trained on ``corpus`` (plus the protocol text), wrapped as a ``Qwen2Tokenizer``; with
     ``number_tokens``, one added token per spaced number 0-255 (:data:`NUMBER_TOKENS`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -102,8 +103,10 @@ def build_tiny_model(
     seed: int = 0,
     max_pixels: int = 50176,
     min_pixels: int = 32 * 32,
+    number_tokens: bool = False,
 ) -> Path:
-    """Write tokenizer, processor and a randomly initialised Qwen3-VL model to ``out_dir``."""
+    """Write tokenizer, processor and a randomly initialised Qwen3-VL model to ``out_dir`` (``number_tokens``:
+    see :func:`train_tokenizer`)."""
     import torch
     from transformers import (
         Qwen2VLImageProcessor,
@@ -116,7 +119,7 @@ def build_tiny_model(
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     out_dir = Path(out_dir)
-    tok = train_tokenizer(corpus, vocab_size=vocab_size)
+    tok = train_tokenizer(corpus, vocab_size=vocab_size, number_tokens=number_tokens)
     hidden, layers, heads, kv, inter, vdepth, vhidden, vheads = SIZES[size]
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head_dim = hidden // heads

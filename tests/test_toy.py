@@ -258,6 +258,10 @@ def test_number_tokens_give_one_token_per_spaced_number(tmp_path):
                 assert [p for p in pieces if p.strip().isdigit() and p.startswith(" ")] == [f" {n}" for n in spaced]
     assert [tok.decode([i]) for i in tok(" 127 12 0", add_special_tokens=False)["input_ids"]] == [" 127", " 12", " 0"]
     assert [plain.decode([i]) for i in plain(" 127", add_special_tokens=False)["input_ids"]] == [" ", "1", "2", "7"]
+    # copy rows and the copy warm-up then draw number tokens too: copying a time is the lookup they teach
+    from paravt_train.toy.tiny import copy_vocabulary
+
+    assert " 17" in copy_vocabulary(tok) and " 17" not in copy_vocabulary(plain)
 
 
 class Replay(Policy):

@@ -170,7 +170,9 @@ def copy_vocabulary(tokenizer) -> list[str]:
     """The pieces copy rows are drawn from (``world.copy_sample``): the text of every ordinary token (no
     bytes, no special or added tokens) that is printable ASCII, not only spaces, and free of digits and of
     the characters the protocol's tags and JSON use, so a random sequence of them never opens a tag or a
-    tool call, and numbers (split into digits by the toy tokenizer) stay the traces' own."""
+    tool call, and numbers (split into digits by the toy tokenizer) stay the traces' own. A tokenizer with
+    number tokens (``NUMBER_TOKENS``, one per spaced number) adds those: copying them is the one-token lookup
+    the traces' copies of times then are."""
     import re
 
     out = []
@@ -178,6 +180,8 @@ def copy_vocabulary(tokenizer) -> list[str]:
         text = tokenizer.decode([i])
         if text.strip() and text.isascii() and text.isprintable() and not re.search(r'[0-9<>|{}\[\]"\\]', text):
             out.append(text)
+    # a tokenizer with number tokens: the spaced numbers are pieces too (each one token, like the others)
+    out += [t for t in NUMBER_TOKENS if t in tokenizer.added_tokens_encoder]
     return out
 
 
@@ -232,10 +236,19 @@ def copy_warmup(
 
     from paravt_train.toy.world import random_listing
 
+    # with number tokens (NUMBER_TOKENS) a quarter of the pieces are numbers: copying a time is then the same
+    # one-token lookup as copying any other token, and the number tokens' embeddings learn it here
+    numbers = [i for i in (tok.added_tokens_encoder.get(t) for t in NUMBER_TOKENS) if i is not None]
+
+    def piece(r: random.Random) -> int:
+        if numbers and r.random() < 0.25:
+            return r.choice(numbers)
+        return r.randrange(low, high)
+
     def sample(r: random.Random, span: tuple[int, int] | None) -> list[int]:
         if span is None:  # a random listing
             return tok(" " + random_listing(r) + ".", add_special_tokens=False)["input_ids"]
-        return [r.randrange(low, high) for _ in range(r.randint(*span))]
+        return [piece(r) for _ in range(r.randint(*span))]
 
     def batch(seqs: list[list[int]]):
         width = 2 * max(len(s) for s in seqs)

@@ -30,7 +30,7 @@ ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respon
 #: learn; with these, the toy's seconds, durations and crop arguments are one token each and every copy of a
 #: time is a one-token lookup. Numbers without a space before them ("<17.0 seconds>") stay digits. Off by
 #: default (``ToyConfig.number_tokens``): with them the planner's copy of t failed (README, the toy world).
-NUMBER_TOKENS = [f" {i}" for i in range(256)]
+NUMBER_TOKENS = [str(i) for i in range(256)]
 
 #: Qwen3-VL-style chat template: images as <|vision_start|><|image_pad|><|vision_end|>.
 CHAT_TEMPLATE = (

@@ -22,30 +22,36 @@ sub-agent sees its window's frames and the question:
 * colour-at-t: the planner crops, in one turn, the window [t, t+1] and the window
   [t-1, t]; each sub-agent lists every second of its window, second first
   ("28 red; 29 red"); the answer step copies t from the question and the colour
-  after it in the listings ("29 red.") and answers with the colour's name.
+  after it in the listings ("29 red.") and answers with the colour's name. These
+  are the traces the shipped policy was trained on, kept as they are.
 * grounding: the planner copies the duration from the overview's intro line
   ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
   windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
-  per duration); each sub-agent thinks (it repeats the asked colour and lists every
-  second of its window, colour first: "<think>\nLooking for colour cyan. red 16;
-  red 17; cyan 18; ...</think>") and then gives its finding: the listing's run of
-  the asked colour and the entry after it ("cyan 18; cyan 19; blue 20."), or
-  "none.". The agent runs with ``subagent_report: answer``, so the planner reads
-  the findings only; the answer step copies the one or two that are not "none."
-  ("Found: cyan 18; cyan 19; blue 20.") and answers ``[first, last]`` of what it
-  copied: the segment's start and the second the next segment starts.
+  per duration); each sub-agent thinks: it repeats the asked colour and lists every
+  second of its window, colour first, marking where the asked colour starts ("new")
+  and the first entry after it ("gone"), between colour and second: "<think>\nLooking
+  for colour cyan. red 16; cyan new 17; cyan 18; blue gone 19; ...</think>" (a run
+  that reaches the window's end is closed by "gone 32", the second after the window).
+  Then it gives its finding, the marks with their seconds ("Found: new 17 gone 19."),
+  or "Nothing.". The agent runs with ``subagent_report: answer``, so the planner
+  reads the findings only; the answer step copies the one or two there are
+  ("Reports: Found: new 17 gone 19.") and answers with the first "new" second and the
+  last "gone" second, "[ 17, 19]".
 
-Every step is a copy of tokens the model has in its context or a +/-1 on a time,
-and every copy is shaped for an induction head: what is copied follows the same
-words where it is read and where it is written. The toy tokenizer splits numbers
-into digits, so finding "29" in a listing is a two-token match. Each copy is
-short-range: a sub-agent finds the asked colour's run in its own listing, a few
-dozen tokens back; the answer step copies the findings from a short tool response.
-An earlier design, whose answer step searched all eight listings (up to ~800
-tokens) for the asked colour's entries, was never learned by this model (README,
-"The toy world"). Run-length summaries, larger arithmetic
-and nearest-frame search are what such a model gets wrong; the no-tool traces
-need the last one, which is why the no-tool mode is weak below n = 64.
+Every step is a copy of a token the model has in its context, a +1 on a time, or a
+comparison of a colour with the asked one a few tokens back, and every copied time
+follows a word that says what it is ("new", "gone"), where it is read and where it is
+written: copying it is the lookup an induction head does (find the earlier "new",
+take the token after it), which the copy warm-up teaches. The toy tokenizer has one
+token per number after a space (" 0" ... " 255", ``tiny.NUMBER_TOKENS``), so that
+lookup is one token; a time written without its space ("[17") would be digits, which
+is why answers read "[ 17, 19]". Only a finding says "Found", so the answer step's
+"Found:" has no "Nothing." slots to confuse it. Earlier designs (README, "The toy
+world") split numbers into digits, so every copy was a match of several tokens, which
+this model did not learn; and the ones whose sub-agent or answer step had to find the
+asked colour's run in a listing never learned it. Run-length summaries, larger
+arithmetic and nearest-frame search are what such a model gets wrong; the no-tool
+traces need the last one, which is why the no-tool mode is weak below n = 64.
 
 Trace formats use the runtime's own prompt, protocol and tool-label functions,
 so the trained policy and the agent speak the same protocol (a test renders a
@@ -97,6 +103,10 @@ LETTERS = "ABCD"
 DURATIONS = (64, 80, 96, 112, 128)  # multiples of the scan window: a scan is 4-8 windows that tile the video
 MCQ_WINDOW = 1  # colour-at-t: two parallel windows [t, t+1] and [t-1, t]; both see second t
 REPORT_HEAD = "Looking for colour"  # a grounding sub-agent think's first words, before the asked colour (World.summary)
+FOUND = "Found:"  # a grounding sub-agent's finding starts with it (World.finding)
+NOTHING = "Nothing."  # a grounding sub-agent's reply when its window does not show the asked colour
+REPORTS = "Reports:"  # the grounding answer step's think starts with it, then the findings it copies
+RUN_NEW, RUN_GONE = "^", "$"  # the marks a grounding listing puts on where the asked colour starts and ends
 SCAN_WINDOW = 16  # grounding: windows of 16 frames at 1 fps, [0, 15], [16, 31], ..., tiling the whole video
 UNIQUE = 2  # colours that appear exactly once (the grounding targets)
 
@@ -136,20 +146,20 @@ class World:
         return range(int(math.ceil(start)), int(math.floor(min(end, self.duration - 1))) + 1)
 
     def summary(self, q: Question, start: float, end: float) -> str:
-        """What a correct sub-agent replies on window [start, end] for question ``q``: every second of the
-        window, in the order the answer step copies from.
+        """What a correct sub-agent replies on window [start, end] for question ``q``.
 
-        * colour-at-t: second first ("28 red; 29 red"): the answer has t and copies the colour after it.
+        * colour-at-t: every second of the window, second first ("28 red; 29 red"): the answer step has t
+          and copies the colour after it.
         * grounding: a think that repeats the asked colour as the question words it and lists the window
-          colour first ("<think>\nLooking for colour cyan. red 16; cyan 17; ...</think>"), then the finding:
-          the listing's run of the asked colour and the entry after it ("cyan 17; cyan 18; red 19."), or
-          "none." (:meth:`finding`). The sub-agent copies the colour from its prompt and the run from its
-          own listing, both a few tokens back. With ``subagent_report: answer`` the planner reads only the
-          finding (:meth:`report`), so the answer step copies the one or two non-empty findings from a
-          short tool response instead of searching eight listings for the asked colour's entries (README,
-          the toy world)."""
+          colour first, marking the entry where the asked colour starts "new" and the first entry after it
+          "gone" (:meth:`listing`: "<think>\nLooking for colour cyan. red 16; cyan new 17; cyan 18; red gone
+          19; ...</think>"), then the finding: the marks with their seconds ("Found: new 17 gone 19.",
+          :meth:`finding`). Each mark compares the entry's colour and the one before it with the asked
+          colour, a few tokens back; each second of the finding is the token after its mark in the listing.
+          With ``subagent_report: answer`` the planner reads only the finding (:meth:`report`)."""
         if q.task == "tvg":
-            return f"<think>\n{REPORT_HEAD} {q.colour}. {self.listing(start, end)}.</think>\n{self.finding(q, start, end)}"
+            return f"<think>\n{REPORT_HEAD} {q.colour}. {self.listing(start, end, q.colour)}.</think>\n" \
+                   f"{self.finding(q, start, end)}"
         return "; ".join(f"{s} {self.colour_at(s)}" for s in self.seconds(start, end))
 
     def report(self, q: Question, start: float, end: float) -> str:
@@ -158,19 +168,49 @@ class World:
 
         return subagent_report(self.summary(q, start, end), "answer")
 
-    def finding(self, q: Question, start: float, end: float) -> str:
-        """Grounding: the window's entries of the asked colour and the entry after the last of them, when the
-        window holds it ("cyan 17; cyan 18; red 19."), else "none."."""
+    def run_in(self, colour: str, start: float, end: float) -> tuple[int, int] | None:
+        """The window's first run of ``colour``: its first second and the first second after it (the window's
+        last second + 1 when the run reaches the window's end), or None."""
         secs = list(self.seconds(start, end))
-        hits = [i for i, s in enumerate(secs) if self.colour_at(s) == q.colour]
+        hits = [i for i, s in enumerate(secs) if self.colour_at(s) == colour]
         if not hits:
-            return "none."
-        run = secs[hits[0] : hits[-1] + 2]
-        return "; ".join(f"{self.colour_at(s)} {s}" for s in run) + "."
+            return None
+        i = hits[0]
+        while i + 1 < len(secs) and self.colour_at(secs[i + 1]) == colour:
+            i += 1
+        return secs[hits[0]], secs[i] + 1
 
-    def listing(self, start: float, end: float) -> str:
-        """Every second of the window, colour first: "red 16; red 17; cyan 18"."""
-        return "; ".join(f"{self.colour_at(s)} {s}" for s in self.seconds(start, end))
+    def runs_in(self, colour: str, start: float, end: float) -> int:
+        """How many runs of ``colour`` the window shows."""
+        secs = list(self.seconds(start, end))
+        on = [self.colour_at(s) == colour for s in secs]
+        return sum(1 for i, x in enumerate(on) if x and (i == 0 or not on[i - 1]))
+
+    def finding(self, q: Question, start: float, end: float) -> str:
+        """Grounding: "Found: new a gone b." with the window's run of the asked colour as [a, b) (b is the second
+        after the run, or the window's last second + 1 when the run reaches its end), else "Nothing."."""
+        run = self.run_in(q.colour, start, end)
+        return f"{FOUND} {RUN_NEW}{run[0]} {RUN_GONE}{run[1]}." if run else NOTHING
+
+    def listing(self, start: float, end: float, colour: str | None = None) -> str:
+        """Every second of the window, colour first: "red 16; red 17; cyan 18". With ``colour``, the entry where
+        a run of it starts is marked "new" and the first entry after the run "gone", between colour and second
+        ("red 16; cyan new 17; cyan 18; red gone 19"); a run that reaches the window's end is closed by one
+        more entry, "gone" and the second after the window ("cyan 30; cyan 31; gone 32")."""
+        out, prev = [], None
+        secs = list(self.seconds(start, end))
+        for s in secs:
+            c = self.colour_at(s)
+            if colour is not None and c == colour and prev != colour:
+                out.append(f"{c} {RUN_NEW}{s}")
+            elif colour is not None and c != colour and prev == colour:
+                out.append(f"{c} {RUN_GONE}{s}")
+            else:
+                out.append(f"{c} {s}")
+            prev = c
+        if colour is not None and prev == colour and secs:
+            out.append(f"{RUN_GONE}{secs[-1] + 1}")
+        return "; ".join(out)
 
     def scan_windows(self) -> list[tuple[int, int]]:
         """Windows of SCAN_WINDOW frames that tile the video: [0, 15], [16, 31], ..., [d - 16, d - 1]."""
@@ -277,23 +317,29 @@ def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
 def answer_turn(w: World, q: Question) -> str:
     """The planner's final turn: copy what is needed into the think, then answer with its tokens.
 
-    Every step is a copy of the token that follows the last one in the context, with the same tokens
-    as the source (the toy tokenizer splits numbers into digits; " red" with its space is not "red"):
+    Every step is a copy of a token in the context, with the same tokens as the source (the toy tokenizer
+    has one token per second, " 0" ... " 255", ``tiny.NUMBER_TOKENS``; " red" with its space is not "red"):
 
     * colour-at-t: t from the question, then the colour after it in the sub-agents' listings
       ("31 red; 32 red" → "32 red.", answer " red");
-    * grounding: the sub-agents' findings that are not "none." (one, or two when the segment crosses a
-      window's end), in call order ("Found: cyan 21; cyan 22; red 23."); it answers with the first and the
-      last second it copied: the segment's start and the second the next segment starts (a 1 fps frame
-      stands for its whole second). When the segment ends at a window's last second, the next second is in
-      a window without the colour and the last copied second is one short of the answer.
+    * grounding: the sub-agents' findings (one, or two when the segment crosses a window's end; the other
+      windows say "Nothing."), in call order ("Reports: Found: new 21 gone 24."); it answers with the first
+      "new" second and the last "gone" second, "[ 21, 24]": the segment's start and the second the next
+      segment starts.
     """
     if q.task == "tvg":
-        found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q)) if f != "none.")
+        found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q)) if f != NOTHING)
         a, b = w.span_of(q.colour)
-        return f"<think>\nFound: {found}</think>\n<answer>[{a}, {b}]</answer>"
+        return f"<think>\n{REPORTS} {found}</think>\n<answer>{span_text(a, b)}</answer>"
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
     return f"<think>\n{q.t} {q.colour}.</think>\n<answer> {q.colour}</answer>"
+
+
+def span_text(a: int, b: int) -> str:
+    """A grounding answer as the toy writes it: "[ 17, 19]". Each number follows a space, so it is the same
+    single token as in the findings and listings (the toy tokenizer has one token per " 0" ... " 255",
+    ``tiny.NUMBER_TOKENS``); "[17" would spell it in digits."""
+    return f"[{a}, {b}]"
 
 
 def planner_turn(q: Question, windows: list[tuple[int, int]], duration: int | None = None) -> str:
@@ -372,7 +418,7 @@ def direct_trace(w: World, q: Question, video: str, n: int, tools_schema: list[d
     if q.task == "tvg":
         seen = [s for s in secs if w.colour_at(s) == q.colour]
         think = f"frames at: {' '.join(map(str, seen))}." if seen else "frames at: none."
-        guess = f"[{seen[0]}, {seen[-1] + 1}]" if seen else f"[0, {w.duration}]"
+        guess = span_text(seen[0], seen[-1] + 1) if seen else span_text(0, w.duration)
     else:
         near = _nearest(secs, q.t)
         think = f"frame {near}: {w.colour_at(near)}."
@@ -398,7 +444,9 @@ def subagent_sample(w: World, q: Question, video: str, window: tuple[int, int]) 
 
 def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int = 4) -> list[list[dict]]:
     """Sub-agent samples on ``count`` random windows of 2 to 16 frames at random offsets: half asking the
-    colour at a second of the window, half a grounding question (any colour: a listing)."""
+    colour at a second of the window, half a grounding question for a colour the window shows as one run
+    (a finding) or does not show ("Nothing."), in turn. Colours with two runs in the window are not asked:
+    a grounding target appears once in the video."""
     out = []
     for i in range(count):
         length = rng.randint(1, SCAN_WINDOW - 1)
@@ -408,7 +456,11 @@ def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int 
             q = Question("extra", "oe", f"What colour is shown at second {t}?", w.colour_at(t), t=t,
                          colour=w.colour_at(t))
         else:
-            colour = rng.choice(list(COLOURS))
+            runs = {c: w.runs_in(c, a, a + length) for c in COLOURS}
+            shown = [c for c, n in runs.items() if n == 1]
+            absent = [c for c, n in runs.items() if n == 0]
+            want_shown = (i // 2) % 2 == 0
+            colour = rng.choice(shown if shown and (want_shown or not absent) else absent)
             q = Question("extra", "tvg", grounding_question(colour), "", colour=colour)
         out.append(subagent_sample(w, q, video, (a, a + length)))
     return out
@@ -416,13 +468,13 @@ def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int 
 
 def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[int, int]]:
     """The windows a question's sub-agent samples come from: both colour-at-t windows; for grounding
-    the window(s) that see the colour plus two others."""
+    the window(s) that see the colour, twice (the findings are the rarer reply), plus two others."""
     wins = windows_for(w, q)
     if q.task != "tvg":
         return wins
     hits = [x for x in wins if any(w.colour_at(s) == q.colour for s in w.seconds(*x))]
     misses = [x for x in wins if x not in hits]
-    return hits + rng.sample(misses, min(2, len(misses)))
+    return hits * 4 + rng.sample(misses, min(2, len(misses)))
 
 
 def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nframes=(4, 8, 16, 32, 64),
@@ -451,8 +503,11 @@ def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nfram
             if rng.random() < p_direct:
                 rows.append({"id": f"{q.qid}-dir", "messages": direct_trace(w, q, video,
                                                                             rng.choice(direct_nframes))})
+            seen = []
             for a, b in subagent_windows(w, q, rng):
-                rows.append({"id": f"{q.qid}-sub{a}", "messages": subagent_sample(w, q, video, (a, b))})
+                sid = f"{q.qid}-sub{a}" + "r" * seen.count((a, b))  # a hit window's later samples
+                seen.append((a, b))
+                rows.append({"id": sid, "messages": subagent_sample(w, q, video, (a, b))})
         for i, msgs in enumerate(extra_subagent_samples(w, video, rng, extra_subagents)):
             rows.append({"id": f"{w.wid}-xsub{i}", "messages": msgs})
     rng.shuffle(rows)

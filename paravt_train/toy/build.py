@@ -39,19 +39,17 @@ class ToyConfig(BaseModel):
     seed: int = Field(0, description="World and training seed.")
     size: str = Field("toy", description="Tiny model size: toy (~1.3 M parameters) or test.")
     vocab_size: int = Field(1024, ge=300, description="Byte-level BPE vocabulary trained on the toy corpus.")
-    steps: int = Field(2000, ge=1, description="SFT steps.")
+    steps: int = Field(1800, ge=1, description="SFT steps.")
     batch_size: int = Field(16, ge=1, description="SFT samples per step.")
-    lr: float = Field(2e-3, gt=0, description="SFT peak learning rate (warmup, then cosine).")
+    lr: float = Field(1e-3, gt=0, description="SFT peak learning rate (warmup, then cosine).")
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="SFT warmup, as a fraction of the steps.")
-    copy_rows: int = Field(0, ge=0, description="Text-only copy rows (random sequences of the tokenizer's "
-                                                "ordinary tokens, repeated) per training video in the SFT mix: "
-                                                "they keep the copy skill the warm-up taught, which the SFT erases "
-                                                "without them (see world.copy_sample). Off by default (README, "
-                                                "the toy world).")
-    copy_steps: int = Field(0, ge=0, description="Copy warm-up steps of a fresh tiny model before the SFT (the "
-                                               "stand-in for pretraining; see tiny.copy_warmup; 1500 forms the "
-                                               "skill at the toy size); 0, the default, skips it. Not run for a "
-                                               "warm start.")
+    copy_rows: int = Field(10, ge=0, description="Text-only copy rows (random sequences of the tokenizer's "
+                                                 "ordinary tokens, repeated) per training video in the SFT mix: "
+                                                 "they keep the copy skill the warm-up taught, which the SFT erases "
+                                                 "without them (see world.copy_sample; README, the toy world).")
+    copy_steps: int = Field(1500, ge=0, description="Copy warm-up steps of a fresh tiny model before the SFT (the "
+                                                  "stand-in for pretraining; see tiny.copy_warmup; 1500 forms the "
+                                                  "skill at the toy size); 0 skips it. Not run for a warm start.")
     copy_length: tuple[int, int] = Field(
         (20, 80),
         description="Shortest and longest sequence of the copy rows (tokenizer pieces) and of the warm-up's "
@@ -66,10 +64,11 @@ class ToyConfig(BaseModel):
                                                          "listings of the toy's colours and seconds (world."
                                                          "random_listing): a copy that must match several tokens "
                                                          "back, which random-token copies do not teach. 0 skips them.")
-    number_tokens: bool = Field(False, description="Give the fresh model's tokenizer one token per number after a "
-                                                   "space (\" 0\" ... \" 255\", tiny.NUMBER_TOKENS), so a copied time "
-                                                   "is one token, not digits. Off by default (README, the toy "
-                                                   "world: the planner's copy of t failed with it).")
+    number_tokens: bool = Field(True, description="Give the fresh model's tokenizer one token per whole number "
+                                                  "0-255 (tiny.NUMBER_TOKENS), so every time is one token, the same "
+                                                  "in a frame label, a question, a plan, a listing and an answer, "
+                                                  "and each copy of it a one-token lookup; off, numbers are digits "
+                                                  "(README, the toy world).")
     copy_row_kind: Literal["tokens", "listings"] = Field("tokens", description="What the copy rows repeat: random "
                                                          "tokens or random listings (world.copy_rows).")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")

@@ -24,12 +24,13 @@ SPECIAL_TOKENS = [
 ]
 #: Added (non-special) tokens, single ids as in Qwen3: the structural tags of the protocol.
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
-#: Added tokens: one per whole number 0-255 after a space (" 17"), matched longest first (" 127" is one token,
-#: not " 12" + "7"). Qwen's pre-tokenizer splits numbers into digits, so a time would be two or three tokens,
-#: and copying it a match of several tokens (digits repeat) that a tiny model trained from scratch does not
-#: learn; with these, the toy's seconds, durations and crop arguments are one token each and every copy of a
-#: time is a one-token lookup. Numbers without a space before them ("<17.0 seconds>") stay digits. Off by
-#: default (``ToyConfig.number_tokens``): with them the planner's copy of t failed (README, the toy world).
+#: Added tokens: one per whole number 0-255 ("17"), matched longest first ("127" is one token, not "12" + "7";
+#: "1270" is "127" + "0"). Qwen's pre-tokenizer splits numbers into digits, so a time would be two or three
+#: tokens, and copying it a match of several tokens (digits repeat) that a tiny model trained from scratch does
+#: not learn. With these, a second is one token and the same one wherever it is written: in a frame label
+#: ("<17.0 seconds>"), the question, a crop argument, a listing ("cyan ^17"), a finding and an answer ("[17,
+#: 19]"); so every copy of a time is a one-token lookup. Added without a space on purpose: " 17" as one token
+#: would not be the label's "17". On by default for the toy (``ToyConfig.number_tokens``; README, the toy world).
 NUMBER_TOKENS = [str(i) for i in range(256)]
 
 #: Qwen3-VL-style chat template: images as <|vision_start|><|image_pad|><|vision_end|>.
@@ -71,7 +72,7 @@ def _base_corpus() -> list[str]:
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, number_tokens: bool = False):
     """Byte-level BPE trained on ``corpus`` (plus the protocol text), wrapped as a ``Qwen2Tokenizer``; with
-    ``number_tokens``, one added token per spaced number 0-255 (:data:`NUMBER_TOKENS`)."""
+    ``number_tokens``, one added token per whole number 0-255 (:data:`NUMBER_TOKENS`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
@@ -171,7 +172,7 @@ def copy_vocabulary(tokenizer) -> list[str]:
     bytes, no special or added tokens) that is printable ASCII, not only spaces, and free of digits and of
     the characters the protocol's tags and JSON use, so a random sequence of them never opens a tag or a
     tool call, and numbers (split into digits by the toy tokenizer) stay the traces' own. A tokenizer with
-    number tokens (``NUMBER_TOKENS``, one per spaced number) adds those: copying them is the one-token lookup
+    number tokens (``NUMBER_TOKENS``, one per whole number) adds those: copying them is the one-token lookup
     the traces' copies of times then are."""
     import re
 
@@ -180,7 +181,7 @@ def copy_vocabulary(tokenizer) -> list[str]:
         text = tokenizer.decode([i])
         if text.strip() and text.isascii() and text.isprintable() and not re.search(r'[0-9<>|{}\[\]"\\]', text):
             out.append(text)
-    # a tokenizer with number tokens: the spaced numbers are pieces too (each one token, like the others)
+    # a tokenizer with number tokens: the numbers are pieces too (each one token, like the others)
     out += [t for t in NUMBER_TOKENS if t in tokenizer.added_tokens_encoder]
     return out
 

@@ -19,39 +19,40 @@ than evaluation).
 How the tool is used (the traces below are built from ground truth). Each
 sub-agent sees its window's frames and the question:
 
-* colour-at-t: the planner crops, in one turn, the window [t, t+1] and the window
-  [t-1, t]; each sub-agent lists every second of its window, second first
-  ("28 red; 29 red"); the answer step copies t from the question and the colour
-  after it in the listings ("29 red.") and answers with the colour's name. These
-  are the traces the shipped policy was trained on, kept as they are.
+* colour-at-t: the planner copies t from the question and crops one window,
+  [t, t.5] (t's token, then ".5": the frame of second t); the sub-agent reports it
+  second first ("29 red"); the answer step copies t and the colour after it
+  ("29 red.") and answers with the colour's name.
 * grounding: the planner copies the duration from the overview's intro line
   ("Scan all 112 seconds.") and scans the whole video with parallel 16-second
-  windows [0, 15], [16, 31], ... (16 frames at 1 fps each, 4-8 of them: one plan
-  per duration); each sub-agent thinks: it repeats the asked colour and lists every
-  second of its window, colour first, marking where the asked colour starts ("new")
-  and the first entry after it ("gone"), between colour and second: "<think>\nLooking
-  for colour cyan. red 16; cyan new 17; cyan 18; blue gone 19; ...</think>" (a run
-  that reaches the window's end is closed by "gone 32", the second after the window).
-  Then it gives its finding, the marks with their seconds ("Found: new 17 gone 19."),
-  or "Nothing.". The agent runs with ``subagent_report: answer``, so the planner
-  reads the findings only; the answer step copies the one or two there are
-  ("Reports: Found: new 17 gone 19.") and answers with the first "new" second and the
-  last "gone" second, "[ 17, 19]".
+  windows (16 frames at 1 fps each, 4-8 of them), last window first: [96, 111],
+  [80, 95], ..., [0, 15]. The first call depends on the duration alone (one of five)
+  and the rest count down to [0, 15], so every plan stops at the same call and no
+  plan adds or compares numbers. Each sub-agent thinks: it repeats the asked colour
+  and lists every second of its window, colour first, marking where the asked
+  colour starts ("^") and the first entry after it ("$") on the second: "<think>\n
+  Looking for colour cyan. red 16; cyan ^17; cyan 18; blue $19; ...</think>" (a run
+  that reaches the window's end is closed by "$32", the second after the window).
+  Then it gives its finding, the marked seconds ("Found: ^17 $19."), or "Nothing.".
+  The agent runs with ``subagent_report: answer``, so the planner reads the
+  findings only; the answer step copies the one or two there are, in call order
+  ("Reports: Found: ^17 $19.") and answers with the last "^" second and the first
+  "$" second (the calls go backwards in time), "[17, 19]".
 
-Every step is a copy of a token the model has in its context, a +1 on a time, or a
-comparison of a colour with the asked one a few tokens back, and every copied time
-follows a word that says what it is ("new", "gone"), where it is read and where it is
-written: copying it is the lookup an induction head does (find the earlier "new",
-take the token after it), which the copy warm-up teaches. The toy tokenizer has one
-token per number after a space (" 0" ... " 255", ``tiny.NUMBER_TOKENS``), so that
-lookup is one token; a time written without its space ("[17") would be digits, which
-is why answers read "[ 17, 19]". Only a finding says "Found", so the answer step's
-"Found:" has no "Nothing." slots to confuse it. Earlier designs (README, "The toy
-world") split numbers into digits, so every copy was a match of several tokens, which
-this model did not learn; and the ones whose sub-agent or answer step had to find the
-asked colour's run in a listing never learned it. Run-length summaries, larger
-arithmetic and nearest-frame search are what such a model gets wrong; the no-tool
-traces need the last one, which is why the no-tool mode is weak below n = 64.
+Every step is a copy of a token the model has in its context or a comparison of a
+colour with the asked one a few tokens back; no step adds to a time. Every copied
+time comes after a token that says what it is ("^", "$", "second", "Scan all"), so
+copying it is the lookup an induction head does (find the earlier "^", take the
+token after it), which the copy warm-up teaches. The toy tokenizer has one token per
+whole number ("0" ... "255", ``tiny.NUMBER_TOKENS``), the same in the frame labels
+("<17.0 seconds>"), the question, the plan, the listings, the findings and the
+answer, so each of those lookups is one token. Earlier designs (README, "The toy
+world") split numbers into digits, so every copy was a match of several tokens,
+had the planner add one to t or compare its windows with the duration, or had a
+sub-agent or the answer step search a listing for the asked colour's run; this
+model learned none of those. Run-length summaries, arithmetic and nearest-frame
+search are what such a model gets wrong; the no-tool traces need the last one,
+which is why the no-tool mode is weak below n = 64.
 
 Trace formats use the runtime's own prompt, protocol and tool-label functions,
 so the trained policy and the agent speak the same protocol (a test renders a
@@ -101,7 +102,7 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 }
 LETTERS = "ABCD"
 DURATIONS = (64, 80, 96, 112, 128)  # multiples of the scan window: a scan is 4-8 windows that tile the video
-MCQ_WINDOW = 1  # colour-at-t: two parallel windows [t, t+1] and [t-1, t]; both see second t
+MCQ_WINDOW = 0.5  # colour-at-t: one window [t, t + 0.5], the frame of second t; "t.5" is t's token and ".5"
 REPORT_HEAD = "Looking for colour"  # a grounding sub-agent think's first words, before the asked colour (World.summary)
 FOUND = "Found:"  # a grounding sub-agent's finding starts with it (World.finding)
 NOTHING = "Nothing."  # a grounding sub-agent's reply when its window does not show the asked colour
@@ -148,12 +149,12 @@ class World:
     def summary(self, q: Question, start: float, end: float) -> str:
         """What a correct sub-agent replies on window [start, end] for question ``q``.
 
-        * colour-at-t: every second of the window, second first ("28 red; 29 red"): the answer step has t
-          and copies the colour after it.
+        * colour-at-t: every second of the window, second first ("28 red; 29 red"; the plan's window [t, t.5]
+          has one, "29 red"): the answer step has t and copies the colour after it.
         * grounding: a think that repeats the asked colour as the question words it and lists the window
-          colour first, marking the entry where the asked colour starts "new" and the first entry after it
-          "gone" (:meth:`listing`: "<think>\nLooking for colour cyan. red 16; cyan new 17; cyan 18; red gone
-          19; ...</think>"), then the finding: the marks with their seconds ("Found: new 17 gone 19.",
+          colour first, marking the entry where the asked colour starts "^" and the first entry after it "$"
+          (:meth:`listing`: "<think>\nLooking for colour cyan. red 16; cyan ^17; cyan 18; red $19;
+          ...</think>"), then the finding: the marked seconds ("Found: ^17 $19.",
           :meth:`finding`). Each mark compares the entry's colour and the one before it with the asked
           colour, a few tokens back; each second of the finding is the token after its mark in the listing.
           With ``subagent_report: answer`` the planner reads only the finding (:meth:`report`)."""
@@ -187,16 +188,16 @@ class World:
         return sum(1 for i, x in enumerate(on) if x and (i == 0 or not on[i - 1]))
 
     def finding(self, q: Question, start: float, end: float) -> str:
-        """Grounding: "Found: new a gone b." with the window's run of the asked colour as [a, b) (b is the second
+        """Grounding: "Found: ^a $b." with the window's run of the asked colour as [a, b) (b is the second
         after the run, or the window's last second + 1 when the run reaches its end), else "Nothing."."""
         run = self.run_in(q.colour, start, end)
         return f"{FOUND} {RUN_NEW}{run[0]} {RUN_GONE}{run[1]}." if run else NOTHING
 
     def listing(self, start: float, end: float, colour: str | None = None) -> str:
         """Every second of the window, colour first: "red 16; red 17; cyan 18". With ``colour``, the entry where
-        a run of it starts is marked "new" and the first entry after the run "gone", between colour and second
-        ("red 16; cyan new 17; cyan 18; red gone 19"); a run that reaches the window's end is closed by one
-        more entry, "gone" and the second after the window ("cyan 30; cyan 31; gone 32")."""
+        a run of it starts is marked "^" and the first entry after the run "$", on the second ("red 16; cyan
+        ^17; cyan 18; red $19"); a run that reaches the window's end is closed by one more entry, "$" and the
+        second after the window ("cyan 30; cyan 31; $32")."""
         out, prev = [], None
         secs = list(self.seconds(start, end))
         for s in secs:
@@ -266,7 +267,7 @@ def _questions(w: World, seed: int, mcq: int, oe: int, tvg: int) -> list[Questio
     qs = []
     for i in range(mcq):
         rng = random.Random(f"{seed}/mcq/{i}")
-        t = rng.randint(MCQ_WINDOW, w.duration - 1 - MCQ_WINDOW)
+        t = rng.randint(1, w.duration - 2)
         colour = w.colour_at(t)
         opts = [colour, *rng.sample([c for c in COLOURS if c != colour], 3)]
         rng.shuffle(opts)
@@ -275,7 +276,7 @@ def _questions(w: World, seed: int, mcq: int, oe: int, tvg: int) -> list[Questio
                            colour))
     for i in range(oe):
         rng = random.Random(f"{seed}/oe/{i}")
-        t = rng.randint(MCQ_WINDOW, w.duration - 1 - MCQ_WINDOW)
+        t = rng.randint(1, w.duration - 2)
         qs.append(Question(f"{w.wid}-oe{i}", "oe", f"What colour is shown at second {t}? Answer with the colour name.",
                            w.colour_at(t), None, t, w.colour_at(t)))
     for i in range(min(tvg, UNIQUE)):
@@ -309,23 +310,23 @@ def make_worlds(seeds, video_dir: str | Path, progress: bool = False, **question
 
 def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
     if q.task == "tvg":
-        return w.scan_windows()
-    # the window that starts at t comes first: the needed entry opens the tool response
-    return [(q.t, q.t + MCQ_WINDOW), (q.t - MCQ_WINDOW, q.t)]
+        # last window first: the first call depends on the duration alone, the rest count down to [0, 15]
+        return w.scan_windows()[::-1]
+    return [(q.t, q.t + MCQ_WINDOW)]
 
 
 def answer_turn(w: World, q: Question) -> str:
     """The planner's final turn: copy what is needed into the think, then answer with its tokens.
 
     Every step is a copy of a token in the context, with the same tokens as the source (the toy tokenizer
-    has one token per second, " 0" ... " 255", ``tiny.NUMBER_TOKENS``; " red" with its space is not "red"):
+    has one token per whole number, "0" ... "255", ``tiny.NUMBER_TOKENS``; " red" with its space is not "red"):
 
-    * colour-at-t: t from the question, then the colour after it in the sub-agents' listings
-      ("31 red; 32 red" → "32 red.", answer " red");
+    * colour-at-t: t from the question, then the colour after it in the sub-agent's report
+      ("32 red" → "32 red.", answer " red");
     * grounding: the sub-agents' findings (one, or two when the segment crosses a window's end; the other
-      windows say "Nothing."), in call order ("Reports: Found: new 21 gone 24."); it answers with the first
-      "new" second and the last "gone" second, "[ 21, 24]": the segment's start and the second the next
-      segment starts.
+      windows say "Nothing."), in call order ("Reports: Found: ^21 $24."); it answers with the last "^"
+      second and the first "$" second (the calls go from the video's end to its start), "[21, 24]": the
+      segment's start and the second the next segment starts.
     """
     if q.task == "tvg":
         found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q)) if f != NOTHING)
@@ -336,17 +337,17 @@ def answer_turn(w: World, q: Question) -> str:
 
 
 def span_text(a: int, b: int) -> str:
-    """A grounding answer as the toy writes it: "[ 17, 19]". Each number follows a space, so it is the same
-    single token as in the findings and listings (the toy tokenizer has one token per " 0" ... " 255",
-    ``tiny.NUMBER_TOKENS``); "[17" would spell it in digits."""
+    """A grounding answer as the toy writes it: "[17, 19]" (each number the same single token as in the
+    findings and listings: the toy tokenizer has one token per whole number, ``tiny.NUMBER_TOKENS``)."""
     return f"[{a}, {b}]"
 
 
 def planner_turn(q: Question, windows: list[tuple[int, int]], duration: int | None = None) -> str:
     """The planner's first turn: a short think, then the calls. Grounding copies the duration from the
-    overview's intro line (one scan plan per duration); colour-at-t copies t from the question."""
+    overview's intro line (one scan plan per duration, last window first); colour-at-t copies t from the
+    question."""
     if q.task == "tvg":
-        think = f"Scan all {duration if duration is not None else windows[-1][1] + 1} seconds."
+        think = f"Scan all {duration if duration is not None else max(b for _, b in windows) + 1} seconds."
     else:
         think = f"Inspect around second {q.t}."
     calls = "\n".join(render_tool_call("crop_video", {"start_time": a, "end_time": b}) for a, b in windows)
@@ -468,7 +469,7 @@ def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int 
 
 def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[int, int]]:
     """The windows a question's sub-agent samples come from: both colour-at-t windows; for grounding
-    the window(s) that see the colour, twice (the findings are the rarer reply), plus two others."""
+    the window(s) that see the colour, four times (the findings are the rarer reply), plus two others."""
     wins = windows_for(w, q)
     if q.task != "tvg":
         return wins

@@ -100,14 +100,16 @@ class Demo:
         return self._agents[key]
 
     def toy_video(self):
-        """A fresh toy world: its video and its MCQ question."""
+        """A fresh toy world: its video and its grounding question (the planner scans the whole video with
+        4-8 parallel windows, so the page shows the fan-out; colour-at-t questions need one window)."""
         from paravt_train.toy.world import make_world
 
-        w = make_world(self._rng.randrange(10**6, 2 * 10**6))
+        w = make_world(self._rng.randrange(10**6, 2 * 10**6), mcq=1, oe=0, tvg=1)
         w.write(self.workdir / f"{w.wid}.mp4")
-        q = w.questions[0]
-        opts = "\n".join(o.split(". ", 1)[1] for o in q.options)
-        return w.video, q.question, opts, f"Toy video {w.wid}: {w.duration} s. Ground truth: {q.answer} ({q.colour})."
+        q = next(q for q in w.questions if q.task == "tvg")
+        t = next(q for q in w.questions if q.task == "mcq")
+        return w.video, q.question, "", (f"Toy video {w.wid}: {w.duration} s. Ground truth: {q.answer}. Also try "
+                                         f"\"{t.question}\" (answer: {t.colour}).")
 
     async def ask(self, video, question, options_text, backend, endpoint, model_name, n_frames, mode):
         outputs = {"status": "", "think": "", "timeline": "", "gallery": [], "summaries": "", "answer": "",

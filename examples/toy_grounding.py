@@ -1,16 +1,16 @@
 """Toy grounding: how well the toy policy localises a colour's segment, with the tool and without it.
 
-    .venv/bin/python examples/toy_grounding.py            # 6.7 min on 2 cores (measured)
+    .venv/bin/python examples/toy_grounding.py            # 3.0 min on 2 cores (measured)
     .venv/bin/python examples/toy_grounding.py --worlds 8 # a quick look
 
 Held-out toy videos (seeds disjoint from training): for each, "When is the segment of colour <c> shown?"
 (a colour shown once; answer: its [start, end]) plus the MCQ / open-ended colour-at-t questions.
 The real agent (LangGraph graph, local backend) answers in parallel mode (K sub-agents scan the video in
-16-second windows, each listing the colour per second; the answer step copies the run of the asked
-colour), in no-tool mode (overview frames only) and against the nearest-overview-frame shortcut, at
-n = 4, 8 and 64 overview frames. Prints the table and the per-role accuracies, writes OUT/grounding.png
-(mIoU per n and mode) and OUT/results.json. The shipped policy does not ground yet (mIoU about 0 in every
-row; README, "The toy world"): pass --model to measure another policy.
+16-second windows, each listing the colour per second and reporting where the asked colour starts and
+ends in its window; the answer step copies those seconds), in no-tool mode (overview frames only) and
+against the nearest-overview-frame shortcut, at n = 4, 8 and 64 overview frames. Prints the table and the
+per-role accuracies, writes OUT/grounding.png (mIoU per n and mode) and OUT/results.json. Pass --model to
+measure another policy.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def toy_cmd(
     out: Path = typer.Option(None, "--out", help="Output folder (default: $PARAVT_HOME/toy, i.e. ~/.cache/paravt/toy)."),
     train_worlds: int = typer.Option(None, help="Training videos (default 400)."),
     test_worlds: int = typer.Option(None, help="Held-out videos (disjoint seeds; default 60)."),
-    steps: int = typer.Option(None, help="SFT steps of batch 16 (default 2000)."),
+    steps: int = typer.Option(None, help="SFT steps of batch 16 (default 1800)."),
     size: str = typer.Option(None, help="Tiny model size: toy (default, 1.2 M parameters) or test."),
     seed: int = typer.Option(None, help="World and training seed (default 0)."),
     init: Path = typer.Option(None, "--init", help="Warm start: fine-tune this policy directory (e.g. an earlier "
@@ -132,7 +132,10 @@ def toy_cmd(
     set_: list[str] = typer.Option(None, "--set", help="Any other ToyConfig field as key=value (lr, batch_size, "
                                                        "mcq, oe, tvg, vocab_size, ...)."),
 ) -> None:
-    """Build the toy world (videos, SFT/RL data, held-out split) and train the tiny policy; cached."""
+    """Build the toy world (videos, SFT/RL data, held-out split) and train the tiny policy; cached.
+
+    The defaults train from scratch: a copy warm-up, then 1800 SFT steps (about 45 min on 2 CPU cores).
+    checkpoints/toy/COMMAND.txt gives the commands that trained the shipped policy."""
     from paravt_agent.config import apply_overrides
     from paravt_agent.defaults import paravt_home
     from paravt_agent.errors import ConfigError

@@ -59,11 +59,20 @@ def test_paravt_serve_without_sglang_says_how_to_install():
     assert res.returncode == 1 and "pip install 'paravt[sglang]'" in res.stderr
 
 
-def test_paravt_answer_default_is_the_toy_policy(media, tmp_path):
-    out = run("paravt", "answer", media["video"], "What colour is shown at second 5?", "--n-frames", "8",
+def test_paravt_answer_default_is_the_toy_policy(tmp_path):
+    """A toy video written by `paravt-train toy-video` (the videos the toy policy knows), answered by
+    `paravt answer` without --model: the shipped toy policy crops and answers right."""
+    from paravt_train.toy.world import make_world
+
+    video = tmp_path / "talk.mp4"
+    listed = run("paravt-train", "toy-video", str(video), "--seed", "7").stdout
+    w = make_world(7, mcq=1, oe=1, tvg=1)
+    oe = next(q for q in w.questions if q.task == "oe")
+    assert f"{w.duration} s" in listed and f'"{oe.question}"' in listed
+    out = run("paravt", "answer", str(video), oe.question, "--n-frames", "8",
               env={"PARAVT_HOME": str(tmp_path)}).stdout
-    assert "planner turn 1" in out and "crop_video(" in out and "Answer:" in out
-    prof = run("paravt", "answer", media["video"], "What colour is shown at second 5?", "--n-frames", "8",
+    assert "planner turn 1" in out and "crop_video(" in out and f"Answer: {oe.answer}" in out
+    prof = run("paravt", "answer", str(video), oe.question, "--n-frames", "8",
                "--profile", env={"PARAVT_HOME": str(tmp_path)}).stdout
     assert "decode overview" in prof and "planner prefill" in prof and "sub-agents (wall)" in prof
     assert re.search(r"subagent turn 1 call \d+ +\(encode [\d.]+, prefill [\d.]+, decode [\d.]+\)", prof)

@@ -2,7 +2,7 @@
 
 A world is a timeline of solid-colour segments over 64, 80, 96, 112 or 128 s
 (multiples of the 16-second scan window), encoded as a 1 fps 32x32 H.264 mp4.
-Segments last 2-4 s: every segment is at least as long as the spacing of a
+Segments last 2-4 s (3-6 s at 128 s): every segment is at least as long as the spacing of a
 64-frame overview (so a 64-frame overview sees every segment), while an 8-frame
 overview (one frame every 8-16 s) misses most of them. Two colours (the *unique*
 colours) appear exactly once each. Questions, in the paper's three families:

@@ -10,7 +10,12 @@ else
 TORCH := torch==2.14.1 torchvision==0.29.1
 endif
 
-.PHONY: install test lint demo bench clean browser postgres
+.PHONY: install test lint demo bench clean browser postgres sglang-contract
+
+# The SGLang release whose HTTP contract the test server checks every request and reply against (named here only;
+# the `sglang` extra in pyproject.toml admits the range the client was tested with).
+SGLANG_VERSION := 0.5.23
+CONTRACT := .sglang-contract
 
 install: $(VENV)/.installed
 
@@ -37,7 +42,20 @@ postgres:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) || \
 	  echo "warning: could not install postgresql; the PostgreSQL store tests will be skipped"
 
-test: install browser postgres
+# SGLang's HTTP JSON contract (sglang/api/v1/api_types.py, msgspec types) from the pinned wheel, no GPU stack:
+# the wheel is downloaded (~40 MB, no dependencies) and only that file is kept.
+sglang-contract: $(CONTRACT)/VERSION
+
+$(CONTRACT)/VERSION: Makefile
+	rm -rf $(CONTRACT) && mkdir -p $(CONTRACT)/wheel
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version 3.11 \
+	  --platform manylinux_2_34_x86_64 -d $(CONTRACT)/wheel sglang==$(SGLANG_VERSION)
+	$(BIN)/python -c "import glob, sys, zipfile; z = zipfile.ZipFile(glob.glob(sys.argv[1] + '/wheel/*.whl')[0]); \
+	  open(sys.argv[1] + '/api_types.py', 'wb').write(z.read('sglang/api/v1/api_types.py'))" $(CONTRACT)
+	rm -rf $(CONTRACT)/wheel
+	echo $(SGLANG_VERSION) > $@
+
+test: install browser postgres sglang-contract
 	$(BIN)/python -m ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
@@ -52,4 +70,4 @@ bench: install
 	$(BIN)/python perf/bench_sft.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache $(CONTRACT)

@@ -16,8 +16,13 @@ Any OpenAI client talks to it; the "model" is the agent (planner, K sub-agents, 
   sums the tokens of the planner and every sub-agent.
   ``stream: true``: Server-Sent Events as the run goes — the planner's reasoning as
   ``reasoning_content`` deltas, one chunk per sub-agent as it finishes (``paravt.event = "subagent"``:
-  window, summary, latency), then the answer as ``content``, a final chunk with ``finish_reason``
-  and ``usage``, and ``[DONE]``.
+  window, summary, latency), then the answer as ``content``, a final chunk with ``finish_reason``,
+  with ``stream_options.include_usage`` a usage chunk (no choices), and ``[DONE]``.
+  ``finish_reason`` is always an OpenAI value (``stop``). A question whose run failed (timeout, the
+  model endpoint down mid-run, no final response) is an HTTP error with OpenAI's error body
+  (504 ``timeout``, 502 ``agent_error``; in a stream, an ``error`` event), the trace in ``paravt``;
+  an answer the model wrote badly (empty, degenerate) is a ``stop`` with ``paravt.ok`` false and
+  ``paravt.errors``.
 - ``POST /v1/feedback``: ``{"trace_id", "answer"?, "reward"?, "thumbs"?, "note"?}`` into the trajectory
   store (online learning: ``paravt-train online`` reads it).
 - ``GET /v1/models``, ``GET /health``.
@@ -206,7 +211,7 @@ def parse_request(body: Any, settings: ApiSettings) -> Question:
     opts_ = body.get("stream_options") or {}
     return Question(video=video, question=question, options=options, n_frames=_int("n_frames", 1, 64),
                     max_turns=_int("max_turns", 1, settings.max_turns_limit), mode=mode,
-                    stream=bool(body.get("stream")), include_usage=bool(opts_.get("include_usage", True)))
+                    stream=bool(body.get("stream")), include_usage=bool(opts_.get("include_usage", False)))
 
 
 def resolve_video(video: str, settings: ApiSettings) -> str:
@@ -255,10 +260,28 @@ def _think_of(text: str) -> str:
     return (m.group(1) if m else text).strip()
 
 
-def _chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, **extra) -> str:
-    obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+def _chunk(cid: str, created: int, model: str, delta: dict | None, finish: str | None = None, **extra) -> str:
+    """One ``chat.completion.chunk`` event; ``delta=None`` is OpenAI's usage chunk (no choices)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices,
+           **extra}
     return f"data: {json.dumps(obj)}\n\n"
+
+
+def run_failure(trace: Trace) -> ApiError | None:
+    """The HTTP error of a question whose run failed (the request timed out, the model endpoint failed on the
+    way, the planner never gave a final response), or None. An answer the model wrote badly (empty,
+    degenerate) is not a failure of the service: it is answered with ``finish_reason: "stop"`` and the errors
+    in ``paravt.errors`` (``paravt.ok`` false)."""
+    errors = trace.run_errors
+    if not errors:
+        return None
+    detail = "; ".join(errors)
+    if any("request_timeout" in e for e in errors):
+        return ApiError(504, f"the question timed out (trace {trace.id}): {detail}", kind="server_error",
+                        code="timeout")
+    return ApiError(502, f"the agent could not answer (trace {trace.id}): {detail}", kind="server_error",
+                    code="agent_error")
 
 
 # --------------------------------------------------------------------------- the app
@@ -392,9 +415,13 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
             svc.release()
         svc.latencies.append(ans.trace.latency)
         tr = ans.trace
+        failed = run_failure(tr)
+        if failed is not None:
+            return JSONResponse({**failed.body(), "paravt": extension_of(tr)}, status_code=failed.status,
+                                headers=failed.headers)
         return {
             "id": f"chatcmpl-{tr.id}", "object": "chat.completion", "created": created, "model": settings.model_name,
-            "choices": [{"index": 0, "finish_reason": "stop" if tr.ok else "error", "logprobs": None,
+            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                          "message": {"role": "assistant", "content": ans.text,
                                      "reasoning_content": "\n\n".join(_think_of(t.text) for t in tr.turns)}}],
             "usage": usage_of(tr), "paravt": extension_of(tr),
@@ -428,8 +455,9 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
         spec = tuple(int(x) for x in request.scope.get("asgi", {}).get("spec_version", "2.0").split("."))
         # below 2.4 Starlette listens itself and cancels this generator, whose finally cancels the run
         watcher = asyncio.ensure_future(watch()) if spec >= (2, 4) else None
+        usage_null = {"usage": None} if q.include_usage else {}  # OpenAI: every chunk but the last says null
         try:
-            yield _chunk(cid, created, name, {"role": "assistant", "content": ""})
+            yield _chunk(cid, created, name, {"role": "assistant", "content": ""}, **usage_null)
             while (ev := await events.get()) is not end:
                 if isinstance(ev, Exception):
                     err = _as_api_error(ev) if isinstance(ev, ParaVTError) else ApiError(
@@ -440,21 +468,25 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
                              for c in ev.calls]
                     yield _chunk(cid, created, name, {"reasoning_content": _think_of(ev.text) + "\n"},
                                  paravt={"event": "planner", "turn": ev.turn, "calls": calls,
-                                         "forced_final": ev.forced_final})
+                                         "forced_final": ev.forced_final}, **usage_null)
                 elif isinstance(ev, SubAgentEvent):
                     r = ev.record
                     yield _chunk(cid, created, name, {},
                                  paravt={"event": "subagent", "turn": ev.turn, "index": r.index, "tool": r.name,
                                          "window": r.window, "summary": r.summary, "error": r.error,
-                                         "latency": round(r.latency, 4)})
+                                         "latency": round(r.latency, 4)}, **usage_null)
                 elif isinstance(ev, AnswerEvent):
                     tr = ev.answer.trace
                     svc.latencies.append(tr.latency)
-                    yield _chunk(cid, created, name, {"content": ev.answer.text})
-                    extra = {"paravt": {"event": "answer", **extension_of(tr)}}
-                    if q.include_usage:
-                        extra["usage"] = usage_of(tr)
-                    yield _chunk(cid, created, name, {}, "stop" if tr.ok else "error", **extra)
+                    failed = run_failure(tr)
+                    if failed is not None:  # OpenAI's in-stream error: no content, no finish reason
+                        yield f"data: {json.dumps({**failed.body(), 'paravt': extension_of(tr)})}\n\n"
+                        continue
+                    yield _chunk(cid, created, name, {"content": ev.answer.text}, **usage_null)
+                    yield _chunk(cid, created, name, {}, "stop", paravt={"event": "answer", **extension_of(tr)},
+                                 **usage_null)
+                    if q.include_usage:  # OpenAI: one more chunk, no choices, the whole request's usage
+                        yield _chunk(cid, created, name, None, usage=usage_of(tr))
             if not producer.cancelled():
                 yield "data: [DONE]\n\n"
         finally:

@@ -13,7 +13,9 @@
 * ``subagent`` runs one tool; visual evidence is summarised by the policy.
   LangGraph's own ``RetryPolicy`` and ``timeout`` apply per attempt; when the
   last attempt fails, the node's ``error_handler`` fills the slot with an error
-  text, so one failure never loses the others or the trace.
+  text (``runtime_error``: the runtime failed, not the model's call) and routes on
+  to ``aggregate``, so one failure — or every call of a turn failing — never loses
+  the others, the trace or the planner's next turn.
 * ``results`` is a reducer-merged dict keyed by ``(turn, call index)``;
   ``aggregate`` writes the turn's results in call order, laid out by the config's
   :class:`~paravt_agent.config.Layout` (:func:`paravt_agent.prompts.tool_response_messages`):
@@ -231,9 +233,11 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         exc = error.error
         msg = str(exc) or exc.__class__.__name__
         rec = SubAgentRecord(index=p.index, raw=p.call.raw, name=p.call.name, arguments=dict(p.call.arguments),
-                             label=p.label, window=_window(p), error=msg)
+                             label=p.label, window=_window(p), error=msg, runtime_error=True)
         get_stream_writer()(SubAgentEvent(payload["turn"], rec))
-        return Command(update={"results": {(payload["turn"], p.index): rec}})
+        # the handler runs as its own node: without a destination the turn would never be aggregated when no
+        # sub-agent of it succeeded (LangGraph runs ``aggregate`` once per step however many ask for it)
+        return Command(update={"results": {(payload["turn"], p.index): rec}}, goto="aggregate")
 
     async def aggregate(state: AgentState) -> dict:
         t0 = time.perf_counter()

@@ -44,6 +44,8 @@ class SubAgentRecord(BaseModel):
     reply: str | None = None  # the sub-agent's whole reply, when the planner read only part of it (subagent_report)
     evidence: str = "summary"  # summary (a sub-agent's text) | frames (the crop's frames went to the planner) | text
     error: str | None = None
+    runtime_error: bool = False  # the error is the runtime's (a tool or the policy failed after its retries, a
+    # timeout), not the model's (an invalid call): RL counts such an episode as failed instead of scoring it
     warnings: list[str] = Field(default_factory=list)
     latency: float = 0.0
     prompt_tokens: int = 0
@@ -100,6 +102,13 @@ class Trace(BaseModel):
         the model wrote (an empty or degenerate answer): those are the model's doing, and RL must learn from
         them rather than drop them."""
         return [e for e in self.errors if not e.startswith(MODEL_OUTPUT_ERRORS)]
+
+    @property
+    def runtime_call_errors(self) -> list[str]:
+        """Tool-call slots the runtime could not fill (a tool or a sub-agent's model call failed after its
+        retries, or timed out), as ``turn N call M: error``; invalid calls the model wrote are not among them."""
+        return [f"turn {t.turn + 1} call {c.index + 1}: {c.error}" for t in self.turns for c in t.calls
+                if c.error and c.runtime_error]
 
     @property
     def tool_calls(self) -> int:

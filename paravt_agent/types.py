@@ -56,6 +56,8 @@ class Sampling(BaseModel):
     temperature: float = Field(0.0, ge=0, description="0 = greedy; the paper samples RL rollouts at τ = 0.7.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    min_p: float = Field(0.0, ge=0, le=1, description="Min-p sampling: tokens below min_p x the top token's "
+                                                       "probability are dropped (0 = off).")
     max_new_tokens: int = Field(1024, ge=1, description="Tokens generated at most.")
     seed: int | None = Field(None, description="Sampling seed (reproducible sampling where the backend honours it).")
     stop: list[str] = Field(default_factory=list, description="Stop strings (the generation ends after them).")
@@ -88,6 +90,13 @@ class Generation:
     logprob_temperature: float | None = None
     image_grid_thw: list[tuple[int, int, int]] | None = None
     retokenized: bool = False
+    #: where ``prompt_ids`` come from: ``client`` (tokenised here, exactly what the model got), ``server`` (the
+    #: ids the server reported consuming) or ``round_trip`` (emulating an old SGLang that re-tokenised them)
+    prompt_source: Literal["client", "server", "round_trip"] = "client"
+    #: the serving engine's weight version of the reply (SGLang: the string its last update named) and, for a
+    #: reply an update interrupted, ``(version, start, end)`` spans over ``output_ids``
+    weight_version: str | None = None
+    weight_versions: list[tuple[str, int, int]] = field(default_factory=list)
     batch_size: int = 1
     #: where the call's time went, where the backend can tell: ``encode`` (chat template, processor),
     #: ``prefill`` (vision tower + prompt, to the first token), ``decode`` (the other tokens)

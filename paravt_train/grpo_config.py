@@ -76,8 +76,10 @@ class GRPOConfig(BaseModel):
                             "handles, nothing is written).")
     sync_pause_mode: Literal["retract", "in_place", "abort"] = Field(
         "retract", description="/pause_generation mode around a weight swap: retract (running requests go back "
-                               "to the queue and restart on the new weights; the cache is flushed) is safe while "
-                               "serving; in_place keeps them running and skips the flush SGLang refuses then.")
+                               "to the queue keeping their tokens and continue on the new weights; the cache is "
+                               "flushed) is safe while serving; in_place holds them where they are and skips the "
+                               "flush SGLang refuses then (old-weight prefixes stay cached until a flush once idle); "
+                               "abort ends them (the client retries).")
     sglang_tp_size: int = Field(1, ge=1, description="Tensor-parallel size of the SGLang server (weight_sync: "
                                                      "tensor sends one payload per TP rank).")
     agent_config: str | None = Field(None, description="Agent YAML; default: the model's agent_config.yaml.")

@@ -370,10 +370,10 @@ class GRPOTrainer:
             return None
         if isinstance(self.syncer, SGLangTensorSync):
             state = self.full_state_dict()
-            result = self.syncer.push(state.items()) if self.rank == 0 else None
+            result = self.syncer.push(state.items(), version=str(self.step)) if self.rank == 0 else None
         else:
             path = self.save_model(self.out / "weights" / "current")
-            result = self.syncer.push(path) if self.rank == 0 else None
+            result = self.syncer.push(path, version=str(self.step)) if self.rank == 0 else None
         barrier()  # no rank rolls out again before the server holds the new weights
         return result
 
@@ -595,7 +595,7 @@ class GRPOTrainer:
         mine = [{"prompt": e.prompt_id, "task": e.task, "text": e.text, "reward": e.reward.total,
                  "terms": e.reward.terms(), "degenerate": e.reward.degenerate, "n_frames": e.n_frames or 0,
                  "failed": e.failed is not None, "subagent_errors": e.subagent_errors,
-                 "retokenized": e.retokenized_turns}
+                 "retokenized": e.retokenized_turns, "round_trip": e.round_trip_turns}
                 for g in groups for e in g]
         zero = sum(1 for g in all_groups if len({round(e.reward.total, 9) for e in g}) == 1)
         eps = mine
@@ -632,6 +632,8 @@ class GRPOTrainer:
             "failed_episodes": sum(e["failed"] for e in eps),
             "subagent_errors": sum(e["subagent_errors"] for e in eps),
             "retokenized_turns": sum(e["retokenized"] for e in eps),
+            # model calls whose prompt ids the server did not report (emulated round trip: SGLang < 0.5.19)
+            "round_trip_turns": sum(e["round_trip"] for e in eps),
             "replayed": replayed,
             **shared["stats"],
         }

@@ -175,6 +175,7 @@ class Episode:
     failed: str | None = None  # why the graph did not finish the episode (its error), None when it did
     subagent_errors: int = 0
     retokenized_turns: int = 0
+    round_trip_turns: int = 0  # model calls whose prompt ids were emulated (a server that reports none)
 
     @property
     def id(self) -> str:
@@ -294,8 +295,11 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
             return ep
         ep.answer = ans
         ep.text = episode_transcript(ans)
-        ep.failed = "; ".join(ans.trace.run_errors) or None  # an empty or degenerate answer is the model's: scored
+        # an empty or degenerate answer is the model's: scored; a run error or a tool slot the runtime could not
+        # fill (an endpoint down, a timeout) is not: the episode is counted as failed, never scored as the policy's
+        ep.failed = "; ".join([*ans.trace.run_errors, *ans.trace.runtime_call_errors]) or None
         ep.subagent_errors = sum(1 for t in ans.trace.turns for c in t.calls if c.error)
+        ep.round_trip_turns = sum(r.generation.prompt_source == "round_trip" for r in ans.records)
         if sampled_any(ans, banned):  # a server sampled a vision placeholder: counted as failed, not trained on
             ep.failed = "a turn sampled a vision placeholder token"
         else:

@@ -1,4 +1,4 @@
-"""Weight sync from the trainer to SGLang rollout servers, with SGLang's documented HTTP API.
+"""Weight sync from the trainer to SGLang rollout servers, with SGLang's documented HTTP API (0.5.21+).
 
 * :class:`SGLangWeightSync` (``weight_sync: disk``): rank 0 writes a plain model
   directory; each server reloads it with ``/update_weights_from_disk``. Works
@@ -6,22 +6,33 @@
 * :class:`SGLangTensorSync` (``weight_sync: tensor``): the tensors themselves go to
   ``/update_weights_from_tensor`` as SGLang's serialised named tensors (a
   ``ForkingPickler`` payload, base64, one copy per tensor-parallel rank), in
-  buckets. Pickled tensors travel as shared-memory / CUDA IPC handles, so this
-  path needs the server on the same machine (co-located rollouts); CUDA tensors
-  are tagged with their device's UUID (as SGLang's own helper does), so they
-  open on the right GPU whatever order ``CUDA_VISIBLE_DEVICES`` gives each side.
+  buckets, inside a weight-update session (``/begin_weight_update`` …
+  ``/end_weight_update``: SGLang 0.5.21+ refuses tensor updates outside one; a
+  server without the routes, HTTP 404, is updated without). Pickled tensors travel
+  as shared-memory / CUDA IPC handles, so this path needs the server on the same
+  machine (co-located rollouts); CUDA tensors are tagged with their device's UUID
+  (as SGLang's own helper does), so they open on the right GPU whatever order
+  ``CUDA_VISIBLE_DEVICES`` gives each side; CPU tensors are shared by file name,
+  which any process on the machine can open.
+
+Every update names its ``weight_version`` (the trainer's step, as a string): the
+server reports it in each reply's ``meta_info.weight_version`` and, for a request
+that spanned the update, in ``weight_versions`` spans over its output tokens.
 
 Both pause generation around the swap (``/pause_generation`` → update →
 ``/continue_generation``, which runs even when the update fails). The pause
 mode matters on a server that is answering users while it learns
 (``paravt-train online``): ``retract`` (the default) sends running requests back
-to the queue and flushes the cache with the update, so they restart on the new
-weights; ``in_place`` keeps them where they are and must not flush (SGLang
-refuses a flush while requests run, and its scheduler asserts on it); ``abort``
-ends them (the ``sglang`` policy retries aborted replies). Several servers are
-updated one after the other; an endpoint that is an SGLang router (``paravt
-serve --dp N``) stands for the workers its ``GET /workers`` lists, since the
-router forwards generation, not weight updates.
+to the queue keeping the tokens generated so far and flushes the cache with the
+update, so they continue on the new weights (their earlier tokens were sampled
+by the old ones: ``weight_versions`` says which); ``in_place`` keeps them where
+they are, cache included, and must not flush (SGLang 0.5.22+ answers a flush
+while requests run with HTTP 400; 0.5.21 asserts in its scheduler), so the radix
+cache keeps prefixes computed with the old weights until it is flushed once the
+server is idle; ``abort`` ends them (the ``sglang`` policy retries aborted
+replies). Several servers are updated one after the other; an endpoint that is
+an SGLang router (``paravt serve --dp N``) stands for the workers its
+``GET /workers`` lists, since the router forwards generation, not weight updates.
 """
 
 from __future__ import annotations
@@ -92,6 +103,39 @@ class _Paused:
         return False
 
 
+class _Session:
+    """``/begin_weight_update`` on enter and ``/end_weight_update`` on exit (even after a failure): the session
+    SGLang 0.5.21+ requires around tensor and distributed updates. A server without the routes (404: an older
+    SGLang) is updated without one; a session left open by a trainer that died is closed and opened again."""
+
+    def __init__(self, client, url: str):
+        self.client, self.url, self.open = client, url, False
+
+    def _begin(self):
+        return self.client.post(f"{self.url}/begin_weight_update", json={"selector": "all"})
+
+    def __enter__(self):
+        resp = self._begin()
+        if resp.status_code == 404:
+            return self
+        if resp.status_code == 400 and "already open" in resp.text:
+            self.client.post(f"{self.url}/end_weight_update", json={})
+            resp = self._begin()
+        data = _json(resp)
+        if resp.status_code != 200 or not data.get("success", False):
+            raise PolicyError(f"{self.url}/begin_weight_update refused: {data.get('message') or resp.text[:300]}")
+        self.open = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.open:
+            resp = self.client.post(f"{self.url}/end_weight_update", json={})
+            data = _json(resp)
+            if exc[0] is None and (resp.status_code != 200 or not data.get("success", False)):
+                raise PolicyError(f"{self.url}/end_weight_update refused: {data.get('message') or resp.text[:300]}")
+        return False
+
+
 class SGLangWeightSync:
     """Pushes weights to SGLang servers with their documented HTTP API:
 
@@ -113,7 +157,8 @@ class SGLangWeightSync:
     def url(self) -> str:
         return self.urls[0]
 
-    def push(self, model_dir: Path) -> dict:
+    def push(self, model_dir: Path, version: str | None = None) -> dict:
+        """Load ``model_dir`` on every server; ``version`` becomes the servers' ``weight_version``."""
         import httpx
 
         results = []
@@ -121,9 +166,11 @@ class SGLangWeightSync:
             for url in expand_routers(client, self.urls):
                 try:
                     with _Paused(client, url, self.pause_mode):
-                        resp = client.post(f"{url}/update_weights_from_disk", json={
-                            "model_path": str(Path(model_dir).resolve()),
-                            "flush_cache": self.pause_mode != "in_place"})
+                        body = {"model_path": str(Path(model_dir).resolve()),
+                                "flush_cache": self.pause_mode != "in_place"}
+                        if version is not None:
+                            body["weight_version"] = str(version)
+                        resp = client.post(f"{url}/update_weights_from_disk", json=body)
                 except httpx.HTTPError as exc:
                     raise PolicyError(f"weight sync to {url} failed: {exc}", transient=True) from exc
                 data = _json(resp)
@@ -170,7 +217,14 @@ def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
     table[torch.Tensor] = reduce_tensor
     table[torch.nn.Parameter] = reduce_tensor
     pickler.dispatch_table = table
-    pickler.dump(named_tensors)
+    # CPU storages by shared-memory file name: a file descriptor would need the receiver to be this process's
+    # child (multiprocessing's authenticated fd passing); a name opens from any process on the machine
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        pickler.dump(named_tensors)
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -206,7 +260,9 @@ class SGLangTensorSync:
         if bucket:
             yield bucket
 
-    def push(self, named_tensors: Iterable[tuple[str, object]]) -> dict:
+    def push(self, named_tensors: Iterable[tuple[str, object]], version: str | None = None) -> dict:
+        """Send the tensors to every server, bucket by bucket, in one weight-update session per server;
+        ``version`` (named with the last bucket, when every weight is in) becomes its ``weight_version``."""
         import httpx
 
         buckets = list(self.buckets(named_tensors))
@@ -216,13 +272,15 @@ class SGLangTensorSync:
             for url in targets:
                 sent = 0
                 try:
-                    with _Paused(client, url, self.pause_mode):
+                    with _Paused(client, url, self.pause_mode), _Session(client, url):
                         for i, bucket in enumerate(buckets):
                             payload = serialize_named_tensors(bucket)
                             last = i == len(buckets) - 1
-                            resp = client.post(f"{url}/update_weights_from_tensor", json={
-                                "serialized_named_tensors": [payload] * self.tp_size,
-                                "flush_cache": last and self.pause_mode != "in_place"})
+                            body = {"serialized_named_tensors": [payload] * self.tp_size,
+                                    "flush_cache": last and self.pause_mode != "in_place"}
+                            if last and version is not None:
+                                body["weight_version"] = str(version)
+                            resp = client.post(f"{url}/update_weights_from_tensor", json=body)
                             data = _json(resp)
                             if resp.status_code != 200 or not data.get("success", False):
                                 raise PolicyError(f"{url}/update_weights_from_tensor refused bucket {i + 1}/"

@@ -74,10 +74,79 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class SGLangStub:
-    """The SGLang-API test server (tests/sglang_server.py) as a subprocess on 127.0.0.1."""
+class JSONServer:
+    """A recording JSON server on 127.0.0.1 (the one helper for tests that script an HTTP peer): every request
+    is kept as ``(method, path, body)`` in ``seen`` and answered by ``reply(path, body) -> (status, dict)``."""
 
-    def __init__(self, model: str, deterministic: bool = False, threads: int = 1):
+    def __init__(self, reply):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[tuple[str, str, dict]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, method: str):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}") if n else {}
+                outer.seen.append((method, self.path, body))
+                status, data = reply(self.path, body)
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_POST(self):  # noqa: N802
+                self._answer("POST")
+
+            def do_GET(self):  # noqa: N802
+                self._answer("GET")
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    @property
+    def bodies(self) -> list[dict]:
+        """The bodies POSTed, in order."""
+        return [b for m, _, b in self.seen if m == "POST"]
+
+    @property
+    def paths(self) -> list[str]:
+        return [p for _, p, _ in self.seen]
+
+    def close(self) -> None:
+        self.srv.shutdown()
+
+
+@pytest.fixture
+def json_server():
+    """A factory: ``json_server(reply)`` starts a :class:`JSONServer`; all stop at teardown."""
+    servers = []
+
+    def start(reply) -> JSONServer:
+        s = JSONServer(reply)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+class SGLangStub:
+    """The SGLang-API test server (tests/sglang_server.py) as a subprocess on 127.0.0.1.
+
+    ``deterministic`` (on by default in tests, SGLang's ``--enable-deterministic-inference``): a request's
+    ``sampling_seed`` fixes its samples, so a test that seeds its requests gets the same tokens on every run."""
+
+    def __init__(self, model: str, deterministic: bool = True, threads: int = 1, sampling_defaults: str = "model"):
         import subprocess
         import sys
         import time
@@ -90,6 +159,7 @@ class SGLangStub:
                 "--port", str(self.port)]
         if deterministic:
             args.append("--enable-deterministic-inference")
+        args += ["--sampling-defaults", sampling_defaults]
         env = {**os.environ, "SGLANG_STUB_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
@@ -121,7 +191,7 @@ class SGLangStub:
 
 @pytest.fixture
 def sglang_stub():
-    """A factory: ``sglang_stub(model_dir, deterministic=False)`` starts a server; all stop at teardown."""
+    """A factory: ``sglang_stub(model_dir, deterministic=True)`` starts a server; all stop at teardown."""
     servers = []
 
     def start(model: str, **kw) -> SGLangStub:

@@ -102,6 +102,7 @@ def test_openai_client_plain_and_streaming(media, serve, tmp_path):
 
     # streaming: reasoning first, one event per sub-agent, then the answer, then usage
     stream = client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION), stream=True,
+                                            stream_options={"include_usage": True},
                                             extra_body={"n_frames": 8, "max_turns": 2})
     kinds, reasoning, content, finish, usage = [], "", "", None, None
     for chunk in stream:
@@ -125,6 +126,47 @@ def test_openai_client_plain_and_streaming(media, serve, tmp_path):
     fb = httpx.post(srv.url + "/v1/feedback", json={"trace_id": newest["id"],
                                                     "answer": "B", "thumbs": True}).json()
     assert store.feedback_since(0)[-1]["seq"] == fb["seq"] and store.feedback_since(0)[-1]["answer"] == "B"
+
+
+def test_failures_speak_openai(media, serve):
+    """Every finish_reason is an OpenAI value (the openai client's typed models accept each reply). A question
+    whose run failed (the model endpoint fell over after the tools ran) is an HTTP error with OpenAI's error
+    body — in a stream, an error event the client raises on — never a 200 carrying tool-call text. An answer the
+    model wrote badly is a 200 ``stop`` with the errors in ``paravt``. Usage is streamed only when asked, in its
+    own final chunk with no choices."""
+    import openai
+
+    from paravt_agent.errors import PolicyError
+
+    def failing(role, messages):
+        if role == "planner" and "<tool_response>" in text_of(messages[-1]["content"]):
+            raise PolicyError("the model endpoint fell over")
+        return script(role, messages)
+
+    srv = serve(Agent(policy=ScriptedPolicy(failing)), video_root=str(media["dir"]))
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION))
+    assert err.value.status_code == 502 and "fell over" in err.value.message
+    body = err.value.body
+    assert body["code"] == "agent_error" and body["type"] == "server_error"
+    stream = client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION), stream=True)
+    with pytest.raises(openai.APIError, match="fell over"):
+        for _ in stream:
+            pass
+    # a degenerate answer: the service worked, the model did not; still an OpenAI reply
+    srv = serve(Agent(policy=ScriptedPolicy(lambda role, m: "<|im_start|>" * 6)), video_root=str(media["dir"]))
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION))
+    ext = r.model_extra["paravt"]
+    assert r.choices[0].finish_reason == "stop" and not ext["ok"] and "degenerate" in ext["errors"][0]
+    chunks = list(client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION),
+                                                 stream=True))
+    assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model="paravt", messages=user("colours.mp4", QUESTION),
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
+    assert all(c.usage is None and c.choices for c in chunks[:-1])
 
 
 def test_curl_plain_and_streaming(media, serve):

@@ -151,6 +151,49 @@ def test_subagent_timeout_and_retry_use_langgraph_policies(media):
     assert time.perf_counter() - t0 < 4
 
 
+@pytest.mark.parametrize("mode,turns,failing", [
+    ("parallel", [[(2, 6)]], {2}),  # the only call of the turn fails
+    ("parallel", [[(2, 6), (10, 14)]], {2, 10}),  # every call fails
+    ("parallel", [[(2, 6), (10, 14)]], {10}),  # one of two fails
+    ("sequential", [[(2, 6)]], {2}),  # the one call fails
+    ("sequential", [[(2, 6)], [(10, 14)]], {2, 10}),  # every turn's call fails
+    ("sequential", [[(2, 6)], [(10, 14)]], {10}),  # one of two turns' calls fails
+])
+def test_a_turn_whose_calls_fail_still_reaches_an_answer(media, mode, turns, failing):
+    """A sub-agent that fails after its retries gets an error slot and the turn is still aggregated: the planner
+    reads the slots and answers (langgraph >= 1.2.24 runs an error handler as its own node, with no edge onward
+    unless it routes). Such slots are the runtime's errors, not the model's: the trace says so."""
+
+    def script(role, msgs):
+        if role == "subagent":
+            return summary_script([], fail=lambda start: start in failing)(role, msgs)
+        done = sum(text_of(m["content"]).startswith("<tool_response>") for m in msgs)
+        return calls_text(turns[done]) if done < len(turns) else "<think>done</think><answer>B</answer>"
+
+    pol = ScriptedPolicy(script)
+    ans = Agent(policy=pol, config=AgentConfig(mode=mode, retries=0)).answer(media["video"], "q?")
+    assert ans.text == "B" and ans.trace.ok, ans.trace.errors
+    calls = [c for t in ans.trace.turns for c in t.calls]
+    assert [c.window[0] for c in calls if c.error] == sorted(failing)
+    assert all(c.runtime_error == bool(c.error) for c in calls)
+    assert len(ans.trace.runtime_call_errors) == len(failing)
+    read = "\n".join(text_of(m["content"]) for m in pol.calls[-1][1] if m["role"] == "user")
+    assert read.count("decoder exploded") == len(failing)  # the planner answered having read every error slot
+
+
+def test_every_subagent_timing_out_still_reaches_an_answer(media):
+    class Slow(ScriptedPolicy):
+        async def generate(self, messages, sampling, prefix="", continuation=None):
+            if text_of(messages[0]["content"]).startswith("You are a video inspection"):
+                await asyncio.sleep(5)
+            return await super().generate(messages, sampling, prefix)
+
+    pol = Slow(summary_script(WINDOWS[:3]))
+    ans = Agent(policy=pol, config=AgentConfig(subagent_timeout=0.3, retries=0)).answer(media["video"], "q?")
+    calls = ans.trace.turns[0].calls
+    assert ans.text == "B" and len(calls) == 3 and all("timeout" in c.error and c.runtime_error for c in calls)
+
+
 def test_max_turns_then_final_answer(media):
     def script(role, msgs):
         if role == "subagent":

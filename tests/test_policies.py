@@ -2,15 +2,14 @@
 and the SGLang /generate client against a local server answering with recorded payloads."""
 
 import asyncio
-import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import httpx
 import pytest
 
 from paravt_agent.agent import Agent
@@ -22,36 +21,6 @@ from paravt_agent.policy.sglang_backend import SGLangPolicy
 from paravt_agent.prompts import planner_messages
 
 SHORT = AgentConfig(planner_sampling=Sampling(max_new_tokens=24), subagent_sampling=Sampling(max_new_tokens=12))
-
-
-class JSONServer:
-    """A server on 127.0.0.1 that records every POSTed JSON body and answers ``reply(body) -> (status, dict)``."""
-
-    def __init__(self, reply):
-        self.seen: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.seen.append(body)
-                status, data = reply(body)
-                raw = json.dumps(data).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *a):
-                pass
-
-        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.srv.shutdown()
 
 
 def free_port() -> int:
@@ -286,7 +255,7 @@ def test_sglang_backend_against_the_sglang_api_server(sglang_stub, toy_policy_di
     assert pol.round_trips == 0
 
 
-def test_sglang_retries_5xx_and_aborted_replies(tiny_model, media):
+def test_sglang_retries_5xx_and_aborted_replies(tiny_model, media, json_server):
     """A 5xx and an aborted reply (a weight update interrupted it) are retried, never returned as a turn."""
     from transformers import AutoProcessor
 
@@ -297,17 +266,14 @@ def test_sglang_retries_5xx_and_aborted_replies(tiny_model, media):
                                                                                  "output_token_logprobs": []}})]
     done = {"output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(ids),
                                              "output_token_logprobs": [[-0.1, t, None] for t in ids]}}
-    srv = JSONServer(lambda body: replies.pop(0) if replies else (200, done))
+    srv = json_server(lambda path, body: replies.pop(0) if replies else (200, done))
     seen = srv.seen
-    try:
-        pol = SGLangPolicy(model=tiny_model, endpoint=srv.url, max_retries=3)
-        gen = asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
-        assert len(seen) == 3 and gen.text.endswith("<answer>B</answer>") and gen.finish_reason == "stop"
-        replies.extend([(200, {"meta_info": {"finish_reason": {"type": "abort"}}})] * 4)
-        with pytest.raises(PolicyError, match="aborted"):
-            asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
-    finally:
-        srv.close()
+    pol = SGLangPolicy(model=tiny_model, endpoint=srv.url, max_retries=3)
+    gen = asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
+    assert len(seen) == 3 and gen.text.endswith("<answer>B</answer>") and gen.finish_reason == "stop"
+    replies.extend([(200, {"meta_info": {"finish_reason": {"type": "abort"}}})] * 4)
+    with pytest.raises(PolicyError, match="aborted"):
+        asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
 
 
 def test_sglang_unreachable(tiny_model, media):
@@ -388,7 +354,7 @@ def test_frames_are_encoded_once_and_sent_as_the_same_bytes():
     assert to_openai_messages(turn2)[0] == to_openai_messages(turn1)[0]
 
 
-def test_sglang_requests_are_shaped_for_the_radix_cache(tiny_model, media):
+def test_sglang_requests_are_shaped_for_the_radix_cache(tiny_model, media, json_server):
     """SGLang's radix cache shares work only between requests whose token prefix and images are the same:
     the G rollouts of a prompt send the same ids and the same image bytes, and the planner's next turn
     sends the previous turn's ids (prompt, prefix, its own output) unchanged, then the new tokens."""
@@ -401,26 +367,169 @@ def test_sglang_requests_are_shaped_for_the_radix_cache(tiny_model, media):
         "<|im_end|>")]
     reply = {"output_ids": out, "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(out),
                                               "output_token_logprobs": [[-0.1, t, None] for t in out]}}
-    srv = JSONServer(lambda body: (200, reply))
-    seen = srv.seen
-    try:
-        pol = SGLangPolicy(model=tiny_model, endpoint=srv.url)
-        msgs = overview_messages(media, n=4)
+    srv = json_server(lambda path, body: (200, reply))
+    pol = SGLangPolicy(model=tiny_model, endpoint=srv.url)
+    msgs = overview_messages(media, n=4)
 
-        async def group():
-            return await asyncio.gather(*(pol.generate(msgs, Sampling(temperature=0.7, max_new_tokens=8, seed=s),
-                                                       prefix="<think>\n") for s in range(4)))
+    async def group():
+        return await asyncio.gather(*(pol.generate(msgs, Sampling(temperature=0.7, max_new_tokens=8, seed=s),
+                                                   prefix="<think>\n") for s in range(4)))
 
-        gens = asyncio.run(group())
-        first = seen[0]
-        assert len(seen) == 4 and len(first["image_data"]) == 4
-        assert all(r["input_ids"] == first["input_ids"] and r["image_data"] == first["image_data"] for r in seen)
-        turn2 = [*msgs, {"role": "assistant", "content": gens[0].text},
-                 {"role": "user", "content": "<tool_response>\n[1] crop: red\n</tool_response>"}]
-        asyncio.run(pol.generate(turn2, Sampling(max_new_tokens=8), "<think>\n", Continuation(len(msgs), gens[0])))
-        again = seen[-1]
-        done = first["input_ids"] + out  # turn 1's prompt and prefix, then its own tokens
-        assert again["input_ids"][: len(done)] == done and len(again["input_ids"]) > len(done)
-        assert again["image_data"] == first["image_data"]
-    finally:
-        srv.close()
+    gens = asyncio.run(group())
+    first = srv.bodies[0]
+    assert len(srv.bodies) == 4 and len(first["image_data"]) == 4
+    assert all(r["input_ids"] == first["input_ids"] and r["image_data"] == first["image_data"] for r in srv.bodies)
+    turn2 = [*msgs, {"role": "assistant", "content": gens[0].text},
+             {"role": "user", "content": "<tool_response>\n[1] crop: red\n</tool_response>"}]
+    asyncio.run(pol.generate(turn2, Sampling(max_new_tokens=8), "<think>\n", Continuation(len(msgs), gens[0])))
+    again = srv.bodies[-1]
+    done = first["input_ids"] + out  # turn 1's prompt and prefix, then its own tokens
+    assert again["input_ids"][: len(done)] == done and len(again["input_ids"]) > len(done)
+    assert again["image_data"] == first["image_data"]
+
+
+# --------------------------------------------------------------------------- SGLang 0.5.23's contract
+
+
+def _toy_messages(media, n=2):
+    msgs = overview_messages(media, n=n)
+    for m in msgs:  # the toy model's protocol: 32x32 frames
+        if not isinstance(m["content"], str):
+            for p in m["content"]:
+                if p["type"] == "image":
+                    p["image"] = p["image"][:32, :32]
+    return msgs
+
+
+def _respelled(gen, tok, eos: int):
+    """``gen`` with its output spelled token by token in single characters: the same text, ids the tokenizer
+    would never produce (a decode -> tokenise round trip merges them)."""
+    import dataclasses
+
+    body = tok.decode([t for t in gen.output_ids if t != eos], skip_special_tokens=False)
+    chars = [tok.convert_tokens_to_ids(c) for c in "1717"]
+    assert None not in chars and tok("1717", add_special_tokens=False)["input_ids"] != chars
+    ids = tok(body, add_special_tokens=False)["input_ids"] + chars + [eos]
+    return dataclasses.replace(gen, text=gen.prefix + body + "1717", output_ids=ids, logprobs=[-0.5] * len(ids))
+
+
+def test_sglang_records_the_prompt_ids_the_server_consumed(sglang_stub, toy_policy_dir, media, json_server):
+    """SGLang 0.5.21+ uses multimodal input_ids verbatim and reports what it consumed (return_prompt_token_ids).
+    A planner turn continuing sampled tokens the tokenizer would spell otherwise is recorded exactly as sent —
+    no false "sizes frames differently" error, no round-tripped ids the server never saw. Only a server that
+    reports no ids gets the old round-trip emulation, and the generation says so (prompt_source)."""
+    from paravt_agent.policy.chat import continued_ids
+    from paravt_agent.types import Continuation
+
+    stub = sglang_stub(toy_policy_dir)
+    pol = SGLangPolicy(model=toy_policy_dir, endpoint=stub.url)
+    tok, eos = pol.chat.tokenizer, pol.chat.eos_id
+    msgs = _toy_messages(media)
+    first = asyncio.run(pol.generate(msgs, Sampling(max_new_tokens=8), prefix="<think>\n"))
+    assert first.prompt_source == "server" and first.weight_version == "default"
+    prev = _respelled(first, tok, eos)
+    turn2 = [*msgs, {"role": "assistant", "content": prev.text},
+             {"role": "user", "content": "<tool_response>\n[1] crop: red\n</tool_response>"}]
+    payload, seen = pol.build_request(turn2, Sampling(max_new_tokens=8), "<think>\n", Continuation(len(msgs), prev))
+    assert payload["return_prompt_token_ids"] is True
+    sent = continued_ids(prev, eos)
+    # what the old client assumed the server did: the round trip changes the prompt's length
+    assert len(pol.chat.round_trip(payload["input_ids"])) != len(payload["input_ids"])
+    gen = asyncio.run(pol.generate(turn2, Sampling(max_new_tokens=8), "<think>\n", Continuation(len(msgs), prev)))
+    assert gen.prompt_ids[: len(sent)] == sent and gen.prompt_ids == seen["ids"][: len(gen.prompt_ids)]
+    assert gen.prompt_source == "server" and not gen.retokenized and pol.round_trips == 0 and pol.server_ids == 2
+    # a server that reports no ids (SGLang < 0.5.19): the round trip is emulated, the turn flagged
+    out = tok("ok", add_special_tokens=False)["input_ids"] + [eos]
+    old = json_server(lambda path, body: (200, {"output_ids": out, "meta_info": {
+        "finish_reason": {"type": "stop"}, "completion_tokens": len(out),
+        "output_token_logprobs": [[-0.1, t, None] for t in out]}}))
+    legacy = SGLangPolicy(model=toy_policy_dir, endpoint=old.url)
+    g = asyncio.run(legacy.generate(turn2, Sampling(max_new_tokens=8), "<think>\n", Continuation(len(msgs), prev)))
+    assert g.prompt_source == "round_trip" and g.retokenized and legacy.round_trips == 1
+    assert g.prompt_ids[: len(sent)] != sent
+
+
+def _penalised_copy(model_dir: str, out) -> str:
+    import json as _json
+    import shutil
+
+    shutil.copytree(model_dir, out)
+    cfg = _json.loads((out / "generation_config.json").read_text())
+    cfg.update(repetition_penalty=3.0, top_k=3)
+    (out / "generation_config.json").write_text(_json.dumps(cfg))
+    return str(out)
+
+
+def test_sglang_and_local_sample_the_distribution_the_trainer_scores(sglang_stub, tiny_model, media, tmp_path):
+    """A model whose generation_config.json sets repetition_penalty 3.0 and top_k 3: an SGLang server fills a
+    request's unset sampling keys from that file (--sampling-defaults model). The sglang backend sends every key
+    the scored distribution depends on, so it samples the raw model (greedy = the model's argmax, logprobs = the
+    model's); the local backend ignores the file the same way. A request that leaves them unset is penalised."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model_dir = _penalised_copy(tiny_model, tmp_path / "penalised")  # random weights: long, repetitive outputs
+    stub = sglang_stub(model_dir)
+    pol = SGLangPolicy(model=model_dir, endpoint=stub.url)
+    msgs = overview_messages(media, n=2)
+    s = Sampling(max_new_tokens=24)
+    payload, seen = pol.build_request(msgs, s, "<think>\n")
+    p = payload["sampling_params"]
+    assert (p["repetition_penalty"], p["frequency_penalty"], p["presence_penalty"], p["top_k"], p["min_p"]) == (
+        1.0, 0.0, 0.0, -1, 0.0)
+    gen = asyncio.run(pol.generate(msgs, s, "<think>\n"))
+    assert len(gen.output_ids) == 24 and len(set(gen.output_ids)) < 24  # a token repeats: a penalty would act
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    chat = pol.chat
+    ids = [*gen.prompt_ids, *gen.prefix_ids, *gen.output_ids]
+    n0 = len(gen.prompt_ids) + len(gen.prefix_ids)
+    batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+             "mm_token_type_ids": chat.mm_token_types(torch.tensor([ids])),
+             **chat.image_inputs([m for m in gen_images(msgs)])}
+    with torch.no_grad():
+        logits = model(**batch).logits[0, n0 - 1: len(ids) - 1].float()
+    lp = torch.log_softmax(logits, -1)
+    assert gen.output_ids == lp.argmax(-1).tolist()  # greedy on the raw model
+    assert gen.logprobs == pytest.approx(lp.gather(1, torch.tensor(gen.output_ids)[:, None])[:, 0].tolist(), abs=1e-4)
+    local = LocalPolicy(model_dir).generate_sync(msgs, s, "<think>\n")
+    assert local.output_ids == gen.output_ids
+    # the same request without the explicit keys: the server's defaults (penalty 3.0, top-k 3) apply
+    bare = {**payload, "sampling_params": {"max_new_tokens": 24, "temperature": 0.0}}
+    raw = httpx.post(stub.url + "/generate", json=bare, timeout=120).json()
+    assert raw["output_ids"] != gen.output_ids
+
+
+def gen_images(msgs):
+    from paravt_agent.policy.base import images_of
+
+    return images_of(msgs)
+
+
+def test_the_sglang_test_server_holds_sglang_0_5_23s_contract(sglang_stub, tiny_model):
+    """The stand-in refuses what SGLang 0.5.23 refuses (its own api_types decide) and models its behaviour:
+    stop strings end generation and are trimmed, weight_version is a string, /model_info and /server_info exist,
+    tensor updates need a session."""
+    stub = sglang_stub(tiny_model)
+    info = httpx.get(stub.url + "/server_info").json()
+    assert info["version"] == (Path(__file__).resolve().parents[1] / ".sglang-contract" / "VERSION").read_text().strip()
+    assert httpx.get(stub.url + "/model_info").json()["weight_version"] == "default"
+    ids = [int(x) for x in range(20, 40)]
+    bad = httpx.post(stub.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 4,
+                                                                                          "foo": 1}})
+    assert bad.status_code == 400 and "unknown field `foo`" in bad.json()["error"]
+    bad = httpx.post(stub.url + "/generate", json={"input_ids": ids, "return_logprob": "yes"})
+    assert bad.status_code == 400 and "invalid type" in bad.json()["error"]
+    base = {"input_ids": ids, "sampling_params": {"max_new_tokens": 40, "temperature": 1.0, "sampling_seed": 7,
+                                                   "ignore_eos": True}}  # seeded: both requests sample alike
+    full = httpx.post(stub.url + "/generate", json=base, timeout=120).json()
+    text = full["text"]
+    stop = next(text[i:i + 3] for i in range(4, len(text) - 3) if text[i:i + 3].strip() and text.find(text[i:i + 3]) == i)
+    cut = httpx.post(stub.url + "/generate", json={**base, "sampling_params": {**base["sampling_params"],
+                                                                               "stop": [stop]}}, timeout=120).json()
+    meta = cut["meta_info"]
+    assert meta["finish_reason"] == {"type": "stop", "matched": stop} and cut["text"] == text[: text.find(stop)]
+    assert cut["output_ids"] == full["output_ids"][: len(cut["output_ids"])] and meta["completion_tokens"] < 40
+    assert meta["weight_version"] == "default"
+    refused = httpx.post(stub.url + "/update_weights_from_tensor", json={"serialized_named_tensors": ["x"]})
+    assert refused.status_code == 400 and "between begin_weight_update() and end_weight_update()" in refused.text
+    assert httpx.post(stub.url + "/end_weight_update", json={}).status_code == 400  # no session open

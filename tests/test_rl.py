@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -194,101 +192,113 @@ def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_pat
 # --------------------------------------------------------------------------- SGLang weight sync
 
 
-class _SGLang(BaseHTTPRequestHandler):
-    """The three documented SGLang endpoints of a weight swap; /update_weights_from_disk really loads the files."""
-
-    calls: list = []
-    loaded: dict = {}
-    refuse = False
-    tp_size = 1
-    flushes: list = []
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-        _SGLang.calls.append((self.path, body))
-        if self.path == "/update_weights_from_disk":
-            if _SGLang.refuse:
-                data = {"success": False, "message": "Failed to load: shape mismatch", "num_paused_requests": 0}
-            else:
-                _SGLang.loaded = load_file(str(Path(body["model_path"]) / "model.safetensors"))
-                data = {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
-            status = 200 if data["success"] else 400
-        elif self.path == "/update_weights_from_tensor":
-            import base64
-            from multiprocessing.reduction import ForkingPickler
-
-            payloads = body["serialized_named_tensors"]
-            assert len(payloads) == _SGLang.tp_size  # one copy per tensor-parallel rank
-            named = ForkingPickler.loads(base64.b64decode(payloads[0]))
-            _SGLang.loaded.update({k: v.clone() for k, v in named})
-            _SGLang.flushes.append(body.get("flush_cache"))
-            data, status = {"success": True, "message": "Succeeded to update model weights."}, 200
-        elif self.path in ("/pause_generation", "/continue_generation"):
-            data, status = {"message": "ok", "status": "ok"}, 200
-        else:
-            data, status = {"error": "not found"}, 404
-        raw = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *a):
-        pass
+def _fixed_ids() -> list[int]:
+    return [int(x) for x in torch.randint(10, 300, (24,), generator=torch.Generator().manual_seed(5))]
 
 
-@pytest.fixture
-def sglang_admin():
-    _SGLang.calls, _SGLang.loaded, _SGLang.refuse, _SGLang.flushes, _SGLang.tp_size = [], {}, False, [], 1
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _SGLang)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+def _trainer_logprobs(model, ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
 
 
-def test_sglang_weight_sync(toy_policy_dir, toy_rl, tmp_path, sglang_admin):
-    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "s"), progress=False)
+def test_sglang_disk_sync_names_its_version(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+    """weight_sync: disk against the SGLang 0.5.23 stand-in: the server then scores exactly as the trained model,
+    its replies carry the step as their weight_version; a refused load still resumes generation."""
+    import shutil
+
+    stub = sglang_stub(toy_policy_dir)
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "s", backend="sglang", endpoint=stub.url),
+                     progress=False)
     tr.setup()
+    assert isinstance(tr.syncer, SGLangWeightSync)
     with torch.no_grad():
         next(iter(tr.model.parameters())).add_(0.5)  # weights the server does not have yet
-    path = tr.save_model(tmp_path / "s" / "weights" / "current")
-    sync = SGLangWeightSync(sglang_admin + "/v1", tmp_path / "s" / "weights")
-    assert sync.push(path)["success"]
-    assert [c[0] for c in _SGLang.calls] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
-    assert _SGLang.calls[1][1]["model_path"] == str(path.resolve())
-    for k, v in tr.model.state_dict().items():
-        if k in _SGLang.loaded:
-            assert torch.equal(_SGLang.loaded[k], v.detach().cpu()), k
-    _SGLang.refuse = True
-    _SGLang.calls = []
-    with pytest.raises(PolicyError, match="shape mismatch"):
-        sync.push(path)
-    assert _SGLang.calls[-1][0] == "/continue_generation"  # generation resumes even when the swap fails
+    tr.step = 3
+    tr.sync()
+    ids = _fixed_ids()
+    assert _server_logprobs(stub, ids) == pytest.approx(_trainer_logprobs(tr.model, ids), abs=1e-4)
+    reply = stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})
+    assert reply["meta_info"]["weight_version"] == "3"
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "s" / "weights" / "current", broken)
+    sd = load_file(str(broken / "model.safetensors"))
+    name = next(iter(sd))
+    from safetensors.torch import save_file
+
+    save_file({**sd, name: torch.zeros(3)}, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(PolicyError, match="shape"):
+        SGLangWeightSync(stub.url, tmp_path).push(broken, version="4")
+    reply = stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})  # not left paused
+    assert reply["meta_info"]["weight_version"] == "3"
     with pytest.raises(PolicyError, match="weight sync"):
-        SGLangWeightSync("http://127.0.0.1:9", tmp_path).push(path)
+        SGLangWeightSync("http://127.0.0.1:9", tmp_path).push(broken)
 
 
-def test_sglang_tensor_sync(toy_policy_dir, toy_rl, tmp_path, sglang_admin):
-    """weight_sync: tensor — SGLang's /update_weights_from_tensor payload, in buckets, decoded for real."""
-    _SGLang.tp_size = 2
-    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "t", backend="sglang", endpoint=sglang_admin,
+def test_sglang_tensor_sync_runs_in_a_weight_update_session(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+    """weight_sync: tensor against the SGLang 0.5.23 stand-in. SGLang 0.5.21+ refuses a tensor update outside a
+    /begin_weight_update … /end_weight_update session (every push of the old client got HTTP 400); the sync
+    opens one inside the pause and the server then holds the trained weights, named by the step."""
+    stub = sglang_stub(toy_policy_dir)
+    import base64
+
+    from paravt_train.weight_sync import serialize_named_tensors
+
+    one = serialize_named_tensors([("x", torch.zeros(2))])
+    outside = __import__("httpx").post(stub.url + "/update_weights_from_tensor",
+                                       json={"serialized_named_tensors": [one]})
+    assert outside.status_code == 400 and "begin_weight_update" in outside.json()["message"]
+    assert base64.b64decode(one)  # a real payload: refused for the missing session alone
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "t", backend="sglang", endpoint=stub.url,
                           weight_sync="tensor", sglang_tp_size=2), progress=False)
     tr.setup()
     assert isinstance(tr.syncer, SGLangTensorSync)
     tr.syncer.bucket_bytes = 1 << 20  # several buckets for a 5 MB model
     with torch.no_grad():
         next(iter(tr.model.parameters())).add_(0.25)
+    tr.step = 2
     result = tr.sync()
-    state = tr.model.state_dict()
-    assert result["tensors"] == len(state) and result["buckets"] > 1
-    assert set(_SGLang.loaded) == set(state)
-    for k, v in state.items():
-        assert torch.equal(_SGLang.loaded[k], v.detach().cpu()), k
-    paths = [c[0] for c in _SGLang.calls]
-    assert paths[0] == "/pause_generation" and paths[-1] == "/continue_generation"
-    assert paths.count("/update_weights_from_tensor") == result["buckets"]
-    assert _SGLang.flushes == [False] * (result["buckets"] - 1) + [True]  # the cache is flushed once, at the end
+    assert result["tensors"] == len(tr.model.state_dict()) and result["buckets"] > 1
+    ids = _fixed_ids()
+    assert _server_logprobs(stub, ids) == pytest.approx(_trainer_logprobs(tr.model, ids), abs=1e-4)
+    assert stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})[
+        "meta_info"]["weight_version"] == "2"
+
+
+def test_tensor_sync_call_sequence(json_server):
+    """The order SGLang needs: pause → begin session → buckets (tp_size copies each; the cache flushed and the
+    version named with the last) → end session → continue. A server without the session routes (404, an older
+    SGLang) is updated without; a refused bucket still ends the session and resumes generation."""
+    state = {"begin": 200, "refuse": False}
+
+    def reply(path, body):
+        if path == "/begin_weight_update":
+            return state["begin"], {"success": state["begin"] == 200, "message": "Success"}
+        if path == "/update_weights_from_tensor" and state["refuse"]:
+            return 400, {"success": False, "message": "Failed to update weights: shape mismatch"}
+        return 200, {"success": True, "message": "ok", "status": "ok"}
+
+    srv = json_server(reply)
+    named = [(f"w{i}", torch.zeros(1 << 16)) for i in range(3)]  # 256 KB each
+    sync = SGLangTensorSync(srv.url, tp_size=2, bucket_bytes=200 << 10)  # one tensor a bucket
+    assert sync.push(named, version="9")["buckets"] == 3
+    posts = [(p, b) for m, p, b in srv.seen if m == "POST"]
+    assert [p for p, _ in posts] == ["/pause_generation", "/begin_weight_update", *["/update_weights_from_tensor"] * 3,
+                                     "/end_weight_update", "/continue_generation"]
+    tensors = [b for p, b in posts if p == "/update_weights_from_tensor"]
+    assert [len(b["serialized_named_tensors"]) for b in tensors] == [2, 2, 2]
+    assert [b["flush_cache"] for b in tensors] == [False, False, True]
+    assert [b.get("weight_version") for b in tensors] == [None, None, "9"]
+    srv.seen.clear()
+    state["begin"] = 404
+    sync.push(named[:1])
+    assert [p for m, p, _ in srv.seen if m == "POST"] == ["/pause_generation", "/begin_weight_update",
+                                                          "/update_weights_from_tensor", "/continue_generation"]
+    srv.seen.clear()
+    state.update(begin=200, refuse=True)
+    with pytest.raises(PolicyError, match="shape mismatch"):
+        sync.push(named)
+    assert [p for m, p, _ in srv.seen if m == "POST"][-2:] == ["/end_weight_update", "/continue_generation"]
 
 
 # --------------------------------------------------------------------------- online learning
@@ -416,56 +426,70 @@ def _perturbed_copy(model_dir: str, out: Path, scale: float = 0.05) -> Path:
 
 
 def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sglang_stub):
-    """Pushing weights to a server that is answering (the online learner's case). The default pause (retract +
-    flush) finishes every request, on the new weights; in_place without a flush keeps them running; the old
-    combination (in_place + flush) is what SGLang's scheduler asserts on: the server dies."""
+    """Pushing weights to a server that is answering (the online learner's case), with SGLang 0.5.23's semantics.
+    The default pause (retract + flush): in-flight requests go back to the queue keeping their tokens and continue
+    on the new weights — each reply says which tokens which version produced (weight_versions), and the tokens
+    after the push are what the new weights generate from the kept ones. in_place without a flush keeps them
+    running; in_place + flush is refused with HTTP 400 (0.5.22+), the server and its requests carry on."""
     import threading as th
+    import time
+
+    import httpx
 
     new = _perturbed_copy(toy_policy_dir, tmp_path / "new")
-    ids = [int(x) for x in torch.randint(10, 300, (12,))]
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 300, "temperature": 0.0, "ignore_eos": True},
+    ids = _fixed_ids()[:12]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 600, "temperature": 0.0, "ignore_eos": True},
             "return_logprob": True}
 
     def in_flight(stub, n=3):
         results = []
-
-        def ask():
-            try:
-                results.append(stub.post("/generate", body))
-            except Exception as exc:  # the server died under it (the last case)
-                results.append(exc)
-
-        threads = [th.Thread(target=ask) for _ in range(n)]
+        threads = [th.Thread(target=lambda: results.append(stub.post("/generate", body))) for _ in range(n)]
         for t in threads:
             t.start()
         time.sleep(0.4)
         return threads, results
 
-    import time
+    def spans(r):
+        meta = r["meta_info"]
+        return [(s["version"], s["start"], s["end"]) for s in meta.get("weight_versions") or []] or [
+            (meta["weight_version"], 0, len(r["output_ids"]))]
 
     stub = sglang_stub(toy_policy_dir)
     threads, results = in_flight(stub)
-    SGLangWeightSync(stub.url, tmp_path, pause_mode="retract").push(new)
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="retract").push(new, version="1")
     for t in threads:
         t.join(120)
     assert stub.proc.poll() is None and len(results) == 3
+    split = [r for r in results if len(spans(r)) == 2]
+    assert split, [spans(r) for r in results]  # the request running at the push spans both versions
+    for r in results:
+        assert r["meta_info"]["finish_reason"]["type"] == "length" and len(r["output_ids"]) == 600
+        assert [v for v, *_ in spans(r)] in (["default"], ["1"], ["default", "1"])
+        assert r["meta_info"]["weight_version"] == spans(r)[-1][0]
+    for r in split:  # kept tokens, then the new weights' continuation of them
+        (_, _, k), _ = spans(r)
+        assert 0 < k < 600
+        rest = stub.post("/generate", {"input_ids": ids + r["output_ids"][:k], "sampling_params": {
+            "max_new_tokens": 600 - k, "temperature": 0.0, "ignore_eos": True}})
+        assert rest["output_ids"] == r["output_ids"][k:] and rest["meta_info"]["weight_version"] == "1"
     fresh = stub.post("/generate", body)
-    for r in results:  # retracted requests restarted on the new weights: the same tokens a new request gets
-        assert r["meta_info"]["finish_reason"]["type"] != "abort" and r["output_ids"] == fresh["output_ids"]
+    assert any(r["output_ids"] != fresh["output_ids"] for r in split)  # not a restart from scratch
     threads, results = in_flight(stub)
-    SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").push(toy_policy_dir)  # no flush with in_place
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").push(toy_policy_dir, version="2")  # no flush
     for t in threads:
         t.join(120)
     assert stub.proc.poll() is None and len(results) == 3
     threads, results = in_flight(stub)
-    requests_post = __import__("httpx").post
-    requests_post(stub.url + "/pause_generation", json={"mode": "in_place"})
-    try:
-        requests_post(stub.url + "/update_weights_from_disk", json={"model_path": str(new), "flush_cache": True})
-    except Exception:
-        pass
-    stub.proc.wait(30)
-    assert stub.proc.returncode == 3  # the crash our sync never causes
+    httpx.post(stub.url + "/pause_generation", json={"mode": "in_place"})
+    refused = httpx.post(stub.url + "/update_weights_from_disk", json={"model_path": str(new), "flush_cache": True,
+                                                                       "weight_version": "3"})
+    assert refused.status_code == 400 and "not flushed" in refused.json()["message"]
+    assert httpx.post(stub.url + "/flush_cache").status_code == 400
+    httpx.post(stub.url + "/continue_generation", json={})
+    for t in threads:
+        t.join(120)
+    assert stub.proc.poll() is None and len(results) == 3  # nothing died
+    assert httpx.post(stub.url + "/flush_cache").status_code == 200  # idle: the flush goes through
 
 
 # --------------------------------------------------------------------------- failure hygiene, DAPO, evaluation
@@ -515,6 +539,43 @@ def test_failed_episodes_are_counted_and_dropped_or_kept(toy_policy_dir, toy_rl,
         assert failed and all("fell over" in e.failed for e in failed)
         trained = [e for g in groups for e in tr.advantages(g)]
         assert all(e.failed is None for e in trained) == (policy == "drop")
+
+
+def test_an_episode_whose_tool_slot_the_runtime_lost_is_failed_not_scored(toy_policy_dir, toy_rl, tmp_path):
+    """A sub-agent call that fails for the infrastructure's reasons (the endpoint down after its retries) leaves
+    an error slot; the planner still answers (the graph routes on), but the episode is counted as failed: an
+    outage must not be scored as the policy's doing (it would teach the policy to stop calling tools)."""
+    from paravt_agent.agent import Agent
+    from paravt_agent.errors import PolicyError
+    from paravt_agent.policy.base import Policy
+    from paravt_agent.policy.scripted import role_of
+    from paravt_train.rollout import PromptCache
+
+    class SubAgentsDown(Policy):
+        name = "local"
+        returns_tokens = True
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def generate(self, messages, sampling, prefix="", continuation=None):
+            if role_of(messages) == "subagent" and (sampling.seed or 0) % 2:
+                raise PolicyError("503 from the rollout server")
+            return await self.inner.generate(messages, sampling, prefix, continuation)
+
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "down", group_size=6, gating=False), progress=False)
+    tr.setup()
+    tr.agent = Agent(policy=SubAgentsDown(tr.agent.policy), config=tr.agent.config.model_copy(update={"retries": 0}))
+    tr.cache = PromptCache(tr.agent)
+    prompts = [p for p in prompts_from_rl(toy_rl["data"], toy_rl["video_root"]) if p.task == "mcq"][:2]
+    eps = [e for g in tr.rollout(prompts) for e in g]
+    lost = [e for e in eps if any(c.runtime_error for t in e.answer.trace.turns for c in t.calls)]
+    assert lost and len(lost) < len(eps)
+    for e in eps:
+        assert (e in lost) == (e.failed is not None), e.failed
+    for e in lost:
+        assert "503 from the rollout server" in e.failed and e.answer.trace.turns[-1].calls == []  # it answered
+    assert all(e.failed is None for g in tr.rollout(prompts) for e in tr.advantages(g))  # dropped from training
 
 
 def test_dapo_dynamic_sampling_refills_zero_variance_groups(toy_policy_dir, toy_rl, tmp_path):
@@ -569,32 +630,14 @@ def test_heldout_evaluation_is_paravt_train_eval(toy_policy_dir, toy_rl, tmp_pat
     assert tr.eval_agent_config().frames == resolve_agent_config(None, toy_policy_dir).frames
 
 
-class _Judge(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers["Content-Length"]))
-        body = json.dumps({"id": "j", "object": "chat.completion", "created": 0, "model": "judge",
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": "0.25"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-def test_llm_judge_from_the_grpo_config(toy_policy_dir, toy_rl, tmp_path):
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        judge = {"endpoint": f"http://127.0.0.1:{srv.server_address[1]}/v1", "model": "judge"}
-        tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "j", reward={"judge": judge}, gating=False),
-                         progress=False)
-        tr.setup()
-        oe = [p for p in prompts_from_rl(toy_rl["data"], toy_rl["video_root"]) if p.task == "oe"][:1]
-        [group] = tr.rollout(oe)
-        assert all(e.reward.acc == 0.25 for e in group)  # the judge's verdict, scored off the event loop
-    finally:
-        srv.shutdown()
+def test_llm_judge_from_the_grpo_config(toy_policy_dir, toy_rl, tmp_path, json_server):
+    srv = json_server(lambda path, body: (200, {
+        "id": "j", "object": "chat.completion", "created": 0, "model": "judge",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "0.25"}}]}))
+    judge = {"endpoint": srv.url + "/v1", "model": "judge"}
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "j", reward={"judge": judge}, gating=False),
+                     progress=False)
+    tr.setup()
+    oe = [p for p in prompts_from_rl(toy_rl["data"], toy_rl["video_root"]) if p.task == "oe"][:1]
+    [group] = tr.rollout(oe)
+    assert all(e.reward.acc == 0.25 for e in group)  # the judge's verdict, scored off the event loop

@@ -30,7 +30,7 @@ from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt
 from paravt_agent.policy.reuse import PrefixCache, VisionCache, image_keys
 from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["LocalPolicy", "RowSampler"]
+__all__ = ["LocalPolicy", "RowSampler", "cache_argument", "cache_of"]
 
 
 class LocalPolicy(Policy):
@@ -200,7 +200,8 @@ class LocalPolicy(Policy):
             if reuse:
                 self.prefix_cache.check_version(model)
                 inputs = self._shared_work(model, rows, keys, inputs)
-            out = model.generate(**inputs, **kw)
+            with _scored_distribution(model):
+                out = model.generate(**inputs, **kw)
             t_end = time.perf_counter()
             if reuse:
                 self._store_prefixes(model, rows, keys, out, width)
@@ -254,6 +255,7 @@ class LocalPolicy(Policy):
         from transformers import DynamicCache
 
         plain = {k: v for k, v in inputs.items() if k != "pixel_values"}
+        name = cache_argument(model)
         groups: dict[tuple, list[int]] = {}
         for i, ((enc, *_), k) in enumerate(zip(rows, keys, strict=True)):
             groups.setdefault((tuple(enc.ids), tuple(k)), []).append(i)
@@ -286,8 +288,7 @@ class LocalPolicy(Policy):
                     cache.update(k.clone(), v.clone(), li)
                 model.model.rope_deltas = e.rope_deltas
                 if len(e.ids) < n - 1:  # the new tokens after the stored part (text: positions continue)
-                    model(input_ids=ids[:, len(e.ids):n - 1], past_key_values=cache, use_cache=True,
-                          logits_to_keep=1)
+                    model(input_ids=ids[:, len(e.ids):n - 1], **{name: cache}, use_cache=True, logits_to_keep=1)
                 deltas = e.rope_deltas
             else:
                 one = {"input_ids": ids[:, :n - 1], "attention_mask": torch.ones_like(ids[:, :n - 1])}
@@ -300,7 +301,7 @@ class LocalPolicy(Policy):
                     one["image_grid_thw"] = torch.tensor(list(grid), device=model.device)
                     img_at += count
                 model.model.rope_deltas = None
-                model(**one, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                model(**one, **{name: cache}, use_cache=True, logits_to_keep=1)
                 deltas = model.model.rope_deltas
             if deltas is None:
                 deltas = torch.zeros((1, 1), dtype=torch.long, device=model.device)
@@ -320,12 +321,12 @@ class LocalPolicy(Policy):
                 vs.append(v)
             batch.update(torch.cat(ks), torch.cat(vs), li)
         model.model.rope_deltas = torch.cat([per_group[g][1] for g in order])
-        return {**plain, "past_key_values": batch}
+        return {**plain, name: batch}
 
     def _store_prefixes(self, model, rows, keys, out, width: int) -> None:
         """Each row's whole sequence (prompt + its own tokens, no padding) into :class:`PrefixCache`, for a
         turn that continues it."""
-        cache = out.past_key_values
+        cache = cache_of(out)
         deltas = model.model.rope_deltas
         if cache is None or not hasattr(cache, "layers") or deltas is None:
             return
@@ -384,6 +385,44 @@ class LocalPolicy(Policy):
                         r.future.set_exception(g)
                     else:
                         r.future.set_result(g)
+
+
+def cache_argument(model) -> str:
+    """The name the installed transformers gives the KV-cache argument of ``forward`` and ``generate``:
+    ``cache`` (5.24+, where ``past_key_values`` is deprecated for removal) or ``past_key_values`` (before)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cache_of(output):
+    """The KV cache a ``forward`` / ``generate`` output carries, under either name (read without touching a
+    deprecated attribute)."""
+    for key in ("cache", "past_key_values"):
+        if key in output:  # a ModelOutput holds its non-None fields as keys
+            return output[key]
+    return None
+
+
+class _scored_distribution:  # noqa: N801 (a context manager used like a function)
+    """``generate`` without the model's ``generation_config.json``: a repetition penalty, ``min_new_tokens``,
+    bad words … there would change the scores :class:`RowSampler` samples from, while the logprobs recorded
+    (and the trainer) use the raw model. ``generate`` fills every setting a call leaves unset from the model's
+    config, so the config itself is swapped for a bare one for the call."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        from transformers import GenerationConfig
+
+        self.saved = self.model.generation_config
+        self.model.generation_config = GenerationConfig()
+        return self
+
+    def __exit__(self, *exc):
+        self.model.generation_config = self.saved
+        return False
 
 
 def _images(mm: dict, start: int, count: int) -> dict:
@@ -449,6 +488,8 @@ class RowSampler:
                 kth = torch.topk(row, min(s.top_k, row.numel())).values[-1]
                 row = row.masked_fill(row < kth, float("-inf"))
             probs = torch.softmax(row, dim=-1)
+            if s.min_p > 0:
+                probs = probs.masked_fill(probs < s.min_p * probs.max(), 0.0)
             if s.top_p < 1.0:
                 sp, order = probs.sort(descending=True)
                 drop = sp.cumsum(0) - sp > s.top_p  # keep the smallest set whose mass reaches top_p

@@ -113,6 +113,8 @@ class OpenAIPolicy(Policy):
             kw["stop"] = list(sampling.stop)
         if sampling.top_k:
             extra["top_k"] = sampling.top_k
+        if sampling.min_p:
+            extra["min_p"] = sampling.min_p  # SGLang, vLLM
         async with sem:
             try:
                 model = await self._model_name(client)

@@ -1,30 +1,40 @@
 """``sglang``: SGLang's native ``/generate`` with client-side tokenisation (token in, token out).
 
-Request (SGLang ``GenerateReqInput``)::
+Request (SGLang ``GenerateRequest``, ``sglang/api/v1/api_types.py``)::
 
     {"input_ids": [...], "image_data": ["<base64 PNG>", ...],
-     "sampling_params": {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "skip_special_tokens",
-                         "sampling_seed"?},
-     "return_logprob": true}
+     "sampling_params": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty": 1,
+                         "frequency_penalty": 0, "presence_penalty": 0, "max_new_tokens", "stop",
+                         "skip_special_tokens", "sampling_seed"?},
+     "return_logprob": true, "return_prompt_token_ids": true}
 
 The prompt is the model's own chat template tokenised here (:mod:`paravt_agent.policy.chat`);
 the request carries one ``<|image_pad|>`` per image (the server runs its own
 image processor and expands it), the forced prefix as token ids, and a later
-planner turn continues the previous turn's exact ids. Response: ``output_ids``,
-``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples,
-temperature-scaled), ``finish_reason``, token counts.
+planner turn continues the previous turn's exact ids. Every sampling setting the
+trainer scores is sent explicitly (penalties off, ``min_p``/``top_k``/``top_p`` as
+configured): an SGLang server fills unset keys from the model's
+``generation_config.json`` (``--sampling-defaults model``, its default), which
+would sample from another distribution than the one the trainer scores.
+Response: ``output_ids``, ``meta_info.output_token_logprobs`` (``[logprob,
+token_id, text]`` triples, temperature-scaled), ``finish_reason``, token counts,
+``weight_version`` (a string: the version the last update named) and, for a
+request an update interrupted, ``weight_versions`` spans over the output tokens.
 
-What the model consumed is recorded exactly (``Generation.prompt_ids``: expanded
-image placeholders, ``image_grid_thw``): for multimodal requests SGLang decodes
-``input_ids`` to text and tokenises that text again, so the client applies the
-same round trip and records its result; ``retokenized`` flags a turn whose ids
-changed on the way (then its earlier turns are not verbatim in its prompt, and
-the trainer scores each turn against the prompt it really had). The server's
-reported prompt length is checked against the client's expansion: a server whose
-image processor resizes frames differently is an error, not silent drift.
+What the model consumed is recorded exactly (``Generation.prompt_ids``): the ids
+the server reports (``prompt_token_ids``, SGLang 0.5.19+; 0.5.21+ uses
+multimodal ``input_ids`` verbatim, expanding only the image placeholders).
+Only a server that reports none gets the old emulation: SGLang before 0.5.21
+decoded multimodal ids to text and tokenised it again, so the client applies
+that round trip (``Generation.prompt_source == "round_trip"``, counted in
+:attr:`SGLangPolicy.round_trips`). ``retokenized`` flags a turn whose ids the
+server changed (then its earlier turns are not verbatim in its prompt, and the
+trainer scores each turn against the prompt it really had). A server whose
+image processor gives frames another number of visual tokens than this client
+computes is an error, not silent drift.
 
 A reply that was aborted (``finish_reason.type == "abort"``: a weight update
-interrupted it on an SGLang that aborts on pause) is retried, never returned as a
+interrupted it on a server paused with ``abort``) is retried, never returned as a
 normal turn.
 """
 
@@ -39,9 +49,30 @@ from paravt_agent.policy.base import Policy, encode_image
 from paravt_agent.policy.chat import ChatTokenizer
 from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["DEFAULT_URL", "SGLangPolicy"]
+__all__ = ["DEFAULT_URL", "SGLangPolicy", "sampling_params"]
 
 DEFAULT_URL = "http://127.0.0.1:30000"
+
+
+def sampling_params(sampling: Sampling) -> dict:
+    """SGLang ``sampling_params`` for ``sampling``, every key the scored distribution depends on set
+    explicitly (an unset key takes the model's ``generation_config.json`` value on an SGLang server)."""
+    params = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k or -1,
+        "min_p": sampling.min_p,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "max_new_tokens": sampling.max_new_tokens,
+        "skip_special_tokens": False,
+    }
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    return params
 
 
 class SGLangPolicy(Policy):
@@ -65,7 +96,8 @@ class SGLangPolicy(Policy):
         self._chat: ChatTokenizer | None = None
         self._load_lock = threading.Lock()
         self._clients: dict[int, tuple] = {}
-        self.round_trips = 0  # prompts the server's decode -> tokenise round trip changed
+        self.round_trips = 0  # turns whose prompt ids came from emulating the old decode -> tokenise round trip
+        self.server_ids = 0  # turns whose prompt ids the server reported
         self.requests = 0
 
     @property
@@ -105,33 +137,48 @@ class SGLangPolicy(Policy):
 
     def build_request(self, messages: list[dict], sampling: Sampling, prefix: str = "",
                       continuation: Continuation | None = None) -> tuple[dict, dict]:
-        """The ``/generate`` payload and what the server will consume: ``{"ids", "prefix_ids", "grids",
-        "retokenized"}`` (expanded ids after the server's decode -> tokenise round trip)."""
+        """The ``/generate`` payload and what this client expects the server to consume: ``{"ids" (expanded,
+        verbatim), "compact", "prefix_ids", "grids", "retokenized", "multimodal"}``."""
         chat = self.chat
         enc = chat.encode(messages, prefix, continuation, pixels=False)
         compact = chat.compact(enc.ids)
-        params = {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k or -1,
-            "max_new_tokens": sampling.max_new_tokens,
-            "skip_special_tokens": False,
-        }
-        if sampling.stop:
-            params["stop"] = list(sampling.stop)
-        if sampling.seed is not None:
-            params["sampling_seed"] = sampling.seed
-        payload = {"input_ids": compact, "sampling_params": params, "return_logprob": True}
-        consumed_compact = compact
+        params = sampling_params(sampling)
+        payload = {"input_ids": compact, "sampling_params": params, "return_logprob": True,
+                   "return_prompt_token_ids": True}
         if enc.images:
             payload["image_data"] = [encode_image(img) for img in enc.images]
-            consumed_compact = chat.round_trip(compact)  # what SGLang does to multimodal input_ids
-        consumed = chat.expand(consumed_compact, enc.image_grid_thw)
-        prefix_ids = enc.prefix_ids if consumed[len(consumed) - len(enc.prefix_ids):] == enc.prefix_ids else []
-        seen = {"ids": consumed, "prefix_ids": prefix_ids, "grids": enc.image_grid_thw,
-                "round_trip_changed": consumed_compact != compact,
-                "retokenized": enc.retokenized or consumed_compact != compact}
+        seen = {"ids": list(enc.ids), "compact": compact, "prefix_ids": list(enc.prefix_ids),
+                "grids": enc.image_grid_thw, "retokenized": enc.retokenized, "multimodal": bool(enc.images)}
         return payload, seen
+
+    def consumed(self, data: dict, seen: dict) -> tuple[list[int], str, bool]:
+        """The ids the model consumed, where they came from (``server`` | ``client`` | ``round_trip``) and
+        whether they differ from the ids this client sent (beyond the image expansion)."""
+        chat = self.chat
+        meta = data.get("meta_info") or {}
+        reported = data.get("prompt_token_ids") or meta.get("prompt_token_ids")
+        image = chat.image_token_id
+        expected = seen["ids"]
+        if reported:
+            reported = [int(t) for t in reported]
+            if reported.count(image) != expected.count(image):
+                raise PolicyError(self._size_error(reported.count(image), expected.count(image), "visual tokens"))
+            return reported, "server", reported != expected
+        if seen["multimodal"]:  # a server that reports no ids: SGLang < 0.5.21 re-tokenised multimodal ids
+            trip = chat.round_trip(seen["compact"])
+            ids = chat.expand(trip, seen["grids"]) if trip.count(image) == len(seen["grids"]) else expected
+            source = "round_trip"
+        else:
+            ids, source = expected, "client"
+        served = meta.get("prompt_tokens")
+        if served is not None and int(served) != len(ids):
+            raise PolicyError(self._size_error(int(served), len(ids), "prompt tokens"))
+        return ids, source, ids != expected
+
+    def _size_error(self, served: int, computed: int, what: str) -> str:
+        return (f"{self.url} consumed {served} {what} but this client computed {computed}: the server's image "
+                "processor sizes frames differently from this client's (serve the model with `paravt serve`, which "
+                "keeps the frame protocol's sizes), so training would score other tokens")
 
     def parse_response(self, data: dict, seen: dict, prefix: str, t0: float) -> Generation:
         meta = data.get("meta_info") or {}
@@ -142,13 +189,9 @@ class SGLangPolicy(Policy):
         logprobs = [float(x[0]) for x in lp] if lp else None
         if logprobs is not None and len(logprobs) != len(ids):
             raise PolicyError(f"{self.url}/generate returned {len(ids)} ids but {len(logprobs)} logprobs")
-        n_prompt = len(seen["ids"])
-        served = meta.get("prompt_tokens")
-        if served is not None and int(served) != n_prompt:
-            raise PolicyError(
-                f"{self.url} consumed a {served}-token prompt but the client computed {n_prompt} tokens: the "
-                "server's image processor sizes frames differently from this client's (serve the model with "
-                "`paravt serve`, which keeps the frame protocol's sizes), so training would score other tokens")
+        consumed, source, changed = self.consumed(data, seen)
+        want = seen["prefix_ids"]
+        prefix_ids = want if want and consumed[len(consumed) - len(want):] == want else []
         fr = meta.get("finish_reason") or {}
         reason = fr.get("type", "stop") if isinstance(fr, dict) else str(fr)
         eos = self.chat.eos_id
@@ -156,13 +199,17 @@ class SGLangPolicy(Policy):
         text = data.get("text")
         if text is None or (ids and ids[-1] == eos and text.endswith("<|im_end|>")):
             text = self.chat.tokenizer.decode(body, skip_special_tokens=False)
-        prefix_ids = seen["prefix_ids"]
+        version = meta.get("weight_version")
+        spans = [(str(s["version"]), int(s["start"]), int(s["end"])) for s in meta.get("weight_versions") or []
+                 if isinstance(s, dict)]
         return Generation(
             text=prefix + text, prefix=prefix, finish_reason=reason,
-            prompt_tokens=n_prompt, completion_tokens=int(meta.get("completion_tokens", len(ids))),
-            latency=time.perf_counter() - t0, prompt_ids=seen["ids"][: n_prompt - len(prefix_ids)],
+            prompt_tokens=len(consumed), completion_tokens=int(meta.get("completion_tokens", len(ids))),
+            latency=time.perf_counter() - t0, prompt_ids=consumed[: len(consumed) - len(prefix_ids)],
             prefix_ids=list(prefix_ids), output_ids=list(ids), logprobs=logprobs,
-            logprob_temperature=None, image_grid_thw=list(seen["grids"]), retokenized=seen["retokenized"],
+            logprob_temperature=None, image_grid_thw=list(seen["grids"]),
+            retokenized=seen["retokenized"] or changed, prompt_source=source,
+            weight_version=None if version is None else str(version), weight_versions=spans,
         )
 
     async def _post(self, payload: dict) -> dict:
@@ -206,7 +253,8 @@ class SGLangPolicy(Policy):
         gen = self.parse_response(data, seen, prefix, t0)
         gen.logprob_temperature = sampling.temperature if sampling.temperature > 0 else 1.0
         self.requests += 1
-        self.round_trips += int(seen["round_trip_changed"])
+        self.round_trips += int(gen.prompt_source == "round_trip")
+        self.server_ids += int(gen.prompt_source == "server")
         return gen
 
     async def aclose(self) -> None:

@@ -21,7 +21,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from paravt_train.distributed import barrier, rank_world
 
-__all__ = ["latest_checkpoint", "load_blobs", "load_checkpoint", "prune_checkpoints", "save_checkpoint"]
+__all__ = ["export_model", "latest_checkpoint", "load_blobs", "load_checkpoint", "load_rank_blobs",
+           "prune_checkpoints", "save_checkpoint"]
 
 STATE_FILE = "trainer_state.json"
 
@@ -48,14 +49,18 @@ def prune_checkpoints(out: str | Path, keep: int) -> list[Path]:
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, extra: dict | None = None,
-                    blobs: dict | None = None) -> None:
-    """Model + optimizer (DCP, sharded under FSDP), scheduler, RNG, ``extra`` (JSON) and ``blobs`` (pickled),
-    written to a temporary folder and renamed: a crash mid-save leaves the previous checkpoint whole."""
+                    blobs: dict | None = None, rank_blobs: dict | None = None) -> None:
+    """Model + optimizer (DCP, sharded under FSDP), scheduler, RNG, ``extra`` (JSON), ``blobs`` (pickled, rank
+    0's: state every rank shares) and ``rank_blobs`` (pickled, one file per rank: state each rank keeps for
+    itself, e.g. its replay buffer), written to a temporary folder and renamed: a crash mid-save leaves the
+    previous checkpoint whole."""
     rank, _ = rank_world()
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    if rank_blobs is not None:
+        torch.save({"blobs": rank_blobs, "rng": torch.get_rng_state()}, tmp / f"rank-{rank}.pt")
     if rank == 0:
         torch.save({"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "blobs": blobs or {}},
                    tmp / "extra.pt")
@@ -83,3 +88,56 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> int:
 def load_blobs(path: Path) -> dict:
     """The ``blobs`` a checkpoint was saved with."""
     return torch.load(Path(path) / "extra.pt", weights_only=False).get("blobs", {})
+
+
+def load_rank_blobs(path: Path, rank: int) -> dict | None:
+    """The ``rank_blobs`` rank ``rank`` saved (None when it saved none: an older checkpoint, another world size)."""
+    f = Path(path) / f"rank-{rank}.pt"
+    return torch.load(f, weights_only=False)["blobs"] if f.is_file() else None
+
+
+def export_model(model, processor, path: Path, agent_config_yaml: str | None = None) -> Path:
+    """A plain model directory that ``from_pretrained``, SGLang and the agent load (every rank calls it).
+
+    Under FSDP2 the parameters are gathered one at a time onto rank 0's CPU (full state dict, CPU-offloaded)
+    and written through a skeleton built on the meta device: no second copy of the model is loaded from disk
+    and no GPU holds the whole model. Written under a temporary name and renamed."""
+    from paravt_agent.config import AGENT_CONFIG_FILE
+
+    path = Path(path)
+    rank, world = rank_world()
+    sd = None
+    if world > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if sd is not None:
+            plain = _skeleton(model)
+            plain.load_state_dict(sd, assign=True)  # the gathered CPU tensors themselves, no copy
+            plain.tie_weights()  # assign=True replaced tied parameters by separate tensors: tie them again
+            plain.save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        if agent_config_yaml is not None:
+            (tmp / AGENT_CONFIG_FILE).write_text(agent_config_yaml)
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    barrier()
+    return path
+
+
+def _skeleton(model):
+    """An empty (meta-device) model of ``model``'s class and config, with its generation config."""
+    import copy
+
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))  # fully_shard subclasses it
+    with torch.device("meta"):
+        plain = cls._from_config(copy.deepcopy(model.config))
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain

@@ -23,7 +23,7 @@ __all__ = [
     "init_distributed",
     "rank_world",
     "shard_model",
-    "vision_keepalive",
+    "with_dummy_image",
     "world_scale",
 ]
 
@@ -35,11 +35,16 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def init_distributed() -> None:
-    """Join the process group when started by ``torchrun`` (``WORLD_SIZE`` > 1); no-op otherwise."""
+def init_distributed(timeout_minutes: float = 60.0) -> None:
+    """Join the process group when started by ``torchrun`` (``WORLD_SIZE`` > 1); no-op otherwise.
+
+    ``timeout_minutes`` bounds any collective: other ranks wait in one while rank 0 alone evaluates the
+    held-out set or pushes weights (NCCL's own default, 10 minutes, would kill a long evaluation)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        import datetime
+
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
@@ -100,23 +105,49 @@ def shard_model(model):
     return model
 
 
-def vision_keepalive(model, dev):
-    """0 × a dummy vision forward, for micro-batches without images: every rank's vision parameters then
-    take part in the backward (FSDP collectives must match across ranks)."""
-    visual = next((m for n, m in model.named_modules() if n.endswith("visual")), None)
-    if visual is None:
-        return 0.0
-    cfg = visual.config if hasattr(visual, "config") else None
-    patch = getattr(cfg, "patch_size", 16)
-    tps = getattr(cfg, "temporal_patch_size", 2)
-    merge = getattr(cfg, "spatial_merge_size", 2)
-    pix = torch.zeros((merge * merge, 3 * tps * patch * patch), device=dev)
-    grid = torch.tensor([[1, merge, merge]], device=dev)
-    out = visual(pix, grid_thw=grid)
-    first = out[0] if isinstance(out, tuple | list) else getattr(out, "last_hidden_state", out)
-    if hasattr(out, "pooler_output") and out.pooler_output is not None:
-        first = out.pooler_output
-    return 0.0 * first.float().sum()
+def with_dummy_image(batch: dict, chat) -> dict:
+    """``batch`` (right-padded ``input_ids`` / ``attention_mask`` / ``loss_mask`` …, no images) with one
+    1-token dummy image appended to the end of row 0: ``<|vision_start|><|image_pad|><|vision_end|>``,
+    attended but never trained (loss mask 0), pixels zero.
+
+    Under FSDP every rank must run the same collectives in the same order, and the vision tower's blocks
+    are FSDP units that all-gather their parameters when they run. A micro-batch without images would
+    skip the tower (its all-gathers, and the reduce-scatters of its gradients) while another rank's runs
+    it: gloo aborts ("collective mismatch"), NCCL hangs. Running the tower *inside* the model's forward,
+    at the place it runs for image batches, keeps the order identical on every rank; the real tokens come
+    before the dummy ones, so causal attention keeps their logits exactly what they were, and the tower's
+    parameters get (zero) gradients through the attention over the dummy positions."""
+    import torch
+
+    ids, att = batch["input_ids"], batch["attention_mask"]
+    tok = chat.tokenizer
+    extra = [tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", chat.processor.image_token, "<|vision_end|>")]
+    n = int(att[0].sum())  # row 0's length (right padding)
+    width = max(ids.shape[1], n + len(extra))
+    out = {}
+    for key, v in batch.items():
+        if key in ("pixel_values", "image_grid_thw") or not torch.is_tensor(v) or v.dim() != 2:
+            out[key] = v
+            continue
+        if v.shape[1] < width:
+            fill = {"input_ids": chat.pad_id, "labels": -100}.get(key, 0)
+            v = torch.cat([v, torch.full((v.shape[0], width - v.shape[1]), fill, dtype=v.dtype, device=v.device)], 1)
+        else:
+            v = v.clone()
+        if key == "input_ids":
+            v[0, n:n + len(extra)] = torch.tensor(extra, dtype=v.dtype, device=v.device)
+        elif key == "attention_mask":
+            v[0, n:n + len(extra)] = 1
+        elif key == "labels":
+            v[0, n:n + len(extra)] = -100
+        out[key] = v  # loss_mask, behaviour logprobs: 0 at the dummy positions
+    if chat.uses_mm_token_types:
+        out["mm_token_type_ids"] = chat.mm_token_types(out["input_ids"].cpu()).to(ids.device)
+    ip = chat.processor.image_processor
+    merge, patch, tps = int(ip.merge_size), int(ip.patch_size), int(getattr(ip, "temporal_patch_size", 2))
+    out["pixel_values"] = torch.zeros((merge * merge, 3 * tps * patch * patch), device=ids.device)
+    out["image_grid_thw"] = torch.tensor([[1, merge, merge]], device=ids.device)
+    return out
 
 
 def data_order(n: int, seed: int, epoch: int) -> list[int]:

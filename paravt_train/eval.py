@@ -123,3 +123,30 @@ def results_table(records: list[dict]) -> str:
         lines.append(f"| {bench} | {group} | {len(rs)} | {mean(acc)} | {mean(ious)} | {' | '.join(recall)} | "
                      f"{mean(f1)} | {calls:.2f} |")
     return "\n".join(lines)
+
+
+def heldout_scores(policy, config, prompts, concurrency: int = 4, progress: bool = False) -> dict:
+    """RL's held-out evaluation of RL prompts (``PromptItem``): this module's scorer through an agent of
+    ``policy`` and ``config`` (greedy, the trained budgets): the mean metric per task, overall, tool calls per
+    question, and every score."""
+    from paravt_agent.agent import Agent
+
+    agent = Agent(policy=policy, config=config)
+    items = [EvalItem("heldout", p.id, p.video, p.question, p.task,
+                      json.dumps(p.answer) if isinstance(p.answer, list) else str(p.answer), p.options, p.task)
+             for p in prompts]
+    records = agent.run(evaluate_items(agent, items, concurrency=concurrency, progress=progress))
+    by: dict[str, list[float]] = {}
+    for r in records:
+        by.setdefault(r["task"], []).append(r[TASK_METRIC[r["task"]]])
+
+    def mean(xs) -> float:
+        xs = list(xs)
+        return sum(xs) / len(xs) if xs else 0.0
+
+    out = {f"eval/{t}": sum(v) / len(v) for t, v in sorted(by.items())}
+    out["eval/accuracy"] = mean(x for v in by.values() for x in v)
+    out["eval/tool_calls"] = mean(float(r["tool_calls"]) for r in records)
+    out["eval/n"] = len(records)
+    out["eval/scores"] = [r[TASK_METRIC[r["task"]]] for r in records]
+    return out

@@ -23,22 +23,21 @@ Simplifications and choices, stated up front (nanochat style):
   an L-token sequence by ``w_t = 1 + λ(2t/(L-1) - 1)²`` (λ = 0 is plain GRPO), and
   a stratified replay buffer (:class:`ReplayBuffer`) whose samples enter with an
   importance ratio from stored behaviour logprobs, weighted by α, with the
-  off-policy advantage of AVATAR Eq. 11.
+  off-policy advantage of AVATAR Eq. 11 (the buffer: :mod:`paravt_train.replay`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 __all__ = [
     "ReplayBuffer",
+    "ReplayItem",
+    "episode_advantages",
     "group_advantages",
     "kl_penalty",
     "offpolicy_advantages",
@@ -59,14 +58,34 @@ def group_advantages(rewards: torch.Tensor, group: int, eps: float = 1e-6, scale
     return centred.reshape(-1)
 
 
-def offpolicy_advantages(rewards: Sequence[float], baselines: Sequence[float], eps: float = 1e-6) -> list[float]:
+def episode_advantages(group: list, keep_failed: bool = False, scale: str = "std", eps: float = 1e-6) -> list:
+    """Group-normalised advantages (set on each episode) over a group's usable episodes: failed ones are dropped
+    unless ``keep_failed``; fewer than two usable ones train nothing. Returns the episodes that train."""
+    usable = [e for e in group if e.failed is None or keep_failed]
+    if len(usable) < 2:
+        return []
+    r = torch.tensor([e.reward.total for e in usable])
+    centred = r - r.mean()
+    if scale == "std":
+        centred = centred / (r.std(unbiased=False) + eps)
+    for e, a in zip(usable, centred.tolist(), strict=True):
+        e.advantage = a
+    return usable
+
+
+def offpolicy_advantages(rewards: Sequence[float], baselines: Sequence[float], eps: float = 1e-6,
+                         sigma: float | None = None, min_std: float = 0.0) -> list[float]:
     """AVATAR Eq. 11: ``A_off = (R(o) - R̄(q)) / σ_R,off``, with ``R̄(q)`` the prompt's moving-average reward
-    (VCRS) and ``σ_R,off`` the standard deviation of the off-policy batch's rewards."""
+    (VCRS) and ``σ_R,off`` the standard deviation of the off-policy batch's rewards (``sigma``: given when the
+    batch spans several ranks; else these rewards'). σ is floored at ``min_std``: with one draw, or draws of
+    equal reward, Eq. 11 would divide by ``eps`` alone (advantages of ~1e5)."""
     if not rewards:
         return []
-    r = torch.tensor(list(rewards), dtype=torch.float64)
-    sigma = float(r.std(unbiased=False)) if len(r) > 1 else 0.0
-    return [(x - b) / (sigma + eps) for x, b in zip(rewards, baselines, strict=True)]
+    if sigma is None:
+        r = torch.tensor(list(rewards), dtype=torch.float64)
+        sigma = float(r.std(unbiased=False)) if len(r) > 1 else 0.0
+    scale = max(sigma, min_std) + eps
+    return [(x - b) / scale for x, b in zip(rewards, baselines, strict=True)]
 
 
 def temporal_weights(lengths: Sequence[int], lam: float) -> list[torch.Tensor]:
@@ -176,134 +195,5 @@ def policy_loss(
     return LossOut(loss, clipped_frac, kl_val, ratio_mean)
 
 
-# --------------------------------------------------------------------------- AVATAR replay
-
-
-def _frame_key(frame) -> str:
-    a = np.ascontiguousarray(np.asarray(frame))
-    return hashlib.sha1(str(a.shape).encode() + a.tobytes()).hexdigest()
-
-
-@dataclass
-class ReplayItem:
-    """One stored rollout: its prompt, its token sequences (behaviour logprobs included), its reward."""
-
-    prompt_id: str
-    sequences: list
-    reward: float
-
-
-@dataclass
-class ReplayBuffer:
-    """AVATAR's stratified replay buffer (AVATAR, Section 4.1 and Eq. 11).
-
-    * Three fixed-capacity tiers, Hard / Medium / Easy = ``tiers`` (40 / 35 / 25 %) of ``capacity``;
-      each evicts its own oldest rollout, so easy rollouts never push hard ones out.
-    * A rollout's tier comes from its prompt's moving-average reward ``R̄(q)`` (VCRS: the mean of the
-      prompt's last ``baseline_window`` on-policy rollout rewards), placed against the 40 % and 75 %
-      quantiles of ``R̄`` over the rollouts in the buffer: the bottom 40 % are Hard, the next 35 %
-      Medium, the top 25 % Easy.
-    * A draw of k takes 40 / 35 / 25 % from the tiers (topped up from the others when one is short).
-    * Replayed rollouts enter the loss with the off-policy advantage of Eq. 11
-      (:func:`offpolicy_advantages`), an importance ratio from their stored behaviour logprobs, and
-      weight ``alpha``.
-    """
-
-    capacity: int = 512
-    tiers: tuple[float, float, float] = (0.40, 0.35, 0.25)
-    alpha: float = 0.6
-    baseline_window: int = 20
-    seed: int = 0
-    store: dict = field(default_factory=lambda: {"hard": deque(), "medium": deque(), "easy": deque()})
-
-    def __post_init__(self):
-        self._rng = random.Random(self.seed)
-        self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=self.baseline_window))
-        caps = [int(self.capacity * f) for f in self.tiers]
-        caps[0] += self.capacity - sum(caps)
-        self.tier_capacity = dict(zip(("hard", "medium", "easy"), caps, strict=True))
-
-    def __len__(self) -> int:
-        return sum(len(t) for t in self.store.values())
-
-    @property
-    def items(self) -> list[ReplayItem]:
-        return [it for t in self.store.values() for it in t]
-
-    def observe(self, prompt_id: str, reward: float) -> None:
-        """One on-policy rollout's reward: updates the prompt's moving average ``R̄(q)``."""
-        self.history[prompt_id].append(float(reward))
-
-    def baseline(self, prompt_id: str) -> float:
-        """VCRS ``R̄(q)``: the mean of the prompt's last ``baseline_window`` on-policy rollout rewards."""
-        h = self.history.get(prompt_id)
-        return sum(h) / len(h) if h else 0.0
-
-    def tier_for(self, prompt_id: str) -> str:
-        """Hard / Medium / Easy for a rollout of ``prompt_id``: its ``R̄`` against the 40 % / 75 % quantiles
-        of ``R̄`` over the buffer's rollouts (and this one)."""
-        scores = [self.baseline(it.prompt_id) for it in self.items] + [self.baseline(prompt_id)]
-        value = scores[-1]
-        rank = sum(1 for s in scores if s < value) / len(scores)  # the share of rollouts with a lower R̄
-        q_hard, q_medium = self.tiers[0], self.tiers[0] + self.tiers[1]
-        return "hard" if rank < q_hard else "medium" if rank < q_medium else "easy"
-
-    def add(self, prompt_id: str, sequences: list, reward: float) -> str:
-        """Store one rollout (after :meth:`observe`); returns the tier it went to."""
-        tier = self.tier_for(prompt_id)
-        t = self.store[tier]
-        t.append(ReplayItem(prompt_id, list(sequences), float(reward)))
-        while len(t) > self.tier_capacity[tier]:
-            t.popleft()
-        return tier
-
-    def sample(self, k: int) -> list[ReplayItem]:
-        """``k`` stored rollouts drawn 40/35/25 from the Hard/Medium/Easy tiers (fewer when the buffer is small)."""
-        if not len(self) or k <= 0:
-            return []
-        want = [round(k * f) for f in self.tiers]
-        want[0] += k - sum(want)
-        out: list[ReplayItem] = []
-        for name, n in zip(("hard", "medium", "easy"), want, strict=True):
-            pool = list(self.store[name])
-            out.extend(self._rng.sample(pool, min(n, len(pool))))
-        rest = [x for x in self.items if all(x is not y for y in out)]
-        while len(out) < k and rest:
-            out.append(rest.pop(self._rng.randrange(len(rest))))
-        return out
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> tuple[dict, dict]:
-        """``(state, frames)``: the buffer with every frame replaced by its content key, and the frames by
-        key. Checkpoints keep ``state``; the frames go once into a shared frame store, not into every
-        checkpoint."""
-        frames: dict[str, np.ndarray] = {}
-
-        def strip(seq):
-            keys = []
-            for img in seq.images:
-                key = _frame_key(img)
-                frames.setdefault(key, np.asarray(img))
-                keys.append(key)
-            return {**seq.__dict__, "images": keys}
-
-        store = {name: [{"prompt_id": it.prompt_id, "reward": it.reward, "sequences": [strip(s) for s in it.sequences]}
-                        for it in t] for name, t in self.store.items()}
-        state = {"store": store, "history": {k: list(v) for k, v in self.history.items()},
-                 "rng": self._rng.getstate()}
-        return state, frames
-
-    def load_state_dict(self, state: dict, frames) -> None:
-        """Restore from :meth:`state_dict`; ``frames`` maps a key to its frame (a dict or a callable)."""
-        from paravt_train.rollout import TokenSequence
-
-        get = frames if callable(frames) else frames.__getitem__
-        for name, items in state["store"].items():
-            self.store[name] = deque(
-                ReplayItem(it["prompt_id"], [TokenSequence(**{**s, "images": [get(k) for k in s["images"]]})
-                                             for s in it["sequences"]], it["reward"]) for it in items)
-        self.history = defaultdict(lambda: deque(maxlen=self.baseline_window))
-        for k, v in state["history"].items():
-            self.history[k].extend(v)
-        self._rng.setstate(state["rng"])
+# AVATAR's replay buffer lives in paravt_train.replay (re-exported here)
+from paravt_train.replay import ReplayBuffer, ReplayItem  # noqa: E402

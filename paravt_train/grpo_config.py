@@ -47,6 +47,9 @@ class ReplaySettings(BaseModel):
                                               "capacities, quantiles of R̄(q) and draw shares.")
     baseline_window: int = Field(20, ge=1, description="VCRS R̄(q): mean of a prompt's last N on-policy rollout "
                                                        "rewards (AVATAR: 20).")
+    min_std: float = Field(0.1, gt=0, description="Floor of Eq. 11's σ_R,off: drawn rewards with less spread (one "
+                                                  "draw, or equal rewards such as every well-formed wrong MCQ) are "
+                                                  "not divided by ~0; σ is taken over every rank's draws.")
 
 
 class GRPOConfig(BaseModel):
@@ -66,14 +69,32 @@ class GRPOConfig(BaseModel):
                                       "the agent config's protocol (64 at 1 fps), as `paravt-train eval` uses.")
     eval_limit: int | None = Field(None, ge=1, description="At most this many held-out prompts.")
     output_dir: str = Field("runs/grpo", description="Checkpoints, metrics.jsonl, summary.json and the final model.")
-    backend: Literal["local", "sglang"] = Field("local", description="Rollouts in this process (local: one process, "
-                                                "CPU or one GPU) or from an SGLang server (sglang: torchrun + FSDP2).")
-    endpoint: str | None = Field(None, description="SGLang server URL (backend sglang).")
-    weight_sync: Literal["disk", "tensor"] = Field(
+    backend: str = Field("local", description="The rollout policy, by name from the policy registry (any backend "
+                                              "that returns token ids and logprobs): local (in this process with "
+                                              "the trained parameters: one process, CPU or one GPU) or sglang (an "
+                                              "SGLang server; torchrun + FSDP2 for the actor), or a plugin.")
+    endpoint: str | None = Field(None, description="Rollout server URL (backend sglang; weight syncs go there).")
+    weight_sync: Literal["disk", "tensor", "distributed"] = Field(
         "disk", description="How updated weights reach the SGLang server: disk = /update_weights_from_disk (the "
                             "server reads a directory rank 0 writes); tensor = /update_weights_from_tensor "
                             "(co-located server on the same machine: tensors pass as shared-memory/CUDA IPC "
-                            "handles, nothing is written).")
+                            "handles, nothing is written); distributed = /init_weights_update_group + "
+                            "/update_weights_from_distributed (a server on another node: tensors broadcast over "
+                            "a process group, no shared disk).")
+    sync_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="dtype the tensor and distributed syncs send (the serving dtype): auto = bfloat16 on "
+                            "GPUs, float32 on CPU.")
+    sync_bucket_mb: int = Field(512, ge=1, description="Bucket size of the tensor and distributed syncs (MB): the "
+                                                       "sending rank holds at most two buckets.")
+    sync_master_address: str = Field("127.0.0.1", description="weight_sync distributed: this trainer node's "
+                                                              "address, as the servers reach it.")
+    sync_master_port: int = Field(29600, ge=1, le=65535, description="weight_sync distributed: the rendezvous "
+                                                                      "port on that address.")
+    sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight_sync distributed: the process "
+                                                                     "group's backend (gloo for CPU tests).")
+    collective_timeout_minutes: float = Field(60.0, gt=0, description="Under torchrun: how long a rank waits in a "
+                                              "collective (e.g. while rank 0 alone evaluates or pushes weights) "
+                                              "before the job fails.")
     sync_pause_mode: Literal["retract", "in_place", "abort"] = Field(
         "retract", description="/pause_generation mode around a weight swap: retract (running requests go back "
                                "to the queue keeping their tokens and continue on the new weights; the cache is "
@@ -130,7 +151,12 @@ class GRPOConfig(BaseModel):
     advantage_scale: Literal["std", "none"] = Field("std", description="Group advantage: (r - mean) / std, or "
                                                                        "r - mean (Dr. GRPO).")
     advantage_eps: float = Field(1e-6, gt=0, description="Added to the group std.")
-    ppo_epochs: int = Field(1, ge=1, description="Updates per batch of rollouts (1 = on-policy).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of rollouts (verl's ppo_epochs, TRL's "
+                                                 "num_iterations). With 1 pass and 1 mini-batch the ratio stays 1 "
+                                                 "and PPO's clip never acts.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass: the batch is split into this many "
+                                                   "mini-batches (verl's PPO mini-batches); from the second step "
+                                                   "on the ratio moves and the clip (ε, DAPO's ε_high) acts.")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
     tas_lambda: float = Field(0.0, ge=0, description="AVATAR Temporal Advantage Shaping λ (0 = off).")
     replay: ReplaySettings = Field(default_factory=ReplaySettings, description="AVATAR's stratified replay.")

@@ -17,11 +17,13 @@ trains in step with the others (a rank whose share is empty still runs the
 collectives).
 
 Crash safety: the cursor and the queue of not-yet-trained prompts are saved in
-the same atomic checkpoint as the weights and the optimizer, after every update
-(the newest ``keep_checkpoints`` are kept). A restart resumes from that
-checkpoint: feedback read but not trained is read again, and an update that did
-not reach its checkpoint is redone, so no feedback is lost and none is trained
-on twice.
+the same atomic checkpoint as the weights and the optimizer, every ``save_every``
+updates (the newest ``keep_checkpoints`` are kept; at 8B a checkpoint with the
+optimizer is ~96 GB, too much to write after every update). After every update a
+small ``online_state.json`` says where the learner is (step, cursor, queue,
+prompts trained into the weights the server now holds). A restart resumes from
+the newest checkpoint: feedback read after it is read again and the updates after
+it are redone, so no feedback is lost and none is trained on twice.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class OnlineLearner:
         self.store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
         self.log = log
         self.consumed = 0
+        self.saved_step: int | None = None  # the newest checkpoint this run wrote
 
     @property
     def state(self) -> dict:
@@ -116,6 +119,22 @@ class OnlineLearner:
         dist.broadcast_object_list(box, src=0)
         st.update(box[0])
 
+    def write_progress(self) -> None:
+        """``online_state.json`` (rank 0, atomically): step, cursor, queue length, skipped rows and the prompts
+        trained since the start — what the served weights have learned, after every update."""
+        import json
+
+        tr = self.trainer
+        if tr.rank != 0:
+            return
+        st = self.state
+        path = tr.out / "online_state.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"step": tr.step, "cursor": st["cursor"], "queued": len(st["queue"]),
+                                   "skipped": st["skipped"], "trained": st["trained"],
+                                   "checkpoint_step": self.saved_step}))
+        tmp.replace(path)
+
     def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
         """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``)."""
         tr = self.trainer
@@ -135,8 +154,15 @@ class OnlineLearner:
             rec = tr.train_step(mine)
             st["queue"] = st["queue"][len(batch):]
             st["trained"].extend(p.id for p in batch)
-            tr.save()  # weights, optimizer, cursor and queue together
+            if tr.step % tr.cfg.save_every == 0:
+                tr.save()  # weights, optimizer, cursor and queue together
+                self.saved_step = tr.step
+            self.write_progress()
             steps += 1
             self.log(f"update {tr.step}: {len(batch)} prompts, reward {rec['reward']:.3f}, "
                      f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}")
+        if steps and tr.step % tr.cfg.save_every:  # a clean stop keeps every update
+            tr.save()
+            self.saved_step = tr.step
+            self.write_progress()
         return steps

@@ -353,12 +353,18 @@ def score(
     cfg: RewardConfig | None = None,
     judge=None,
     question: str = "",
+    final: str | None = None,
 ) -> RewardBreakdown:
-    """The composite reward of one rollout transcript (pinned prefix included)."""
+    """The composite reward of one rollout transcript (pinned prefix included).
+
+    ``final`` is the episode's final response: R_acc scores the answer there, exactly as `paravt-train eval`
+    and the served agent read it (an ``<answer>`` written in an earlier turn beside a tool call and then
+    abandoned earns nothing); the format and tool terms score the whole transcript. ``None``: the transcript
+    is a single response."""
     cfg = cfg or RewardConfig()
     if is_degenerate(text, cfg.degenerate_count, cfg.degenerate_window):
         return RewardBreakdown(cfg.min_total, 0.0, 0.0, 0.0, 0.0, 0.0, degenerate=True)
-    acc = accuracy_reward(text, answer, task, options, judge, question)
+    acc = accuracy_reward(text if final is None else final, answer, task, options, judge, question)
     base = base_format_reward(text, cfg)
     anc = anchor_reward(text, cfg) if cfg.anchor else 0.0
     fmt = base + cfg.lambda_anchor * anc

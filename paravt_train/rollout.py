@@ -176,10 +176,11 @@ class Episode:
     subagent_errors: int = 0
     retokenized_turns: int = 0
     round_trip_turns: int = 0  # model calls whose prompt ids were emulated (a server that reports none)
+    tag: str = ""  # where it was rolled out (step, rank, sampling round): ids stay unique across them
 
     @property
     def id(self) -> str:
-        return f"{self.prompt_id}#{self.sample}"
+        return f"{self.prompt_id}#{self.sample}" + (f"@{self.tag}" if self.tag else "")
 
     @property
     def tool_calls(self) -> int:
@@ -196,6 +197,7 @@ class RolloutSettings:
     seed: int = 0
     subagents: bool = True
     judge: object | None = None
+    tag: str = ""  # names the episodes' origin in their ids (the trainer: step, rank and sampling round)
 
 
 def episode_transcript(answer: Answer) -> str:
@@ -279,13 +281,19 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
                     eos_id: int) -> list[Episode]:
     """G concurrent rollouts of one prompt, assembled and scored. An episode whose graph raised is kept
     with ``failed`` set (no sequences); the trainer counts it and drops or keeps it by its config."""
-    inp = await asyncio.to_thread(cache.get, prompt.video, prompt.question, prompt.options, settings.n_frames)
+    try:
+        inp = await asyncio.to_thread(cache.get, prompt.video, prompt.question, prompt.options, settings.n_frames)
+    except Exception as exc:  # an unreadable video: the whole group fails, counted, and the run goes on
+        why = f"unreadable video {prompt.video}: {exc.__class__.__name__}: {exc}"
+        return [Episode(prompt.id, prompt.task, i, settings.n_frames, None, "", [], failed=why, tag=settings.tag,
+                        reward=RewardBreakdown(settings.reward.min_total, 0.0, 0.0, 0.0, 0.0, 0.0))
+                for i in range(settings.group)]
     banned = getattr(getattr(agent.policy, "chat", None), "placeholder_ids", ())
 
     async def one(i: int) -> Episode:
         t0 = time.perf_counter()
         rollout_seed = int.from_bytes(hashlib.sha256(f"{settings.seed}:{prompt.id}:{i}".encode()).digest()[:4], "big")
-        ep = Episode(prompt.id, prompt.task, i, settings.n_frames, None, "", [])
+        ep = Episode(prompt.id, prompt.task, i, settings.n_frames, None, "", [], tag=settings.tag)
         try:
             ans = await agent.arun(inp, seed=rollout_seed)
         except Exception as exc:  # the graph raised before any planner turn: nothing to train on
@@ -305,7 +313,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         else:
             ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id)
         ep.reward = await asyncio.to_thread(score, ep.text, prompt.answer, prompt.task, prompt.options,
-                                            settings.reward, settings.judge, prompt.question)
+                                            settings.reward, settings.judge, prompt.question, ans.trace.response)
         ep.seconds = time.perf_counter() - t0
         return ep
 

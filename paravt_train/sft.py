@@ -43,7 +43,7 @@ from paravt_train.distributed import (
     init_distributed,
     rank_world,
     shard_model,
-    vision_keepalive,
+    with_dummy_image,
     world_scale,
 )
 from paravt_train.sft_config import LoraSettings, SFTConfig
@@ -249,6 +249,7 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
         return cache[i]
 
     pad = processor.tokenizer.pad_token_id
+    chat = ChatTokenizer(processor)
     losses, norms = [], []
     metrics_path = out / "metrics.jsonl"
     bar = tqdm(total=total, initial=step, desc="sft", disable=not progress or rank != 0)
@@ -267,12 +268,13 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
         optimizer.zero_grad(set_to_none=True)
         for k in range(0, len(exs), cfg.micro_batch_size):
             mb = collate(exs[k : k + cfg.micro_batch_size], pad, processor)
+            if world > 1 and "pixel_values" not in mb:  # the vision tower's collectives run on every rank
+                mb = with_dummy_image(mb, chat)
             batch = {key: v.to(dev) for key, v in mb.items()}
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-                keep = vision_keepalive(model, dev) if "pixel_values" not in batch and world > 1 else 0.0
                 loss_sum, _ = token_loss_sum(model, batch)
                 # this rank's share of the global mean, times the world size: FSDP averages gradients
-                loss = (loss_sum / denom + keep) * world_scale()
+                loss = loss_sum / denom * world_scale()
             loss.backward()
             total_loss += float(loss_sum.detach())
         total_loss = _global_sum(total_loss, world)

@@ -14,6 +14,15 @@
   (as SGLang's own helper does), so they open on the right GPU whatever order
   ``CUDA_VISIBLE_DEVICES`` gives each side; CPU tensors are shared by file name,
   which any process on the machine can open.
+* :class:`SGLangDistributedSync` (``weight_sync: distributed``): a server on another
+  node, no shared disk (how verl, AReaL and slime push weights): the trainer's rank 0
+  and the server's ranks form a process group (``/init_weights_update_group``), and
+  each bucket is announced with ``/update_weights_from_distributed`` and broadcast
+  over it (NCCL on GPUs, gloo on CPU), inside a weight-update session.
+
+The streamed syncs (:mod:`paravt_train.tensor_sync`) take the parameters one at a
+time, gathered onto the sending rank in the serving dtype, and send them bucket
+by bucket: no rank ever holds the whole model for a sync.
 
 Every update names its ``weight_version`` (the trainer's step, as a string): the
 server reports it in each reply's ``meta_info.weight_version`` and, for a request
@@ -42,9 +51,7 @@ from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 
-__all__ = ["PAUSE_MODES", "SGLangTensorSync", "SGLangWeightSync", "device_uuid", "expand_routers",
-           "serialize_named_tensors",
-           "tag_device_uuid"]
+__all__ = ["PAUSE_MODES", "SGLangWeightSync", "expand_routers", "make_weight_sync"]
 
 PAUSE_MODES = ("retract", "in_place", "abort")
 
@@ -181,111 +188,16 @@ class SGLangWeightSync:
         return results[0] if len(results) == 1 else {"success": True, "servers": results}
 
 
-def device_uuid(index: int) -> str:
-    """The UUID of CUDA device ``index`` (the same GPU has the same UUID in every process)."""
-    import torch
+def make_weight_sync(cfg, folder: Path):
+    """The weight sync of a GRPO config, by its ``weight_sync`` name (``folder``: where ``disk`` writes)."""
+    from paravt_train.tensor_sync import SGLangDistributedSync, SGLangTensorSync
 
-    return str(torch.cuda.get_device_properties(index).uuid)
-
-
-def tag_device_uuid(reduced: tuple, uuid_of=None) -> tuple:
-    """``torch.multiprocessing`` reduces a CUDA tensor to ``(rebuild_cuda_tensor, args)`` with the device
-    ordinal at ``args[6]``; SGLang's server maps a device UUID there back to its own ordinal."""
-    fn, args = reduced
-    if len(args) > 6 and isinstance(args[6], int):
-        args = (*args[:6], (uuid_of or device_uuid)(args[6]), *args[7:])
-    return fn, args
-
-
-def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
-    """SGLang's wire format for ``/update_weights_from_tensor``: a ``ForkingPickler`` pickle (tensors as
-    shared-memory / CUDA IPC handles, CUDA devices tagged by UUID), base64."""
-    import base64
-    import io
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch
-    from torch.multiprocessing import reductions
-
-    def reduce_tensor(t):
-        out = reductions.reduce_tensor(t)
-        return tag_device_uuid(out) if t.is_cuda else out
-
-    buf = io.BytesIO()
-    pickler = ForkingPickler(buf)
-    table = dict(pickler.dispatch_table)  # copyreg's table + torch's reductions
-    table[torch.Tensor] = reduce_tensor
-    table[torch.nn.Parameter] = reduce_tensor
-    pickler.dispatch_table = table
-    # CPU storages by shared-memory file name: a file descriptor would need the receiver to be this process's
-    # child (multiprocessing's authenticated fd passing); a name opens from any process on the machine
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    try:
-        pickler.dump(named_tensors)
-    finally:
-        torch.multiprocessing.set_sharing_strategy(strategy)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-class SGLangTensorSync:
-    """Pushes tensors to co-located SGLang servers: ``POST /update_weights_from_tensor
-    {"serialized_named_tensors": [payload] * tp_size, "flush_cache": last bucket (not in_place)}`` per bucket of
-    about ``bucket_bytes``, generation paused around the whole update. Parameter names are the Hugging Face
-    checkpoint names (what SGLang's ``load_weights`` maps)."""
-
-    def __init__(self, endpoint: str | Iterable[str], tp_size: int = 1, bucket_bytes: int = 512 << 20,
-                 timeout: float = 600.0, pause_mode: str = "retract"):
-        if pause_mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
-        self.urls = _urls(endpoint)
-        self.tp_size = tp_size
-        self.bucket_bytes = bucket_bytes
-        self.timeout = timeout
-        self.pause_mode = pause_mode
-
-    @property
-    def url(self) -> str:
-        return self.urls[0]
-
-    def buckets(self, named_tensors: Iterable[tuple[str, object]]):
-        bucket, size = [], 0
-        for name, t in named_tensors:
-            t = t.full_tensor() if hasattr(t, "full_tensor") else t
-            bucket.append((name, t.detach().contiguous()))
-            size += t.numel() * t.element_size()
-            if size >= self.bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
-
-    def push(self, named_tensors: Iterable[tuple[str, object]], version: str | None = None) -> dict:
-        """Send the tensors to every server, bucket by bucket, in one weight-update session per server;
-        ``version`` (named with the last bucket, when every weight is in) becomes its ``weight_version``."""
-        import httpx
-
-        buckets = list(self.buckets(named_tensors))
-        sent = 0
-        with httpx.Client(timeout=self.timeout) as client:
-            targets = expand_routers(client, self.urls)
-            for url in targets:
-                sent = 0
-                try:
-                    with _Paused(client, url, self.pause_mode), _Session(client, url):
-                        for i, bucket in enumerate(buckets):
-                            payload = serialize_named_tensors(bucket)
-                            last = i == len(buckets) - 1
-                            body = {"serialized_named_tensors": [payload] * self.tp_size,
-                                    "flush_cache": last and self.pause_mode != "in_place"}
-                            if last and version is not None:
-                                body["weight_version"] = str(version)
-                            resp = client.post(f"{url}/update_weights_from_tensor", json=body)
-                            data = _json(resp)
-                            if resp.status_code != 200 or not data.get("success", False):
-                                raise PolicyError(f"{url}/update_weights_from_tensor refused bucket {i + 1}/"
-                                                  f"{len(buckets)}: {data.get('message') or resp.text[:300]}")
-                            sent += len(bucket)
-                except httpx.HTTPError as exc:
-                    raise PolicyError(f"weight sync to {url} failed: {exc}", transient=True) from exc
-        return {"success": True, "tensors": sent, "buckets": len(buckets), "servers": len(targets)}
+    url = cfg.endpoint or "http://127.0.0.1:30000"
+    if cfg.weight_sync == "tensor":
+        return SGLangTensorSync(url, tp_size=cfg.sglang_tp_size, pause_mode=cfg.sync_pause_mode,
+                                bucket_bytes=cfg.sync_bucket_mb << 20)
+    if cfg.weight_sync == "distributed":
+        return SGLangDistributedSync(url, master_address=cfg.sync_master_address, master_port=cfg.sync_master_port,
+                                     backend=cfg.sync_backend, tp_size=cfg.sglang_tp_size,
+                                     pause_mode=cfg.sync_pause_mode, bucket_bytes=cfg.sync_bucket_mb << 20)
+    return SGLangWeightSync(url, folder, pause_mode=cfg.sync_pause_mode)

@@ -20,8 +20,9 @@ def main() -> None:
     with open(items_path, "rb") as f:
         items = pickle.load(f)
     stats = tr.update(items[tr.rank :: tr.world])
-    state = tr.full_state_dict()
-    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in state.items()}
+    from paravt_train.tensor_sync import stream_parameters
+
+    state = {k: v.cpu() for k, v in stream_parameters(tr.model)}
     if tr.rank == 0:  # the whole step's statistics: every rank's share
         import torch.distributed as dist
 

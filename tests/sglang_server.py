@@ -244,21 +244,30 @@ class Engine:
         return self.updated(body)
 
     def init_group(self, body: dict) -> dict:
-        """Join the trainer's weight-update group: this server's one rank (tp 1) is ``rank_offset``. The group is
-        this process's default group (the stand-in has no tensor parallelism of its own)."""
+        """Join the trainer's weight-update group as SGLang's ``init_custom_process_group`` does: a TCP rendezvous
+        at master_address:master_port, the store prefixed by the group name, this server's one rank (tp 1) at
+        ``rank_offset``."""
         import datetime
 
-        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import (
+            PrefixStore,
+            _new_process_group_helper,
+            _world,
+            rendezvous,
+        )
 
         backend = body.get("backend", "nccl")
         if backend == "nccl" and not torch.cuda.is_available():
             raise Refused({"success": False, "message": "Failed to init group: nccl needs a GPU (use gloo on CPU)"})
-        if dist.is_initialized():
-            raise Refused({"success": False, "message": "Failed to init group: a weight-update group exists"})
-        dist.init_process_group(backend, init_method=f"tcp://{body['master_address']}:{int(body['master_port'])}",
-                                rank=int(body["rank_offset"]), world_size=int(body["world_size"]),
-                                timeout=datetime.timedelta(seconds=120))
-        self.groups[body.get("group_name", "weight_update_group")] = dist.group.WORLD
+        name = body.get("group_name", "weight_update_group")
+        timeout = datetime.timedelta(seconds=120)
+        store, rank, world = next(rendezvous(f"tcp://{body['master_address']}:{int(body['master_port'])}",
+                                             int(body["rank_offset"]), int(body["world_size"]), timeout=timeout))
+        store.set_timeout(timeout)
+        pg, _ = _new_process_group_helper(world, rank, [], backend, PrefixStore(name, store), group_name=name,
+                                          timeout=timeout)
+        _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+        self.groups[name] = pg
         return {"success": True, "message": "Succeeded to initialize custom process group."}
 
     def update_from_distributed(self, body: dict) -> dict:
@@ -272,7 +281,7 @@ class Engine:
         state = {}
         for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
             t = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")))
-            dist.broadcast(t, src=0, group=pg)
+            dist.broadcast(t, group=pg, group_src=0)
             state[name] = t
         self.load_state(state, body.get("weight_version"))
         self.session["loaded"] = True

@@ -114,6 +114,17 @@ def test_offpolicy_advantage_is_avatar_eq11():
     assert got == pytest.approx([0.5 / sigma, -0.25 / sigma, 0.0], rel=1e-4)
 
 
+def test_offpolicy_advantage_never_divides_by_no_spread():
+    """Every well-formed wrong MCQ scores exactly 1.35: drawn rewards without spread (or a single draw) would be
+    divided by eps alone (advantages of ~1e5). σ is floored, and may come from every rank's draws."""
+    tied = offpolicy_advantages([1.35, 1.35, 1.35], [1.0, 1.0, 1.35], min_std=0.1)
+    assert tied == pytest.approx([3.5, 3.5, 0.0], rel=1e-4)
+    assert offpolicy_advantages([1.35], [1.0], min_std=0.1) == pytest.approx([3.5], rel=1e-4)
+    assert max(abs(a) for a in offpolicy_advantages([1.35, 1.35], [1.0, 1.0])) > 1e4  # what the guard prevents
+    # σ of the whole off-policy batch (other ranks' draws included), not of this rank's share
+    assert offpolicy_advantages([1.0], [0.5], sigma=0.25, min_std=0.1) == pytest.approx([2.0], rel=1e-4)
+
+
 def test_replay_tiers_by_quantiles_with_fixed_capacities():
     buf = ReplayBuffer(capacity=20, seed=1)  # tiers: hard 8, medium 7, easy 5
     assert buf.tier_capacity == {"hard": 8, "medium": 7, "easy": 5}

@@ -218,3 +218,21 @@ def test_llm_judge_and_fallback():
         srv.shutdown()
     dead = LLMJudge("http://127.0.0.1:9/v1", "judge", timeout=1)
     assert accuracy_reward("<answer>three</answer>", "three", "oe", judge=dead) == 1.0
+
+
+def test_accuracy_is_scored_where_eval_reads_the_answer():
+    """An <answer> written in turn 1 beside a tool call, then abandoned (the final turn rambles): eval and the
+    served agent read the final response, so R_acc must too — the transcript would pay 1.0 for it. The format
+    and tool terms still score the whole transcript."""
+    from paravt_train.rewards import score
+
+    call = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 5}}</tool_call>'
+    first = "<think>\nA guess first, then a look.</think>\n<answer>B</answer>\n" + call
+    final = "<think>\nThe window shows something else entirely.</think>\nperhaps it is not what I thought"
+    text = transcript([first, final], ["<tool_response>\n[1] red\n</tool_response>"])
+    opts = ["red", "green", "blue"]
+    whole = score(text, "B", "mcq", opts)
+    right = score(text, "B", "mcq", opts, final=final)
+    assert whole.acc == 1.0 and right.acc == 0.0
+    assert (right.fmt, right.tool) == (whole.fmt, whole.tool)
+    assert score(text, "B", "mcq", opts, final=first + "\n<answer>B</answer>").acc == 1.0

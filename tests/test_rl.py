@@ -16,7 +16,8 @@ from paravt_train.data import prompts_from_rl
 from paravt_train.grpo_config import GRPOConfig
 from paravt_train.grpo_trainer import GRPOTrainer, UpdateItem
 from paravt_train.plot import plot
-from paravt_train.weight_sync import SGLangTensorSync, SGLangWeightSync
+from paravt_train.tensor_sync import SGLangTensorSync
+from paravt_train.weight_sync import SGLangWeightSync
 
 
 def _cfg(toy_policy_dir, toy_rl, out, **kw) -> GRPOConfig:
@@ -242,7 +243,7 @@ def test_sglang_tensor_sync_runs_in_a_weight_update_session(toy_policy_dir, toy_
     stub = sglang_stub(toy_policy_dir)
     import base64
 
-    from paravt_train.weight_sync import serialize_named_tensors
+    from paravt_train.tensor_sync import serialize_named_tensors
 
     one = serialize_named_tensors([("x", torch.zeros(2))])
     outside = __import__("httpx").post(stub.url + "/update_weights_from_tensor",
@@ -263,6 +264,30 @@ def test_sglang_tensor_sync_runs_in_a_weight_update_session(toy_policy_dir, toy_
     assert _server_logprobs(stub, ids) == pytest.approx(_trainer_logprobs(tr.model, ids), abs=1e-4)
     assert stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})[
         "meta_info"]["weight_version"] == "2"
+
+
+def test_distributed_sync_to_a_server_on_another_node(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+    """weight_sync: distributed (verl / AReaL / slime's way to a server without a shared disk): the trainer's
+    rank 0 and the server form a process group once (/init_weights_update_group, a TCP rendezvous), then every
+    sync announces each bucket (/update_weights_from_distributed) and broadcasts its tensors over it — gloo
+    on CPU here, NCCL on GPUs — inside a weight-update session."""
+    from tests.conftest import free_port
+
+    stub = sglang_stub(toy_policy_dir)
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "d", backend="sglang", endpoint=stub.url,
+                          weight_sync="distributed", sync_backend="gloo", sync_master_port=free_port(),
+                          sync_bucket_mb=1), progress=False)
+    tr.setup()
+    ids = _fixed_ids()
+    for step, delta in ((1, 0.25), (2, -0.1)):  # the group is made once and used again
+        with torch.no_grad():
+            next(iter(tr.model.parameters())).add_(delta)
+        tr.step = step
+        result = tr.sync()
+        assert result["buckets"] > 1 and result["tensors"] == len(tr.model.state_dict())
+        assert _server_logprobs(stub, ids) == pytest.approx(_trainer_logprobs(tr.model, ids), abs=1e-4)
+        assert stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})[
+            "meta_info"]["weight_version"] == str(step)
 
 
 def test_tensor_sync_call_sequence(json_server):
@@ -361,57 +386,6 @@ def _server_logprobs(stub, ids: list[int]) -> list[float]:
     return [x[0] for x in out["meta_info"]["input_token_logprobs"][1:]]
 
 
-def _model_logprobs(model_dir: str, ids: list[int]) -> list[float]:
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
-    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
-
-
-def test_paper_config_trains_on_sglang_rollouts_under_torchrun(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
-    """The paper's config (model and endpoint swapped for the tiny model and the SGLang-API test server):
-    2 gloo ranks, FSDP2, rollouts from the server, the weights pushed after each step — the next step's
-    rollouts come from the pushed weights (behaviour/trainer logprob mismatch ~0 at every step) and the
-    server scores a fixed sequence exactly as the trained model does."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import free_port
-
-    stub = sglang_stub(toy_policy_dir)
-    root = Path(__file__).resolve().parents[1]
-    tok_ids = [int(x) for x in torch.randint(10, 300, (24,))]
-    before = _server_logprobs(stub, tok_ids)
-    assert before == pytest.approx(_model_logprobs(toy_policy_dir, tok_ids), abs=1e-4)
-    out = tmp_path / "run"
-    sets = {"model": toy_policy_dir, "endpoint": stub.url, "data": toy_rl["data"], "video_root": toy_rl["video_root"],
-            "eval_data": "null", "output_dir": str(out), "steps": 2, "prompts_per_step": 2, "group_size": 4,
-            "max_new_tokens": 96, "subagent_max_new_tokens": 40, "save_every": 1, "lr": 1e-3}
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-            "-m", "paravt_train.cli", "grpo", "--config", str(root / "examples/configs/paragrpo_qwen3vl_8b.yaml")]
-    for k, v in sets.items():
-        args += ["--set", f"{k}={v}"]
-    run = subprocess.run(args, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0, run.stderr[-4000:]
-    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in recs] == [1, 2]
-    for r in recs:
-        assert len(r["prompts"]) == 2  # both ranks' prompts: metrics are gathered over the ranks
-        assert r["logprob_mismatch"] < 1e-4  # the trainer scores exactly what the server sampled, step 2 included
-        assert r["sequences"] > 0 and r["trained_tokens"] > 0 and r["sync_seconds"] > 0
-    # a group whose rollouts all score the same has no advantage: with none in either step, nothing is trained
-    assert sum(r["groups"] - r["zero_std_groups"] for r in recs) > 0, "no group had reward variance"
-    after = _server_logprobs(stub, tok_ids)
-    final = _model_logprobs(str(out / "final"), tok_ids)
-    moved = max(abs(a - b) for a, b in zip(before, final, strict=True))
-    assert moved > 1e-3, f"training did not move the weights ({moved:.2e}; {[r['zero_std_groups'] for r in recs]})"
-    assert after == pytest.approx(final, abs=1e-4), "the server does not hold the trained weights"
-
-
 def _perturbed_copy(model_dir: str, out: Path, scale: float = 0.05) -> Path:
     import shutil
 
@@ -438,7 +412,8 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
 
     new = _perturbed_copy(toy_policy_dir, tmp_path / "new")
     ids = _fixed_ids()[:12]
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 600, "temperature": 0.0, "ignore_eos": True},
+    n = 300
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
             "return_logprob": True}
 
     def in_flight(stub, n=3):
@@ -463,14 +438,14 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
     split = [r for r in results if len(spans(r)) == 2]
     assert split, [spans(r) for r in results]  # the request running at the push spans both versions
     for r in results:
-        assert r["meta_info"]["finish_reason"]["type"] == "length" and len(r["output_ids"]) == 600
+        assert r["meta_info"]["finish_reason"]["type"] == "length" and len(r["output_ids"]) == n
         assert [v for v, *_ in spans(r)] in (["default"], ["1"], ["default", "1"])
         assert r["meta_info"]["weight_version"] == spans(r)[-1][0]
     for r in split:  # kept tokens, then the new weights' continuation of them
         (_, _, k), _ = spans(r)
-        assert 0 < k < 600
+        assert 0 < k < n
         rest = stub.post("/generate", {"input_ids": ids + r["output_ids"][:k], "sampling_params": {
-            "max_new_tokens": 600 - k, "temperature": 0.0, "ignore_eos": True}})
+            "max_new_tokens": n - k, "temperature": 0.0, "ignore_eos": True}})
         assert rest["output_ids"] == r["output_ids"][k:] and rest["meta_info"]["weight_version"] == "1"
     fresh = stub.post("/generate", body)
     assert any(r["output_ids"] != fresh["output_ids"] for r in split)  # not a restart from scratch
@@ -498,7 +473,7 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
 def test_tensor_sync_tags_cuda_devices_by_uuid():
     """SGLang's server maps a device UUID at position 6 of a CUDA tensor's reduction back to its own device
     ordinal: the trainer and the server may see the GPUs in different orders."""
-    from paravt_train.weight_sync import tag_device_uuid
+    from paravt_train.tensor_sync import tag_device_uuid
 
     fn = object()
     args = ("cls", (4,), (1,), 0, "dtype", False, 3, "handle", 64, 0)
@@ -578,6 +553,47 @@ def test_an_episode_whose_tool_slot_the_runtime_lost_is_failed_not_scored(toy_po
     assert all(e.failed is None for g in tr.rollout(prompts) for e in tr.advantages(g))  # dropped from training
 
 
+def test_the_clip_acts_with_several_optimizer_steps_per_batch(toy_policy_dir, toy_rl, tmp_path):
+    """One optimizer step per batch keeps the ratio at 1: PPO's clip (and DAPO's clip-higher) never act. With
+    ppo_epochs or mini_batches > 1 the later steps see a moved policy and the clip takes hold."""
+    prompts = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])[:2]
+    fractions = {}
+    for name, kw in {"one": {}, "mini": {"mini_batches": 2}, "epochs": {"ppo_epochs": 2}}.items():
+        tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / name, lr=2e-2, micro_batch_size=1, gating=False,
+                              **kw), progress=False)
+        tr.setup()
+        groups = tr.rollout(prompts)
+        # the toy policy is near-certain of its tokens (a ratio above 1 + ε needs p < 0.83): push them down
+        items = [UpdateItem(s, -1.0) for g in groups for e in g for s in e.sequences]
+        fractions[name] = tr.update(items)["clip_fraction"]
+    assert fractions["one"] == 0.0 and fractions["mini"] > 0 and fractions["epochs"] > 0, fractions
+
+
+def test_unreadable_videos_fail_their_group_and_the_step_goes_on(toy_policy_dir, toy_rl, tmp_path):
+    """One unreadable video in the RL data: its group fails (counted, the path named), the others train, and the
+    model-behaviour metrics (f_τ, κ, closure, reward) come from the episodes that ran. Episode ids name their
+    step, rank and sampling round, so they never collide across steps (the update groups tokens by episode)."""
+    import dataclasses
+
+    bad = tmp_path / "broken.mp4"
+    bad.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 100)
+    logged = []
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "bad", group_size=2, gating=False), progress=False,
+                     log=logged.append)
+    tr.setup()
+    good = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])[0]
+    broken = dataclasses.replace(good, id="broken", video=str(bad))
+    rec = tr.train_step([good, broken])
+    assert rec["episodes"] == 4 and rec["failed_episodes"] == 2 and rec["sequences"] > 0
+    assert "unreadable video" in rec["failures"][0] and str(bad) in rec["failures"][0]
+    assert any(str(bad) in line for line in logged)
+    assert rec["kappa"] >= 1.0  # the episodes that ran called tools; the failed ones are not counted as 0
+    first = {e.id for g in tr.rollout([good]) for e in g}
+    tr.step += 1
+    again = {e.id for g in tr.rollout([good]) for e in g} | {e.id for g in tr.rollout([good], salt=1) for e in g}
+    assert not first & again and len(again) == 4
+
+
 def test_dapo_dynamic_sampling_refills_zero_variance_groups(toy_policy_dir, toy_rl, tmp_path):
     import copy
 
@@ -611,19 +627,25 @@ def test_dapo_dynamic_sampling_refills_zero_variance_groups(toy_policy_dir, toy_
 
 
 def test_heldout_evaluation_is_paravt_train_eval(toy_policy_dir, toy_rl, tmp_path):
-    """RL's held-out numbers are `paravt-train eval`'s: the same agent config (the model's, greedy, its token
-    limits and the 64-frame protocol) and the same scorer."""
+    """RL's held-out numbers are `paravt-train eval`'s on the model it saves: the same agent config (the model's,
+    greedy, the 64-frame protocol, and the token budgets RL trained with — not the base's), the same scorer."""
     from paravt_agent.agent import Agent
-    from paravt_agent.config import resolve_agent_config
+    from paravt_agent.config import AgentConfig, resolve_agent_config
     from paravt_train.benchmarks import load_benchmark
     from paravt_train.eval import run_eval
 
-    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "ev"), progress=False)
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "ev", max_new_tokens=80, subagent_max_new_tokens=30),
+                     progress=False)
     tr.setup()
+    saved = AgentConfig.for_model(str(tr.save_model(tmp_path / "exported")))
+    base = AgentConfig.for_model(toy_policy_dir)
+    assert (saved.planner_sampling.max_new_tokens, saved.subagent_sampling.max_new_tokens) == (80, 30)
+    assert base.planner_sampling.max_new_tokens != 80  # the trained budgets, not the base's
     held = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])[:4]
     got = tr.evaluate(held)
     items = load_benchmark("toy", Path(toy_rl["data"]), check_videos=True)[:4]
-    agent = Agent(model=toy_policy_dir, config=resolve_agent_config(None, toy_policy_dir, ["mode=parallel"]))
+    agent = Agent(model=str(tmp_path / "exported"),
+                  config=resolve_agent_config(None, str(tmp_path / "exported"), ["mode=parallel"]))
     recs = run_eval(agent, items, tmp_path / "eval.jsonl", progress=False)
     want = [r.get("correct", r.get("iou", r.get("f1"))) for r in recs]
     assert got["eval/scores"] == pytest.approx(want) and got["eval/n"] == 4

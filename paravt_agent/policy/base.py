@@ -51,6 +51,11 @@ class Policy(ABC):
         """Prompt length in tokens, where the backend can tell without generating."""
         return None
 
+    def generates_with(self, model) -> bool:
+        """Whether this policy generates with ``model``'s parameters themselves (an in-process backend given
+        the trained model): then a trainer has no weights to push to it."""
+        return False
+
     async def aclose(self) -> None:
         return None
 

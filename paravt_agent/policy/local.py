@@ -111,6 +111,9 @@ class LocalPolicy(Policy):
             self._chat = ChatTokenizer(self.processor)
         return self._chat
 
+    def generates_with(self, model) -> bool:
+        return self._model is model
+
     @property
     def eos_id(self) -> int:
         return self.chat.eos_id

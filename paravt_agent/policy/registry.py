@@ -22,7 +22,7 @@ from importlib.metadata import entry_points
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.base import Policy
 
-__all__ = ["ENTRY_POINT_GROUP", "available_policies", "make_policy", "register_policy"]
+__all__ = ["ENTRY_POINT_GROUP", "available_policies", "make_policy", "make_rollout_policy", "register_policy"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "paravt.policies"
@@ -30,12 +30,13 @@ ENTRY_POINT_GROUP = "paravt.policies"
 Factory = Callable[..., Policy]
 
 
-def _local(model=None, endpoint=None, api_key=None, **kw) -> Policy:
+def _local(model=None, endpoint=None, api_key=None, model_obj=None, processor=None, max_batch: int = 8,
+           **kw) -> Policy:
     from paravt_agent.policy.local import LocalPolicy
 
     if not model:
         raise ConfigError("the local backend needs model=<path of a model directory>")
-    return LocalPolicy(model, **kw)
+    return LocalPolicy(model, model_obj=model_obj, processor=processor, max_batch=max_batch, **kw)
 
 
 def _openai(model=None, endpoint=None, api_key=None, **kw) -> Policy:
@@ -44,12 +45,12 @@ def _openai(model=None, endpoint=None, api_key=None, **kw) -> Policy:
     return OpenAIPolicy(model=model, endpoint=endpoint, api_key=api_key, **kw)
 
 
-def _sglang(model=None, endpoint=None, api_key=None, **kw) -> Policy:
+def _sglang(model=None, endpoint=None, api_key=None, processor=None, **kw) -> Policy:
     from paravt_agent.policy.sglang_backend import SGLangPolicy
 
     if not model:
         raise ConfigError("the sglang backend needs model=<path or name of the served model's processor>")
-    return SGLangPolicy(model=model, endpoint=endpoint, **kw)
+    return SGLangPolicy(model=model, endpoint=endpoint, processor=processor, **kw)
 
 
 _REGISTRY: dict[str, Factory] = {"local": _local, "openai": _openai, "sglang": _sglang}
@@ -86,4 +87,29 @@ def make_policy(backend: str, model: str | None = None, endpoint: str | None = N
     policy = factory(model=model, endpoint=endpoint, api_key=api_key, **options)
     if not isinstance(policy, Policy):
         raise ConfigError(f"backend {backend!r} returned {type(policy).__name__}, not a paravt Policy")
+    return policy
+
+
+def make_rollout_policy(backend: str, model: str, endpoint: str | None = None, *, trained_model=None,
+                        processor=None, max_batch: int | None = None) -> Policy:
+    """The policy RL rolls out with, by backend name: any registered backend that returns token ids and
+    logprobs (``local``, ``sglang``, a plugin). A factory is offered, by the names it declares, the trained
+    model itself (``model_obj``: an in-process backend then generates with the trained parameters and
+    nothing needs syncing), the trainer's ``processor`` and the ``max_batch`` of concurrent calls it may
+    batch."""
+    import inspect
+
+    _load_entry_points()
+    factory = _REGISTRY.get(backend)
+    if factory is None:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(_REGISTRY)}")
+    offered = {"model_obj": trained_model, "processor": processor, "max_batch": max_batch}
+    declared = inspect.signature(factory).parameters
+    policy = factory(model=model, endpoint=endpoint, **{k: v for k, v in offered.items()
+                                                         if v is not None and k in declared})
+    if not isinstance(policy, Policy):
+        raise ConfigError(f"backend {backend!r} returned {type(policy).__name__}, not a paravt Policy")
+    if not policy.returns_tokens:
+        raise ConfigError(f"backend {backend!r} returns no token ids and logprobs, which RL trains on; use "
+                          "local or sglang (or a backend that returns them)")
     return policy

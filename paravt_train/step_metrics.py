@@ -1,0 +1,85 @@
+"""The metrics of one GRPO step, gathered over every rank: one line of ``metrics.jsonl``.
+
+Rewards and their terms, f_τ (format reward / its maximum), κ (tool calls per rollout), per-tag closure
+rates and accuracy per task (paper, Tables 2 and 5), nFrames, zero-variance and failed counts, the update's
+statistics (KL, clip fraction, entropy, behaviour/trainer logprob mismatch, tokens). Episodes that failed for
+the infrastructure's reasons (an endpoint down, a lost tool slot, an unreadable video) are counted in
+``failed_episodes`` and kept out of the model-behaviour metrics (reward, f_τ, κ, closure, accuracy): an outage
+must not read as format drift.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paravt_train.rewards import rollout_metrics
+
+__all__ = ["episode_record", "merge_stats", "step_metrics"]
+
+
+def episode_record(e) -> dict:
+    """What the step's metrics need of one episode (small and picklable: gathered over the ranks)."""
+    return {"prompt": e.prompt_id, "task": e.task, "text": e.text, "reward": e.reward.total,
+            "terms": e.reward.terms(), "degenerate": e.reward.degenerate, "n_frames": e.n_frames or 0,
+            "failed": e.failed is not None, "failure": e.failed, "subagent_errors": e.subagent_errors,
+            "retokenized": e.retokenized_turns, "round_trip": e.round_trip_turns}
+
+
+def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: int, cfg, world: int = 1) -> dict:
+    """The step's metrics over every rank's episodes (every rank must call it: it gathers)."""
+    mine = [episode_record(e) for g in groups for e in g]
+    zero = sum(1 for g in all_groups if len({round(e.reward.total, 9) for e in g}) == 1)
+    eps = mine
+    shared = {"zero": zero, "groups": len(all_groups), "stats": stats, "prompts": [p.id for p in prompts]}
+    if world > 1:
+        import torch.distributed as dist
+
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, (mine, shared))
+        eps = [e for m, _ in gathered for e in m]
+        shards = [s for _, s in gathered]
+        shared = {"zero": sum(s["zero"] for s in shards), "groups": sum(s["groups"] for s in shards),
+                  "prompts": [p for s in shards for p in s["prompts"]],
+                  "stats": merge_stats([s["stats"] for s in shards])}
+    ok = [e for e in eps if not e["failed"]]  # what the model did; the infrastructure's failures apart
+    n = max(len(ok), 1)
+    m = rollout_metrics([e["text"] for e in ok], [e["task"] for e in ok], [e["terms"]["acc"] for e in ok], cfg.reward)
+    rewards = torch.tensor([e["reward"] for e in ok]) if ok else torch.zeros(1)
+    terms = {f"reward/{k}": sum(e["terms"].get(k, 0.0) for e in ok) / n for k in (ok[0]["terms"] if ok else {})}
+    return {
+        "step": step,
+        "prompts": shared["prompts"],
+        "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std(unbiased=False)),
+        **terms,
+        "degenerate": sum(e["degenerate"] for e in ok) / n,
+        "f_tau": m.get("format_reward", 0.0),
+        "kappa": m.get("tool_calls_per_rollout", 0.0),
+        **{k: v for k, v in m.items() if k.startswith(("closure/", "accuracy", "tool_call_rate"))},
+        "n_frames": sum(e["n_frames"] for e in ok) / n,
+        "zero_std_groups": shared["zero"],
+        "groups": shared["groups"],
+        "episodes": len(eps),
+        "failed_episodes": len(eps) - len(ok),
+        "failures": sorted({e["failure"] for e in eps if e["failed"]})[:5],  # why (the first few, by text)
+        "subagent_errors": sum(e["subagent_errors"] for e in eps),
+        "retokenized_turns": sum(e["retokenized"] for e in eps),
+        # model calls whose prompt ids the server did not report (emulated round trip: SGLang < 0.5.19)
+        "round_trip_turns": sum(e["round_trip"] for e in eps),
+        "replayed": replayed,
+        **shared["stats"],
+    }
+
+
+def merge_stats(stats: list[dict]) -> dict:
+    """Update statistics of every rank: sums of counts, token-weighted means of the rest."""
+    out = {}
+    total = sum(s.get("trained_tokens", 0) for s in stats) or 1
+    for key in stats[0]:
+        if key in ("sequences", "trained_tokens"):
+            out[key] = sum(s[key] for s in stats)
+        elif key in ("grad_norm", "loss"):
+            out[key] = stats[0][key] if key == "grad_norm" else sum(s[key] for s in stats)
+        else:
+            out[key] = sum(s[key] * s.get("trained_tokens", 0) for s in stats) / total
+    return out

@@ -1,0 +1,168 @@
+"""Irregular work on many ranks: 4 gloo ranks under torchrun stand in for GPUs (FSDP2 everywhere).
+
+What the happy path on 2 ranks cannot show, each of which crashed or hung before: a rank with nothing to train
+(fewer prompts than ranks, or all of its episodes failed), a text-only micro-batch beside image ones, an
+unreadable video in the RL data — and a restart after a crash that must continue exactly (every rank's replay
+buffer included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from paravt_train.data import write_parquet
+from tests.conftest import free_port
+
+WORKER = Path(__file__).with_name("scale_worker.py")
+RANKS = 4
+
+
+def torchrun(mode: str, cfg: dict, tmp: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    path = tmp / f"{mode}-{len(list(tmp.glob('*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "--master_port",
+           str(free_port()), str(WORKER), mode, str(path), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def garbage_video(path: Path) -> Path:
+    path.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"not a video" * 64)
+    return path
+
+
+def test_sft_with_text_only_rows_on_four_ranks(tiny_model, tmp_path):
+    """Two ranks get a text-only example, two a video one, at every step: the vision tower's collectives
+    still match (a dummy image inside the forward), and the 4-rank losses are the single-process losses."""
+    from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, question_text
+    from paravt_train.sft import train
+    from paravt_train.sft_config import SFTConfig
+    from paravt_train.toy.render import write_segments
+
+    rows = []
+    for v in range(2):
+        write_segments(tmp_path / f"v{v}.mp4", [((40 * v, 90, 200), 2.0), ((200, 40, 40 * v), 2.0)], fps=4,
+                       width=32, height=32)
+        rows.append({"id": f"v{v}", "messages": [
+            {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
+            {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4", "n_frames": 2},
+                                         {"type": "text", "text": question_text("Which colour?")}]},
+            {"role": "assistant", "content": "<think>\nThe first frame.</think>\n<answer>red</answer>"}]})
+        rows.append({"id": f"t{v}", "messages": [
+            {"role": "user", "content": f"Say green {v}."},
+            {"role": "assistant", "content": "<think>\nAsked for green.</think>\n<answer>green</answer>"}]})
+    write_parquet(rows, tmp_path / "sft.parquet")
+    cfg = dict(model=tiny_model, data=str(tmp_path / "sft.parquet"), video_root=str(tmp_path),
+               output_dir=str(tmp_path / "four"), lr=3e-3, batch_size=4, micro_batch_size=1, max_steps=3,
+               save_every=0, warmup_ratio=0.0, frames={"max_pixels": 1024}, seed=3, save_final=False)
+    run = torchrun("sft", cfg, tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    four = json.loads(run.stdout.strip().splitlines()[-1])["losses"]
+    one = train(SFTConfig(**{**cfg, "output_dir": str(tmp_path / "one")}), progress=False)["losses"]
+    assert len(four) == 3 and four == pytest.approx(one, rel=1e-4)
+
+
+def _grpo_cfg(toy_policy_dir, toy_rl, data: Path, out: Path, endpoint: str, **kw) -> dict:
+    """The paper's config (examples/configs/paragrpo_qwen3vl_8b.yaml: KL to a sharded reference, gradient
+    checkpointing, micro-batches of 1, nFrames gating …) with the model, data, server and sizes swapped for the
+    toy's, and AVATAR replay on (every rank's buffer must survive a restart)."""
+    from paravt_train.grpo_config import GRPOConfig
+
+    paper = Path(__file__).resolve().parents[1] / "examples" / "configs" / "paragrpo_qwen3vl_8b.yaml"
+    cfg = GRPOConfig.from_yaml(paper).model_dump(mode="json")
+    cfg.update(model=toy_policy_dir, data=str(data), video_root=toy_rl["video_root"], eval_data=None,
+               output_dir=str(out), endpoint=endpoint, steps=2, prompts_per_step=4, group_size=2, max_new_tokens=96,
+               subagent_max_new_tokens=40, lr=1e-3, save_every=1, concurrency=1, gating_choices=[4, 8],
+               replay={**cfg["replay"], "enabled": True, "per_step": 1})
+    cfg.update(kw)
+    return cfg
+
+
+def test_grpo_on_four_ranks_with_a_failing_rank_resumes_exactly(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+    """The paper's config on four ranks with four prompts, one of them an unreadable video: that rank's whole
+    group fails every step (an empty share: it trains a placeholder, text-only, in step with the others). Every
+    step finishes on every rank, the metrics count what was dropped, the trainer scores exactly what the server
+    sampled, and the server ends up holding the trained weights. A run that crashes after step 1 and restarts
+    continues exactly as the uninterrupted run (weights, every rank's replay buffer, the server re-synced)."""
+    import pandas as pd
+
+    rows = pd.read_parquet(toy_rl["data"]).to_dict("records")
+    mcq = [r for r in rows if r["question_type"] == "mcq"][:3]
+    broken = dict(mcq[0], id="broken", videos=[str(garbage_video(tmp_path / "broken.mp4"))])
+    data = tmp_path / "rl.parquet"
+    write_parquet([*mcq, broken], data)
+    straight_srv, resume_srv = sglang_stub(toy_policy_dir), sglang_stub(toy_policy_dir)
+    straight = torchrun("grpo", _grpo_cfg(toy_policy_dir, toy_rl, data, tmp_path / "straight", straight_srv.url),
+                        tmp_path)
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    recs = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert len(r["prompts"]) == 4 and r["episodes"] == 8 and r["failed_episodes"] == 2
+        assert "unreadable video" in r["failures"][0] and r["sequences"] > 0
+        assert r["logprob_mismatch"] < 1e-4  # the trainer scores exactly what the server sampled, step 2 included
+    ids = [int(x) for x in torch.randint(10, 300, (24,), generator=torch.Generator().manual_seed(1))]
+    out = straight_srv.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
+                                          "return_logprob": True, "logprob_start_len": 0})
+    served = [x[0] for x in out["meta_info"]["input_token_logprobs"][1:]]
+    from transformers import AutoModelForImageTextToText
+
+    final = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "straight" / "final"), dtype=torch.float32)
+    with torch.no_grad():
+        lp = torch.log_softmax(final(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+    assert served == pytest.approx(lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist(), abs=1e-4)
+    ranks = sorted(p.name for p in (tmp_path / "straight" / "checkpoint-1").glob("rank-*.pt"))
+    assert ranks == [f"rank-{r}.pt" for r in range(RANKS)]  # every rank's own replay buffer
+    # a crash right after step 1's checkpoint leaves exactly this on disk; a fresh server holds the base weights
+    import shutil
+
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    shutil.copytree(tmp_path / "straight" / "checkpoint-1", crash / "checkpoint-1")
+    shutil.copytree(tmp_path / "straight" / "replay_frames", crash / "replay_frames")
+    (crash / "metrics.jsonl").write_text((tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    resumed = torchrun("grpo", _grpo_cfg(toy_policy_dir, toy_rl, data, crash, resume_srv.url), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    again = [json.loads(x) for x in (crash / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [1, 2] and again[1]["replayed"] == recs[1]["replayed"] > 0
+    assert again[1]["reward"] == recs[1]["reward"] and again[1]["loss"] == pytest.approx(recs[1]["loss"], rel=1e-5)
+    want = load_file(str(tmp_path / "straight" / "final" / "model.safetensors"))
+    got = load_file(str(crash / "final" / "model.safetensors"))
+    moved = load_file(str(Path(toy_policy_dir) / "model.safetensors"))
+    assert set(want) == set(got) == set(moved)  # an ordinary model directory (tied weights stored once)
+    assert max(float((want[k] - moved[k]).abs().max()) for k in want) > 1e-4  # it trained
+    assert max(float((want[k] - got[k]).abs().max()) for k in want) < 1e-5  # and resumed exactly
+
+
+def test_online_with_fewer_prompts_than_ranks(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+    """Three feedback rows on four ranks (one with an unreadable video): one update where rank 3 has nothing
+    and one rank's episodes all fail; every rank finishes, nothing is lost, the progress file is written."""
+    from paravt_agent.store import TrajectoryStore
+    from paravt_agent.trajectory import Trace
+
+    store = TrajectoryStore(tmp_path / "traces.db")
+    bad = garbage_video(tmp_path / "bad.mp4")
+    asked = [(w.video, q) for w in toy_rl["worlds"] for q in w.questions if q.options][:2]
+    for video, q in [*asked, (str(bad), asked[0][1])]:
+        t = Trace(video=video, question=q.question, options=q.options)
+        store.add(t)
+        store.feedback(t.id, answer=q.answer)
+    srv = sglang_stub(toy_policy_dir)
+    cfg = {**_grpo_cfg(toy_policy_dir, toy_rl, Path("unused"), tmp_path / "online", srv.url, steps=1,
+                       replay={"enabled": False}), "data": None}
+    run = torchrun("online", cfg, tmp_path, "--store", str(store.path))
+    assert run.returncode == 0, run.stderr[-4000:]
+    recs = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
+    assert len(recs) == 1 and len(recs[0]["prompts"]) == 3 and recs[0]["failed_episodes"] == 2
+    state = json.loads((tmp_path / "online" / "online_state.json").read_text())
+    assert len(state["trained"]) == 3 and state["queued"] == 0 and state["checkpoint_step"] == 1
+    assert torch.cuda.is_available() is False  # gloo: what ran here is the CPU stand-in for NCCL

@@ -48,7 +48,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, RetryPolicy, Send
 
 from paravt_agent.config import AgentConfig
-from paravt_agent.errors import PolicyError
+from paravt_agent.errors import PolicyError, ToolError
 from paravt_agent.policy.base import Policy, images_of
 from paravt_agent.prompts import (
     SUBAGENT_SYSTEM_PROMPT,
@@ -233,7 +233,8 @@ def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
         exc = error.error
         msg = str(exc) or exc.__class__.__name__
         rec = SubAgentRecord(index=p.index, raw=p.call.raw, name=p.call.name, arguments=dict(p.call.arguments),
-                             label=p.label, window=_window(p), error=msg, runtime_error=True)
+                             label=p.label, window=_window(p), error=msg,
+                             runtime_error=not isinstance(exc, ToolError))  # a tool refusing the call: the model's
         get_stream_writer()(SubAgentEvent(payload["turn"], rec))
         # the handler runs as its own node: without a destination the turn would never be aggregated when no
         # sub-agent of it succeeded (LangGraph runs ``aggregate`` once per step however many ask for it)

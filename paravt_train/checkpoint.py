@@ -2,8 +2,9 @@
 
 A checkpoint folder ``OUTPUT_DIR/checkpoint-<step>`` holds the model and
 optimizer (``torch.distributed.checkpoint``, sharded under FSDP2), the
-scheduler, the RNG state, the step, JSON ``extra`` and pickled ``blobs`` (the
-replay buffer, the online learner's cursor). It is written under a temporary
+scheduler, the RNG state, the step, JSON ``extra``, pickled ``blobs`` (state
+every rank shares: the online learner's cursor and queue) and one ``rank-<r>.pt``
+per rank (what each rank keeps for itself: its replay buffer, its RNG). It is written under a temporary
 name and renamed, so a crash mid-save leaves the previous checkpoint whole;
 :func:`latest_checkpoint` only returns complete ones.
 """
@@ -57,6 +58,9 @@ def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, extra: d
     rank, _ = rank_world()
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    if rank == 0:  # what an interrupted save left (another world size's rank files among it) goes first
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     if rank_blobs is not None:
@@ -81,7 +85,8 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> int:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     extra = torch.load(Path(path) / "extra.pt", weights_only=False)
     scheduler.load_state_dict(extra["scheduler"])
-    torch.set_rng_state(extra["rng"])
+    mine = Path(path) / f"rank-{rank_world()[0]}.pt"
+    torch.set_rng_state(torch.load(mine, weights_only=False)["rng"] if mine.is_file() else extra["rng"])
     return json.loads((Path(path) / STATE_FILE).read_text())["step"]
 
 
@@ -91,7 +96,8 @@ def load_blobs(path: Path) -> dict:
 
 
 def load_rank_blobs(path: Path, rank: int) -> dict | None:
-    """The ``rank_blobs`` rank ``rank`` saved (None when it saved none: an older checkpoint, another world size)."""
+    """The ``rank_blobs`` rank ``rank`` saved, or None when it saved none (an older checkpoint, or a rank beyond
+    the world size it was saved with; a smaller world leaves the other ranks' state unread)."""
     f = Path(path) / f"rank-{rank}.pt"
     return torch.load(f, weights_only=False)["blobs"] if f.is_file() else None
 

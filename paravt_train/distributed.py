@@ -16,6 +16,8 @@ import torch.distributed as dist
 
 __all__ = [
     "all_reduce_sum",
+    "on_rank0",
+    "raise_everywhere",
     "clip_grad_norm",
     "barrier",
     "data_order",
@@ -43,7 +45,8 @@ def init_distributed(timeout_minutes: float = 60.0) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         import datetime
 
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # NCCL takes CUDA tensors only: the small CPU collectives (counts, object gathers) go over gloo
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -156,3 +159,35 @@ def data_order(n: int, seed: int, epoch: int) -> list[int]:
     idx = list(range(n))
     random.Random(seed * 1_000_003 + epoch).shuffle(idx)
     return idx
+
+
+def raise_everywhere(error: Exception | None, what: str) -> None:
+    """Raise ``error`` (one rank's) on every rank: the others must not go on into collectives that rank will
+    never join. Every rank calls it."""
+    from paravt_agent.errors import PolicyError
+
+    if rank_world()[1] > 1 and all_reduce_max(int(error is not None)) and error is None:
+        raise PolicyError(f"{what} failed on another rank; see its log", transient=True)
+    if error is not None:
+        raise error
+
+
+def on_rank0(fn, what: str):
+    """``fn()`` on rank 0 only, its result given to every rank (its error raised on every rank)."""
+    world = rank_world()[1]
+    if world == 1:
+        return fn()
+    from paravt_agent.errors import PolicyError
+
+    box: list = [None]
+    if rank_world()[0] == 0:
+        try:
+            box = [fn()]
+        except Exception as exc:  # noqa: BLE001 (raised on every rank below)
+            box = [exc]
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        if rank_world()[0] == 0:
+            raise box[0]
+        raise PolicyError(f"{what} failed on rank 0: {box[0]}")
+    return box[0]

@@ -38,6 +38,7 @@ __all__ = [
     "ReplayBuffer",
     "ReplayItem",
     "episode_advantages",
+    "informative_group",
     "group_advantages",
     "kl_penalty",
     "offpolicy_advantages",
@@ -71,6 +72,13 @@ def episode_advantages(group: list, keep_failed: bool = False, scale: str = "std
     for e, a in zip(usable, centred.tolist(), strict=True):
         e.advantage = a
     return usable
+
+
+def informative_group(group: list, keep_failed: bool = False) -> bool:
+    """Whether a group trains something (DAPO's dynamic sampling keeps these): two or more usable episodes whose
+    rewards differ."""
+    usable = [e for e in group if e.failed is None or keep_failed]
+    return len(usable) > 1 and len({round(e.reward.total, 9) for e in usable}) > 1
 
 
 def offpolicy_advantages(rewards: Sequence[float], baselines: Sequence[float], eps: float = 1e-6,

@@ -12,7 +12,7 @@ One step (``prompts_per_step`` prompts × ``group_size`` rollouts)::
             ──► weight sync (in process | SGLang, from disk or as tensors) ──► metrics.jsonl
 
 The rollout backend comes by name from the policy registry
-(:func:`paravt_agent.policy.make_rollout_policy`): ``local`` (CPU or one GPU; the
+(:func:`paravt_agent.policy.registry.make_rollout_policy`): ``local`` (CPU or one GPU; the
 rollout policy shares the trained parameters, so there is nothing to sync),
 ``sglang`` (rollouts on an SGLang server, the actor under ``torchrun`` + FSDP2;
 after each update the weights go to the server, generation paused around the
@@ -48,8 +48,17 @@ from paravt_train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from paravt_train.distributed import barrier, device, init_distributed, rank_world, shard_model
-from paravt_train.grpo import episode_advantages
+from paravt_train.distributed import (
+    barrier,
+    data_order,
+    device,
+    init_distributed,
+    on_rank0,
+    raise_everywhere,
+    rank_world,
+    shard_model,
+)
+from paravt_train.grpo import episode_advantages, informative_group
 from paravt_train.grpo_config import GRPOConfig
 from paravt_train.replay import ReplayBuffer, replay_batch, store_frames
 from paravt_train.rollout import Episode, PromptCache, PromptItem, RolloutSettings, gate_frames, run_group
@@ -90,10 +99,13 @@ class GRPOTrainer:
         base = self.base_agent_config()
         return base.model_copy(update={
             "think_prefix": cfg.think_prefix,
+            # the distribution the trainer scores: τ and top-p as configured, no top-k or min-p from the model's file
             "planner_sampling": base.planner_sampling.model_copy(update={
-                "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens}),
+                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0,
+                "max_new_tokens": cfg.max_new_tokens}),
             "subagent_sampling": base.subagent_sampling.model_copy(update={
-                "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.subagent_max_new_tokens}),
+                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0,
+                "max_new_tokens": cfg.subagent_max_new_tokens}),
         })
 
     def eval_agent_config(self) -> AgentConfig:
@@ -160,8 +172,15 @@ class GRPOTrainer:
         warm = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-        # nothing to push to a policy that generates with the trained parameters themselves
-        self.syncer = None if policy.generates_with(self.model) else make_weight_sync(cfg, self.out / "weights")
+        # nothing to push to a policy that generates with the trained parameters themselves; weights reach a
+        # server through SGLang's admin API only
+        if policy.generates_with(self.model):
+            self.syncer = None
+        elif cfg.backend == "sglang":
+            self.syncer = make_weight_sync(cfg, self.out / "weights")
+        else:
+            raise ConfigError(f"backend {cfg.backend!r} generates outside this process and the trainer can push "
+                              "weights only to an SGLang server (backend: sglang)")
         self.agent = Agent(policy=policy, config=self.agent_config())
         self.cache = PromptCache(self.agent)
         self.update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,
@@ -277,8 +296,7 @@ class GRPOTrainer:
             for _ in params:  # the gathers the push did not reach (other ranks: all of them)
                 pass
         barrier()  # no rank rolls out again before the server holds the new weights
-        if error is not None:
-            raise error
+        raise_everywhere(error, "the weight sync")
         return result
 
     # ------------------------------------------------------------------ rollouts
@@ -325,14 +343,14 @@ class GRPOTrainer:
         all_groups = list(groups)
         if cfg.dynamic_sampling:
             for rnd in range(1, cfg.max_sampling_rounds + 1):
-                informative = [g for g in groups if len({round(e.reward.total, 9) for e in g}) > 1]
+                informative = [g for g in groups if informative_group(g, cfg.failed_episodes == "keep")]
                 need = len(prompts) - len(informative)
                 if need <= 0 or not pool:
                     break
                 more = self.rollout(self._extra_prompts(pool, need, rnd), salt=rnd)
                 all_groups.extend(more)
                 groups = informative + more
-            groups = [g for g in groups if len({round(e.reward.total, 9) for e in g}) > 1][: len(prompts)] or groups
+            groups = [g for g in groups if informative_group(g, cfg.failed_episodes == "keep")][: len(prompts)] or groups
         return groups, all_groups
 
     def train_step(self, prompts: list[PromptItem], pool: list[PromptItem] | None = None) -> dict:
@@ -368,8 +386,6 @@ class GRPOTrainer:
 
     def prompts_for(self, step: int, prompts: list[PromptItem]) -> list[PromptItem]:
         """The prompts of ``step``: epoch-shuffled order, ``prompts_per_step`` at a time, ranks interleaved."""
-        from paravt_train.distributed import data_order
-
         P = self.cfg.prompts_per_step
         out = []
         for j in range(step * P, (step + 1) * P):
@@ -389,13 +405,7 @@ class GRPOTrainer:
     def evaluate_once(self, prompts: list[PromptItem]) -> dict:
         """:meth:`evaluate` on rank 0 only (the policy it asks is the rollout server, or this process's model
         when there is one rank), its scores given to every rank."""
-        if self.world == 1:
-            return self.evaluate(prompts)
-        import torch.distributed as dist
-
-        box = [self.evaluate(prompts) if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return on_rank0(lambda: self.evaluate(prompts), "the held-out evaluation")
 
     def run(self) -> dict:
         """The offline loop over ``data``; returns the final metrics (and held-out before/after)."""

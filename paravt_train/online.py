@@ -139,6 +139,8 @@ class OnlineLearner:
         """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``)."""
         tr = self.trainer
         tr.setup()
+        if self.saved_step is None and tr.step:  # resumed: that checkpoint is the newest
+            self.saved_step = tr.step
         P = tr.cfg.prompts_per_step
         steps = 0
         while max_steps is None or steps < max_steps:

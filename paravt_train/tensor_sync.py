@@ -22,10 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 from paravt_agent.errors import PolicyError
-from paravt_train.weight_sync import PAUSE_MODES, _json, _Paused, _Session, _urls, expand_routers
+from paravt_train.weight_sync import (
+    PAUSE_MODES,
+    _json,
+    _Paused,
+    _Session,
+    _urls,
+    expand_routers,
+    flush_when_idle,
+)
 
 __all__ = ["SGLangDistributedSync", "SGLangTensorSync", "device_uuid", "init_weight_update_group",
            "serialize_named_tensors", "stream_parameters", "tag_device_uuid"]
@@ -33,18 +42,28 @@ __all__ = ["SGLangDistributedSync", "SGLangTensorSync", "device_uuid", "init_wei
 
 def stream_parameters(model, dtype=None, keep: bool = True, device=None) -> Iterator[tuple[str, object]]:
     """``(name, full tensor)`` for every entry of ``model``'s state dict, one at a time. Under FSDP2 each is
-    gathered from the shards (a collective: every rank must iterate); ``keep=False`` ranks take part and
-    drop them. Kept tensors are converted to ``dtype`` (the serving dtype) and moved to ``device``."""
+    gathered from the shards (a collective: every rank must iterate to the end); ``keep=False`` ranks take
+    part and drop them. Kept tensors are converted to ``dtype`` (the serving dtype) and moved to ``device``;
+    a conversion that fails (out of memory) stops the yielding but not the gathering, and is raised once
+    every gather has run, so no rank is left waiting in one."""
+    error = None
     for name, t in model.state_dict().items():
         full = t.full_tensor() if hasattr(t, "full_tensor") else t
-        if keep:
-            full = full.detach()
-            if dtype is not None:
-                full = full.to(dtype)
-            if device is not None:
-                full = full.to(device)
-            yield name, full.contiguous()
+        if keep and error is None:
+            try:
+                out = full.detach()
+                if dtype is not None:
+                    out = out.to(dtype)
+                if device is not None:
+                    out = out.to(device)
+                out = out.contiguous()
+            except Exception as exc:  # noqa: BLE001 (raised after the last gather)
+                error = exc
+            else:
+                yield name, out
         del full
+    if error is not None:
+        raise error
 
 
 def device_uuid(index: int) -> str:
@@ -143,6 +162,9 @@ class _StreamedSync:
     def prepare(self, client, targets: list[str]) -> None:
         """Before the pause (the distributed sync joins its group here)."""
 
+    def failed(self) -> None:
+        """After a failed push (the distributed sync leaves its group: the servers may be out of step)."""
+
     def send(self, client, targets: list[str], bucket: list, i: int, last: bool, version: str | None) -> None:
         raise NotImplementedError
 
@@ -175,8 +197,15 @@ class _StreamedSync:
                     if pending is not None:
                         self.send(client, targets, pending, n_buckets, True, version)
                         sent, n_buckets = sent + len(pending), n_buckets + 1
+                if self.pause_mode == "in_place":  # the old weights' prefixes: flushed once the server is idle
+                    for url in targets:
+                        flush_when_idle(client, url)
         except httpx.HTTPError as exc:
+            self.failed()
             raise PolicyError(f"weight sync to {self.urls} failed: {exc}", transient=True) from exc
+        except Exception:
+            self.failed()
+            raise
         return {"success": True, "tensors": sent, "buckets": n_buckets, "servers": len(targets)}
 
 
@@ -233,16 +262,26 @@ class SGLangDistributedSync(_StreamedSync):
                    for k, url in enumerate(targets)]
         for t in threads:
             t.start()
-        group = init_weight_update_group(self.master_address, self.master_port, 0, world, self.group_name,
-                                         self.backend, timeout_s=self.timeout)
+        self.group = init_weight_update_group(self.master_address, self.master_port, 0, world, self.group_name,
+                                              self.backend, timeout_s=self.timeout)
         for t in threads:
             t.join(self.timeout)
         for url in targets:
             r = replies.get(url)
             if r is None or isinstance(r, Exception) or r.status_code != 200 or not _json(r).get("success"):
                 detail = r if isinstance(r, Exception) or r is None else (_json(r).get("message") or r.text[:300])
-                raise PolicyError(f"{url}/init_weights_update_group failed: {detail}")
-        self.group, self.joined = group, list(targets)
+                raise PolicyError(f"{url}/init_weights_update_group failed: {detail}")  # push() leaves the group
+        self.joined = list(targets)
+
+    def failed(self) -> None:
+        if self.group is not None:
+            import torch.distributed as dist
+
+            try:
+                dist.destroy_process_group(self.group)
+            except Exception:  # noqa: BLE001 (already broken)
+                pass
+            self.group, self.joined = None, []
 
     def send(self, client, targets, bucket, i, last, version) -> None:
         import torch.distributed as dist
@@ -258,15 +297,33 @@ class SGLangDistributedSync(_StreamedSync):
             except Exception as exc:  # noqa: BLE001 (reported below)
                 replies[url] = exc
 
+        def refusal(url: str) -> str | None:
+            r = replies.get(url)
+            if r is None:
+                return None
+            if isinstance(r, Exception) or r.status_code != 200 or not _json(r).get("success"):
+                return str(r) if isinstance(r, Exception) else (_json(r).get("message") or r.text[:300])
+            return None
+
         threads = [threading.Thread(target=announce, args=(url,), daemon=True) for url in targets]
         for t in threads:
             t.start()
-        for _, t in bucket:  # the servers receive in the announced order
-            dist.broadcast(t, group=self.group, group_src=0)
+        # the servers receive in the announced order; a server that refuses the announcement never receives, so
+        # the broadcasts are watched rather than waited on (the group is left by push() on any failure)
+        works = [dist.broadcast(t, group=self.group, group_src=0, async_op=True) for _, t in bucket]
+        deadline = time.monotonic() + self.timeout
+        while not all(w.is_completed() for w in works):
+            bad = next(((u, refusal(u)) for u in targets if refusal(u)), None)
+            if bad is not None:
+                raise PolicyError(f"{bad[0]}/update_weights_from_distributed refused bucket {i + 1}: {bad[1]}")
+            if time.monotonic() > deadline:
+                raise PolicyError(f"bucket {i + 1} was not received within {self.timeout:g}s", transient=True)
+            time.sleep(0.01)
+        for w in works:
+            w.wait()
         for t in threads:
             t.join(self.timeout)
         for url in targets:
-            r = replies.get(url)
-            if r is None or isinstance(r, Exception) or r.status_code != 200 or not _json(r).get("success"):
-                detail = r if isinstance(r, Exception) or r is None else (_json(r).get("message") or r.text[:300])
-                raise PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: {detail}")
+            if replies.get(url) is None or refusal(url):
+                raise PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: "
+                                  f"{refusal(url) or 'no answer'}")

@@ -28,17 +28,18 @@ Every update names its ``weight_version`` (the trainer's step, as a string): the
 server reports it in each reply's ``meta_info.weight_version`` and, for a request
 that spanned the update, in ``weight_versions`` spans over its output tokens.
 
-Both pause generation around the swap (``/pause_generation`` → update →
+Every sync pauses generation around the swap (``/pause_generation`` → update →
 ``/continue_generation``, which runs even when the update fails). The pause
 mode matters on a server that is answering users while it learns
 (``paravt-train online``): ``retract`` (the default) sends running requests back
 to the queue keeping the tokens generated so far and flushes the cache with the
 update, so they continue on the new weights (their earlier tokens were sampled
 by the old ones: ``weight_versions`` says which); ``in_place`` keeps them where
-they are, cache included, and must not flush (SGLang 0.5.22+ answers a flush
-while requests run with HTTP 400; 0.5.21 asserts in its scheduler), so the radix
-cache keeps prefixes computed with the old weights until it is flushed once the
-server is idle; ``abort`` ends them (the ``sglang`` policy retries aborted
+they are, cache included, and must not flush with the update (SGLang 0.5.22+
+answers a flush while requests run with HTTP 400; 0.5.21 asserts in its
+scheduler): the cache is flushed after ``/continue_generation``, as soon as the
+server is idle (:func:`flush_when_idle`; until then it serves prefixes computed
+with the old weights); ``abort`` ends them (the ``sglang`` policy retries aborted
 replies). Several servers are updated one after the other; an endpoint that is
 an SGLang router (``paravt serve --dp N``) stands for the workers its
 ``GET /workers`` lists, since the router forwards generation, not weight updates.
@@ -51,7 +52,7 @@ from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 
-__all__ = ["PAUSE_MODES", "SGLangWeightSync", "expand_routers", "make_weight_sync"]
+__all__ = ["PAUSE_MODES", "SGLangWeightSync", "expand_routers", "flush_when_idle", "make_weight_sync"]
 
 PAUSE_MODES = ("retract", "in_place", "abort")
 
@@ -106,8 +107,27 @@ class _Paused:
         return self
 
     def __exit__(self, *exc):
-        self.client.post(f"{self.url}/continue_generation", json={}).raise_for_status()
+        resp = self.client.post(f"{self.url}/continue_generation", json={})
+        if exc[0] is None:  # while another error unwinds, that one is the one to report
+            resp.raise_for_status()
         return False
+
+
+def flush_when_idle(client, url: str, timeout: float = 60.0, log=None) -> bool:
+    """``POST /flush_cache`` until the server takes it (it refuses while requests run): after an ``in_place``
+    update, the radix cache still holds prefixes computed with the old weights. Gives up after ``timeout``
+    (a server that is never idle), saying so."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if client.post(f"{url}/flush_cache").status_code == 200:
+            return True
+        if time.monotonic() > deadline:
+            (log or print)(f"warning: {url} was never idle for {timeout:g}s after an in_place weight update; its "
+                           "cache keeps prefixes computed with the old weights until the next flush")
+            return False
+        time.sleep(0.5)
 
 
 class _Session:
@@ -178,6 +198,8 @@ class SGLangWeightSync:
                         if version is not None:
                             body["weight_version"] = str(version)
                         resp = client.post(f"{url}/update_weights_from_disk", json=body)
+                    if self.pause_mode == "in_place" and resp.status_code == 200:
+                        flush_when_idle(client, url)
                 except httpx.HTTPError as exc:
                     raise PolicyError(f"weight sync to {url} failed: {exc}", transient=True) from exc
                 data = _json(resp)

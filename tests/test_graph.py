@@ -181,6 +181,23 @@ def test_a_turn_whose_calls_fail_still_reaches_an_answer(media, mode, turns, fai
     assert read.count("decoder exploded") == len(failing)  # the planner answered having read every error slot
 
 
+def test_a_tool_refusing_the_call_is_the_models_error_not_the_runtimes(media):
+    """A tool that refuses a call (get_subtitles on a video without subtitles: a ToolError) fills its slot with
+    the error, but it is the model's choice that failed — not an outage: RL scores such an episode."""
+    call = '<tool_call>{"name": "get_subtitles", "arguments": {"start_time": 0, "end_time": 8}}</tool_call>'
+
+    def script(role, msgs):
+        if "<tool_response>" in text_of(msgs[-1]["content"]):
+            return "<think>no subtitles</think><answer>A</answer>"
+        return "<think>read the speech</think>\n" + call
+
+    cfg = AgentConfig(retries=0, tools=["crop_video", "get_subtitles"])
+    ans = Agent(policy=ScriptedPolicy(script), config=cfg).answer(media["video"], "q?")
+    [slot] = ans.trace.turns[0].calls
+    assert "no subtitle file" in slot.error and not slot.runtime_error
+    assert ans.text == "A" and ans.trace.runtime_call_errors == []
+
+
 def test_every_subagent_timing_out_still_reaches_an_answer(media):
     class Slow(ScriptedPolicy):
         async def generate(self, messages, sampling, prefix="", continuation=None):

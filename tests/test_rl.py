@@ -320,6 +320,11 @@ def test_tensor_sync_call_sequence(json_server):
     assert [p for m, p, _ in srv.seen if m == "POST"] == ["/pause_generation", "/begin_weight_update",
                                                           "/update_weights_from_tensor", "/continue_generation"]
     srv.seen.clear()
+    SGLangTensorSync(srv.url, bucket_bytes=200 << 10, pause_mode="in_place").push(named[:1])
+    posts = [(p, b) for m, p, b in srv.seen if m == "POST"]
+    assert [p for p, _ in posts][-2:] == ["/continue_generation", "/flush_cache"]  # the old prefixes, once idle
+    assert posts[2][1]["flush_cache"] is False  # never with the update: SGLang refuses it while requests run
+    srv.seen.clear()
     state.update(begin=200, refuse=True)
     with pytest.raises(PolicyError, match="shape mismatch"):
         sync.push(named)

@@ -157,6 +157,16 @@ class GRPOConfig(BaseModel):
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass: the batch is split into this many "
                                                    "mini-batches (verl's PPO mini-batches); from the second step "
                                                    "on the ratio moves and the clip (ε, DAPO's ε_high) acts.")
+    max_staleness: int = Field(0, ge=0, description="η, AReaL's max_head_offpolicyness: rollouts run ahead of the "
+                                                    "update on the served policy, at most η versions old when they "
+                                                    "train (asynchronous PARA-GRPO, the paper's AReaL setup; needs "
+                                                    "backend sglang). 0 = the synchronous loop, exactly.")
+    behaviour_weight_cap: float = Field(5.0, gt=1, description="Decoupled PPO (η > 0): each token is weighted by "
+                                                               "π_prox / π_behav; tokens above this cap are left "
+                                                               "out of the loss (AReaL's behav_imp_weight_cap).")
+    stale_queue_on_resume: Literal["drop", "keep"] = Field(
+        "drop", description="η > 0: rollouts finished but not yet trained when a checkpoint is written are "
+                            "dropped on restart (rolled out again) or kept (stored with the checkpoint).")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
     tas_lambda: float = Field(0.0, ge=0, description="AVATAR Temporal Advantage Shaping λ (0 = off).")
     replay: ReplaySettings = Field(default_factory=ReplaySettings, description="AVATAR's stratified replay.")

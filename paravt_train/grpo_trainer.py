@@ -39,6 +39,7 @@ import torch
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.chat import ChatTokenizer
+from paravt_train.async_rollouts import AsyncRollouts
 from paravt_train.checkpoint import (
     export_model,
     latest_checkpoint,
@@ -50,7 +51,6 @@ from paravt_train.checkpoint import (
 )
 from paravt_train.distributed import (
     barrier,
-    data_order,
     device,
     init_distributed,
     on_rank0,
@@ -58,12 +58,22 @@ from paravt_train.distributed import (
     rank_world,
     shard_model,
 )
-from paravt_train.grpo import episode_advantages, informative_group
+from paravt_train.grpo import episode_advantages
 from paravt_train.grpo_config import GRPOConfig
+from paravt_train.judge import LLMJudge
 from paravt_train.replay import ReplayBuffer, replay_batch, store_frames
-from paravt_train.rollout import Episode, PromptCache, PromptItem, RolloutSettings, gate_frames, run_group
+from paravt_train.rollout import (
+    Episode,
+    PromptCache,
+    PromptItem,
+    RolloutSettings,
+    gate_frames,
+    run_group,
+    sample_groups,
+    step_prompts,
+)
 from paravt_train.step_metrics import step_metrics
-from paravt_train.tensor_sync import stream_parameters
+from paravt_train.tensor_sync import serving_dtype, stream_parameters
 from paravt_train.update import PolicyUpdate, UpdateItem, collate, token_logprobs
 from paravt_train.weight_sync import SGLangWeightSync, make_weight_sync
 
@@ -80,6 +90,8 @@ class GRPOTrainer:
         self.out = Path(cfg.output_dir)
         self.step = 0
         self._ready = False
+        self.producer = None  # the asynchronous loop's rollout producer (max_staleness > 0)
+        self.restored_queue: dict | None = None  # its unused groups, from a checkpoint (stale_queue_on_resume)
 
     # ------------------------------------------------------------------ agent configs
 
@@ -186,15 +198,8 @@ class GRPOTrainer:
         self.update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,
                                    self.device, self.world, ref=self.ref, autocast_dtype=self.autocast_dtype,
                                    eos_id=self.eos_id)
-        self.judge = None
-        if cfg.reward.judge is not None:
-            from paravt_train.judge import LLMJudge
-
-            j = cfg.reward.judge
-            self.judge = LLMJudge(j.endpoint, j.model, api_key=j.api_key, timeout=j.timeout)
-        r = cfg.replay
-        self.replay = ReplayBuffer(capacity=r.capacity, tiers=r.tiers, alpha=r.alpha,
-                                   baseline_window=r.baseline_window, seed=cfg.seed)
+        self.judge = LLMJudge.from_settings(cfg.reward.judge) if cfg.reward.judge is not None else None
+        self.replay = ReplayBuffer.from_settings(cfg.replay, cfg.seed)
         self.extra_state: dict = {}
         self._resume()
         self._ready = True
@@ -223,6 +228,8 @@ class GRPOTrainer:
             mine = {"replay": blobs["replay"]} if "replay" in blobs else None
         if mine and "replay" in mine:
             self.replay.load_state_dict(mine["replay"], lambda key: np.load(self.frame_store / f"{key}.npy"))
+        if mine and self.cfg.stale_queue_on_resume == "keep":
+            self.restored_queue = mine.get("queue")
         self.extra_state = blobs.get("extra_state", {})
         if metrics.exists() and self.rank == 0:  # drop lines of steps after the checkpoint: they will be redone
             keep = [ln for ln in metrics.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
@@ -244,9 +251,11 @@ class GRPOTrainer:
             shards: list = [None] * self.world
             dist.all_gather_object(shards, keys)
             keys = sorted({k for shard in shards for k in shard})
+        mine = {"replay": state}
+        if self.producer is not None and self.cfg.stale_queue_on_resume == "keep":
+            mine["queue"] = self.producer.unused()  # rolled out, not yet trained
         save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step,
-                        blobs={"extra_state": self.extra_state}, rank_blobs={"replay": state},
-                        extra={"replay_frames": keys})
+                        blobs={"extra_state": self.extra_state}, rank_blobs=mine, extra={"replay_frames": keys})
         if self.rank == 0:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
             self._collect_frames()
@@ -284,8 +293,7 @@ class GRPOTrainer:
                     error = exc
         else:
             cfg = self.cfg
-            dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
-                     "float16": torch.float16, "float32": torch.float32}[cfg.sync_dtype]
+            dtype = serving_dtype(cfg.sync_dtype, self.device)
             to_cpu = cfg.weight_sync == "distributed" and cfg.sync_backend == "gloo"
             params = stream_parameters(self.model, dtype, keep=self.rank == 0, device="cpu" if to_cpu else None)
             if self.rank == 0:
@@ -304,23 +312,26 @@ class GRPOTrainer:
     def n_frames_for(self, prompt: PromptItem) -> int | None:
         return gate_frames(self.cfg.seed, prompt.id, self.cfg.gating_choices) if self.cfg.gating else None
 
-    def rollout(self, prompts: list[PromptItem], salt: int = 0) -> list[list[Episode]]:
-        """``[episodes of prompt 1 (G), episodes of prompt 2, ...]``."""
+    def rollout(self, prompts: list[PromptItem], salt: int = 0, step: int | None = None) -> list[list[Episode]]:
+        """``[episodes of prompt 1 (G), episodes of prompt 2, ...]`` for the prompts of ``step`` (default: the
+        next one; the asynchronous loop rolls out ahead)."""
         cfg = self.cfg
+        step = self.step if step is None else step
         sem = asyncio.Semaphore(cfg.concurrency)
 
         async def one(p: PromptItem):
             settings = RolloutSettings(group=cfg.group_size, n_frames=self.n_frames_for(p), reward=cfg.reward,
-                                       seed=cfg.seed * 1_000_003 + self.step * 101 + salt,
+                                       seed=cfg.seed * 1_000_003 + step * 101 + salt,
                                        subagents=cfg.train_subagents, judge=self.judge,
-                                       tag=f"s{self.step}r{self.rank}x{salt}")
+                                       tag=f"s{step}r{self.rank}x{salt}")
             async with sem:
                 return await run_group(self.agent, self.cache, p, settings, self.eos_id)
 
         async def all_():
             return await asyncio.gather(*(one(p) for p in prompts))
 
-        self.model.eval()
+        if self.syncer is None:  # the policy generates with the trained model itself
+            self.model.eval()
         return self.agent.run(all_())
 
     def advantages(self, group: list[Episode]) -> list[Episode]:
@@ -331,36 +342,24 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ one step
 
-    def _extra_prompts(self, pool: list[PromptItem], k: int, salt: int) -> list[PromptItem]:
-        rng = random.Random(self.cfg.seed * 7919 + self.step * 131 + salt * 17 + self.rank)
-        return rng.sample(pool, min(k, len(pool)))
-
     def _sample_groups(self, prompts: list[PromptItem], pool: list[PromptItem] | None):
-        """The step's groups (and every group rolled out, for the zero-variance count): DAPO's dynamic
-        sampling replaces zero-variance groups by groups of further prompts."""
+        """The step's groups and every group rolled out (:func:`paravt_train.rollout.sample_groups`)."""
         cfg = self.cfg
-        groups = self.rollout(prompts)
-        all_groups = list(groups)
-        if cfg.dynamic_sampling:
-            for rnd in range(1, cfg.max_sampling_rounds + 1):
-                informative = [g for g in groups if informative_group(g, cfg.failed_episodes == "keep")]
-                need = len(prompts) - len(informative)
-                if need <= 0 or not pool:
-                    break
-                more = self.rollout(self._extra_prompts(pool, need, rnd), salt=rnd)
-                all_groups.extend(more)
-                groups = informative + more
-            groups = [g for g in groups if informative_group(g, cfg.failed_episodes == "keep")][: len(prompts)] or groups
-        return groups, all_groups
+        rng = random.Random(cfg.seed * 7919 + self.step * 131 + self.rank)
+        return sample_groups(self.rollout, prompts, pool if cfg.dynamic_sampling else None, cfg.max_sampling_rounds,
+                             cfg.failed_episodes == "keep", rng)
 
     def train_step(self, prompts: list[PromptItem], pool: list[PromptItem] | None = None) -> dict:
         """Rollouts for ``prompts`` (this rank's share), one policy update, a sync; returns the step's
         metrics, gathered over all ranks. ``pool`` feeds dynamic sampling."""
         self.setup()
-        cfg = self.cfg
         t0 = time.perf_counter()
         groups, all_groups = self._sample_groups(prompts, pool)
-        t_roll = time.perf_counter() - t0
+        return self.learn(groups, all_groups, prompts, {"rollout_seconds": time.perf_counter() - t0})
+
+    def learn(self, groups, all_groups, prompts: list[PromptItem], timing: dict) -> dict:
+        """The update on rolled-out groups, the sync, the step's line of ``metrics.jsonl`` (``timing`` joins it)."""
+        cfg = self.cfg
         failed = [e.failed for g in groups for e in g if e.failed]
         if failed:  # counted in the metrics; said here, with the first reason (an unreadable video names itself)
             self.log(f"step {self.step + 1} (rank {self.rank}): {len(failed)} episodes failed, e.g. {failed[0]}")
@@ -375,8 +374,8 @@ class GRPOTrainer:
             self.sync()
         t_sync = time.perf_counter() - t2
         rec = step_metrics(self.step, groups, all_groups, prompts, stats, n_drawn, cfg, self.world)
-        rec.update(rollout_seconds=t_roll, update_seconds=t_upd, sync_seconds=t_sync,
-                   lr=self.scheduler.get_last_lr()[0])
+        rec.update(**timing, update_seconds=t_upd, sync_seconds=t_sync, lr=self.scheduler.get_last_lr()[0],
+                   time=time.time())
         if self.rank == 0:
             with (self.out / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(rec) + "\n")
@@ -385,13 +384,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ offline loop
 
     def prompts_for(self, step: int, prompts: list[PromptItem]) -> list[PromptItem]:
-        """The prompts of ``step``: epoch-shuffled order, ``prompts_per_step`` at a time, ranks interleaved."""
-        P = self.cfg.prompts_per_step
-        out = []
-        for j in range(step * P, (step + 1) * P):
-            epoch, pos = divmod(j, len(prompts))
-            out.append(prompts[data_order(len(prompts), self.cfg.seed, epoch)[pos]])
-        return out[self.rank :: self.world] if self.world > 1 else out
+        """This rank's prompts of ``step`` (:func:`paravt_train.rollout.step_prompts`)."""
+        return step_prompts(prompts, step, self.cfg.prompts_per_step, self.cfg.seed, self.rank, self.world)
 
     def evaluate(self, prompts: list[PromptItem]) -> dict:
         """Greedy held-out scores through the same agent graph, with `paravt-train eval`'s agent config and
@@ -427,13 +421,17 @@ class GRPOTrainer:
             self.log("held-out before: " + _fmt(self.extra_state["eval_before"]))
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.preset}", disable=not self.progress or self.rank)
         last = {}
-        while self.step < cfg.steps:
-            last = self.train_step(self.prompts_for(self.step, prompts), pool=prompts)
+        self.producer = AsyncRollouts(self, prompts, self.restored_queue) if cfg.max_staleness else None
+        while self.step < cfg.steps:  # η > 0: the producer rolls out ahead; η = 0: rollouts, then the update
+            last = (self.producer.train_step() if self.producer else
+                    self.train_step(self.prompts_for(self.step, prompts), pool=prompts))
             bar.update(1)
             bar.set_postfix(reward=f"{last['reward']:.2f}", f_tau=f"{last['f_tau']:.2f}", kappa=f"{last['kappa']:.2f}")
             if self.step % cfg.save_every == 0 or self.step == cfg.steps:
                 self.save()
         bar.close()
+        if self.producer is not None:
+            self.producer.stop()
         final = self.save_model(self.out / "final")
         summary["final_model"] = str(final)
         summary["last_step"] = last

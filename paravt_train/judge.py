@@ -21,6 +21,11 @@ class LLMJudge:
         self.client = OpenAI(base_url=endpoint, api_key=api_key, timeout=timeout, max_retries=0)
         self.model = model
 
+    @classmethod
+    def from_settings(cls, j) -> LLMJudge:
+        """From a reward config's ``judge`` settings (endpoint, model, api_key, timeout)."""
+        return cls(j.endpoint, j.model, api_key=j.api_key, timeout=j.timeout)
+
     def score(self, question: str, candidate: str, reference: str) -> float | None:
         try:
             resp = self.client.chat.completions.create(

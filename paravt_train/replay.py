@@ -55,6 +55,11 @@ class ReplayBuffer:
     seed: int = 0
     store: dict = field(default_factory=lambda: {"hard": deque(), "medium": deque(), "easy": deque()})
 
+    @classmethod
+    def from_settings(cls, r, seed: int = 0) -> ReplayBuffer:
+        """From a GRPO config's ``replay`` settings."""
+        return cls(capacity=r.capacity, tiers=r.tiers, alpha=r.alpha, baseline_window=r.baseline_window, seed=seed)
+
     def __post_init__(self):
         self._rng = random.Random(self.seed)
         self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=self.baseline_window))

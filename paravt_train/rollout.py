@@ -54,7 +54,10 @@ __all__ = [
     "assemble",
     "episode_transcript",
     "gate_frames",
+    "policy_versions",
     "run_group",
+    "sample_groups",
+    "step_prompts",
 ]
 
 
@@ -176,6 +179,7 @@ class Episode:
     subagent_errors: int = 0
     retokenized_turns: int = 0
     round_trip_turns: int = 0  # model calls whose prompt ids were emulated (a server that reports none)
+    versions: list[int] = field(default_factory=list)  # policy versions that sampled its tokens (server-reported)
     tag: str = ""  # where it was rolled out (step, rank, sampling round): ids stay unique across them
 
     @property
@@ -308,6 +312,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         ep.failed = "; ".join([*ans.trace.run_errors, *ans.trace.runtime_call_errors]) or None
         ep.subagent_errors = sum(1 for t in ans.trace.turns for c in t.calls if c.error)
         ep.round_trip_turns = sum(r.generation.prompt_source == "round_trip" for r in ans.records)
+        ep.versions = policy_versions(ans)
         if sampled_any(ans, banned):  # a server sampled a vision placeholder: counted as failed, not trained on
             ep.failed = "a turn sampled a vision placeholder token"
         else:
@@ -318,3 +323,54 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         return ep
 
     return list(await asyncio.gather(*(one(i) for i in range(settings.group))))
+
+
+def step_prompts(prompts: list[PromptItem], step: int, per_step: int, seed: int, rank: int = 0,
+                 world: int = 1) -> list[PromptItem]:
+    """The prompts of ``step``: an epoch-shuffled order (a function of the seed and the epoch only, so a
+    resumed run and every rank agree), ``per_step`` at a time, ranks interleaved (this rank's share)."""
+    from paravt_train.distributed import data_order
+
+    out = []
+    for j in range(step * per_step, (step + 1) * per_step):
+        epoch, pos = divmod(j, len(prompts))
+        out.append(prompts[data_order(len(prompts), seed, epoch)[pos]])
+    return out[rank::world] if world > 1 else out
+
+
+def sample_groups(rollout, prompts: list[PromptItem], pool: list[PromptItem] | None, rounds: int,
+                  keep_failed: bool, rng) -> tuple[list, list]:
+    """The step's groups and every group rolled out (for the zero-variance count). With a ``pool`` (DAPO's
+    dynamic sampling), groups that would train nothing are replaced by groups of further prompts drawn from it,
+    for up to ``rounds`` rounds. ``rollout(prompts, salt=round)`` rolls groups out."""
+    from paravt_train.grpo import informative_group
+
+    groups = rollout(prompts)
+    all_groups = list(groups)
+    if not pool:
+        return groups, all_groups
+    for rnd in range(1, rounds + 1):
+        informative = [g for g in groups if informative_group(g, keep_failed)]
+        need = len(prompts) - len(informative)
+        if need <= 0:
+            break
+        more = rollout(rng.sample(pool, min(need, len(pool))), salt=rnd)
+        all_groups.extend(more)
+        groups = informative + more
+    return [g for g in groups if informative_group(g, keep_failed)][: len(prompts)] or groups, all_groups
+
+
+def policy_versions(answer: Answer) -> list[int]:
+    """The policy versions that sampled an episode's tokens, as the server reported them (SGLang's
+    ``weight_version``, and ``weight_versions`` spans for a request an update interrupted): the trainer's steps
+    (``"default"``: the initial weights, 0). Several versions: a partial rollout. Empty: a backend that reports
+    none (the local backend samples with the trained model itself)."""
+    found: set[int] = set()
+    for r in answer.records:
+        g = r.generation
+        for v in [v for v, _, _ in g.weight_versions] or ([g.weight_version] if g.weight_version else []):
+            if v == "default":
+                found.add(0)
+            elif str(v).isdigit():
+                found.add(int(v))
+    return sorted(found)

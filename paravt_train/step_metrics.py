@@ -14,7 +14,7 @@ import torch
 
 from paravt_train.rewards import rollout_metrics
 
-__all__ = ["episode_record", "merge_stats", "step_metrics"]
+__all__ = ["episode_record", "merge_stats", "staleness", "step_metrics"]
 
 
 def episode_record(e) -> dict:
@@ -22,7 +22,7 @@ def episode_record(e) -> dict:
     return {"prompt": e.prompt_id, "task": e.task, "text": e.text, "reward": e.reward.total,
             "terms": e.reward.terms(), "degenerate": e.reward.degenerate, "n_frames": e.n_frames or 0,
             "failed": e.failed is not None, "failure": e.failed, "subagent_errors": e.subagent_errors,
-            "retokenized": e.retokenized_turns, "round_trip": e.round_trip_turns}
+            "retokenized": e.retokenized_turns, "round_trip": e.round_trip_turns, "versions": e.versions}
 
 
 def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: int, cfg, world: int = 1) -> dict:
@@ -66,6 +66,7 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
         "retokenized_turns": sum(e["retokenized"] for e in eps),
         # model calls whose prompt ids the server did not report (emulated round trip: SGLang < 0.5.19)
         "round_trip_turns": sum(e["round_trip"] for e in eps),
+        **staleness(ok, step - 1),
         "replayed": replayed,
         **shared["stats"],
     }
@@ -80,6 +81,22 @@ def merge_stats(stats: list[dict]) -> dict:
             out[key] = sum(s[key] for s in stats)
         elif key in ("grad_norm", "loss"):
             out[key] = stats[0][key] if key == "grad_norm" else sum(s[key] for s in stats)
+        elif key.endswith("_max"):
+            out[key] = max(s[key] for s in stats)
         else:
             out[key] = sum(s[key] * s.get("trained_tokens", 0) for s in stats) / total
     return out
+
+
+def staleness(eps: list[dict], version: int) -> dict:
+    """How many policy versions behind the update (at ``version``) each episode's oldest token was: the
+    histogram, the mean and the partial rollouts (an update landed mid-episode); empty for backends that report
+    no versions."""
+    gaps = [version - min(e["versions"]) for e in eps if e.get("versions")]
+    if not gaps:
+        return {}
+    hist: dict[str, int] = {}
+    for g in gaps:
+        hist[str(g)] = hist.get(str(g), 0) + 1
+    return {"staleness": sum(gaps) / len(gaps), "staleness_hist": dict(sorted(hist.items())),
+            "partial_rollouts": sum(len(e["versions"]) > 1 for e in eps if e.get("versions"))}

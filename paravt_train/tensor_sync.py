@@ -37,7 +37,16 @@ from paravt_train.weight_sync import (
 )
 
 __all__ = ["SGLangDistributedSync", "SGLangTensorSync", "device_uuid", "init_weight_update_group",
-           "serialize_named_tensors", "stream_parameters", "tag_device_uuid"]
+           "serialize_named_tensors", "serving_dtype", "stream_parameters", "tag_device_uuid"]
+
+
+def serving_dtype(name: str, device):
+    """The dtype weights are sent in: ``auto`` = bfloat16 on GPUs, float32 on CPU."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if getattr(device, "type", str(device)) == "cuda" else torch.float32
+    return getattr(torch, name)
 
 
 def stream_parameters(model, dtype=None, keep: bool = True, device=None) -> Iterator[tuple[str, object]]:

@@ -16,6 +16,9 @@ The objective itself is :func:`paravt_train.grpo.policy_loss` (pure tensors); th
   first pass starts at ratio 1); replayed samples against their stored behaviour logprobs. The mismatch
   between the recomputed and the behaviour logprobs of on-policy tokens is reported (``logprob_mismatch``:
   ~0 when rollouts came from these exact weights).
+* **Decoupled PPO** (``max_staleness`` > 0, rollouts from older policy versions): the ratio's denominator
+  is π_prox, this model at the start of the update, and each token is weighted by π_prox / π_behav, capped
+  (:func:`behaviour_weights`). With η = 0 nothing of it runs: the synchronous update, unchanged.
 * **Epochs and mini-batches.** ``ppo_epochs`` passes over the batch, each split into ``mini_batches``
   optimizer steps (verl's PPO mini-batches; 1 × 1 is one step on the whole batch, where the ratio stays 1
   and the clip never acts). Each mini-batch's loss is scaled by ``mini_batches`` so a step has the size of a
@@ -34,7 +37,7 @@ from paravt_train.distributed import all_reduce_max, clip_grad_norm, with_dummy_
 from paravt_train.grpo import policy_loss, temporal_weights, token_scales
 from paravt_train.rollout import RolloutError, TokenSequence
 
-__all__ = ["MicroBatch", "PolicyUpdate", "UpdateItem", "collate", "token_logprobs"]
+__all__ = ["MicroBatch", "PolicyUpdate", "UpdateItem", "behaviour_weights", "collate", "token_logprobs"]
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
 
@@ -107,6 +110,23 @@ def token_logprobs(model, batch: dict, temperature: float, entropy: bool = False
     return lp, ent
 
 
+def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float):
+    """Decoupled PPO (Hilton et al., "Batch size-invariance for policy optimization"; AReaL's asynchronous loss,
+    ``ppo_actor_loss_fn`` with ``behav_imp_weight_cap``): the ratio is taken to the proximal policy π_prox
+    (this model at the start of the update) and each token is weighted by π_prox / π_behav, the policy that
+    sampled it (the server's recorded logprobs, whatever version produced the token). Tokens whose weight
+    exceeds ``cap`` are left out (weight 0), as AReaL filters them. Returns the weights (1 off ``mask``) and
+    their statistics (sums over ``mask``)."""
+    with torch.no_grad():
+        w = torch.exp((prox_logp - behaviour_logp).clamp(max=30.0))
+        valid = mask > 0
+        capped = valid & (w > cap)
+        kept = torch.where(capped, torch.zeros_like(w), w)
+        stats = {"sum": float((kept * valid).sum()), "n": float(valid.sum()), "capped": float(capped.sum()),
+                 "max": float(w[valid].max()) if bool(valid.any()) else 0.0}
+        return torch.where(valid, kept, torch.ones_like(w)), stats
+
+
 @dataclass
 class MicroBatch:
     """One forward/backward pass: the model's inputs and what the loss needs per row and per token."""
@@ -119,6 +139,7 @@ class MicroBatch:
     token_weights: torch.Tensor | None = None  # (B, T-1) Temporal Advantage Shaping
     ref_logp: torch.Tensor | None = None  # (B, T-1) the frozen reference (KL)
     mismatch: tuple[float, float] = (0.0, 0.0)  # Σ|recomputed - behaviour| and the count, on-policy tokens
+    behaviour: dict | None = None  # decoupled PPO: the behaviour weights' statistics (sums and counts)
     dummy: bool = False  # a repeat at weight 0: this rank has fewer micro-batches than the busiest
 
     @property
@@ -186,11 +207,14 @@ class PolicyUpdate:
             recomputed, _ = token_logprobs(self.model, t, cfg.temperature)
         behaviour = t["behaviour_logp"][:, 1:]
         off = torch.tensor([c.off_policy for c in chunk], device=dev)[:, None]
-        # on-policy samples: the update starts at ratio 1 (old = this model before the update);
+        # on-policy samples: the update starts at ratio 1 (old = this model before the update: π_prox);
         # replayed samples: importance ratio against the stored behaviour logprobs
         mb.old_logp = torch.where(off, behaviour, recomputed)
         on = (~off).float() * mask
         mb.mismatch = (float(((recomputed - behaviour).abs() * on).sum()), float(on.sum()))
+        if cfg.max_staleness > 0:
+            w, mb.behaviour = behaviour_weights(recomputed, behaviour, on, cfg.behaviour_weight_cap)
+            mb.token_weights = w if mb.token_weights is None else mb.token_weights * w
         return mb
 
     def plan(self, items: list[UpdateItem]) -> tuple[list[MicroBatch], float]:
@@ -255,6 +279,12 @@ class PolicyUpdate:
         stats["grad_norm"] = float(grad_norm)
         mism = [b.mismatch for b in batches if not b.dummy]
         stats["logprob_mismatch"] = sum(m[0] for m in mism) / max(sum(m[1] for m in mism), 1.0)
+        if cfg.max_staleness > 0:  # decoupled PPO: how far the behaviour policy was from the proximal one
+            bw = [b.behaviour for b in batches if not b.dummy and b.behaviour is not None]
+            n = max(sum(x["n"] for x in bw), 1.0)
+            stats["behaviour_weight"] = sum(x["sum"] for x in bw) / n if bw else 1.0
+            stats["behaviour_weight_max"] = max((x["max"] for x in bw), default=1.0)
+            stats["capped_tokens"] = sum(x["capped"] for x in bw) / n
         stats["sequences"], stats["trained_tokens"] = len(items), int(local_tok)
         return stats
 

@@ -509,7 +509,10 @@ def make_handler(engine: Engine):
             info = api.GetServerInfoResponse(model_path=engine.model_dir, served_model_name=engine.model_dir,
                                              tokenizer_path=engine.model_dir, version=api.VERSION, host=host,
                                              port=port).to_json_value()
-            return {**info, "served_requests": engine.requests, "enable_deterministic_inference": engine.deterministic}
+            with engine.cv:
+                live = [len(r.chosen) for r in engine.live.values()]
+            return {**info, "served_requests": engine.requests, "enable_deterministic_inference": engine.deterministic,
+                    "running_output_tokens": live}  # this test server's own: tokens of the requests in flight
 
         def do_GET(self):  # noqa: N802
             if self.path in ("/health", "/health_generate"):

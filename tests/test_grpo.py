@@ -183,3 +183,24 @@ def test_baseline_window_is_per_rollout():
     for r in range(25):
         buf.observe("p0", float(r))  # one call per on-policy rollout, however many sequences it has
     assert buf.baseline("p0") == pytest.approx(sum(range(5, 25)) / 20)  # the last 20 rollouts
+
+
+def test_decoupled_objective_by_hand():
+    """AReaL's decoupled PPO on four tokens: the ratio to π_prox clipped at ε, each token weighted by
+    π_prox / π_behav, the token above the cap left out."""
+    from paravt_train.update import behaviour_weights
+
+    behav = torch.log(torch.tensor([[0.5, 0.4, 0.1, 0.5]]))  # the policy that sampled (the server's version)
+    prox = torch.log(torch.tensor([[0.5, 0.2, 0.6, 0.45]]))  # this model at the start of the update
+    theta = torch.log(torch.tensor([[0.7, 0.2, 0.6, 0.45]]))  # after a first optimizer step
+    mask = torch.ones(1, 4)
+    w, stats = behaviour_weights(prox, behav, mask, cap=5.0)
+    # weights 1, 0.5, 6 (over the cap: out), 0.9
+    assert w.tolist()[0] == pytest.approx([1.0, 0.5, 0.0, 0.9], rel=1e-5)
+    assert stats["capped"] == 1 and stats["max"] == pytest.approx(6.0, rel=1e-5)
+    out = policy_loss(theta, prox, torch.tensor([1.0]), mask, clip=0.2, kl_coef=0.0, token_weights=w,
+                      scales=torch.tensor([1.0]))
+    # token 1: ratio 0.7/0.5 = 1.4 clipped to 1.2 (A > 0) -> -1.2 x 1; token 2: ratio 1 -> -1 x 0.5;
+    # token 3: left out; token 4: ratio 1 -> -1 x 0.9
+    assert float(out.loss) == pytest.approx(-(1.2 * 1.0 + 1.0 * 0.5 + 0.0 + 1.0 * 0.9), rel=1e-5)
+    assert out.clip_fraction == pytest.approx(0.25)  # the first token's ratio is clipped

@@ -599,6 +599,98 @@ def test_unreadable_videos_fail_their_group_and_the_step_goes_on(toy_policy_dir,
     assert not first & again and len(again) == 4
 
 
+def test_synchronous_loop_is_the_eta_zero_case(toy_policy_dir, toy_rl, tmp_path):
+    """max_staleness 0 is the synchronous loop, number for number: run() equals train_step after train_step,
+    and none of the asynchronous machinery (producer, behaviour weights) takes part."""
+    cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "run", steps=2, gating=False, rollout_batch=1)  # batch-exact
+    ran = GRPOTrainer(cfg, progress=False, log=lambda *_: None)
+    ran.run()
+    step = GRPOTrainer(cfg.model_copy(update={"output_dir": str(tmp_path / "steps")}), progress=False)
+    step.setup()
+    prompts = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])
+    for k in range(2):
+        step.train_step(step.prompts_for(k, prompts), pool=prompts)
+    a = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "steps" / "metrics.jsonl").read_text().splitlines()]
+    drop = ("rollout_seconds", "update_seconds", "sync_seconds", "time")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in a] == [
+        {k: v for k, v in r.items() if k not in drop} for r in b]
+    assert ran.producer is None and "behaviour_weight" not in a[0]
+    for k, v in ran.model.state_dict().items():
+        assert torch.equal(v, step.model.state_dict()[k]), k
+
+
+def test_a_push_mid_episode_trains_each_token_with_its_own_behaviour(tiny_model, toy_rl, tmp_path, sglang_stub):
+    """Asynchronous RL: a weight push lands while an episode is being generated (retract: the request keeps
+    its tokens and continues on the new weights). The episode records both versions, and the decoupled
+    update weighs each token by π_prox / π_behav with the logprob of the version that sampled it: tokens
+    sampled after the push come from π_prox itself (weight 1), those before from the older policy."""
+    import threading
+    import time
+
+    import httpx
+
+    stub = sglang_stub(tiny_model)  # random weights: long answers, time for a push mid-generation
+    tr = GRPOTrainer(_cfg(tiny_model, toy_rl, tmp_path / "async", backend="sglang", endpoint=stub.url, group_size=2,
+                          max_new_tokens=600, gating=False, max_staleness=1, lr=1e-3, temperature=0.05),
+                     progress=False)  # nearly greedy: the random model repeats one token, never a vision placeholder
+    tr.setup()
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the next version differs from the served one
+    prompt = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])[:1]
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("groups", tr.rollout(prompt)))
+    thread.start()
+    deadline = time.time() + 120
+    while not any(n > 40 for n in httpx.get(stub.url + "/server_info").json()["running_output_tokens"]):
+        assert time.time() < deadline, "no generation started"
+        time.sleep(0.05)
+    tr.step = 1
+    tr.sync()  # version "1" reaches the server while the group is generating
+    thread.join(300)
+    eps = out["groups"][0]
+    split = [e for e in eps if e.versions == [0, 1]]
+    assert split, [e.versions for e in eps]
+    e = split[0]
+    rec = next(r for r in e.answer.records if r.generation.weight_versions)
+    (_, _, k), (v, start, end) = rec.generation.weight_versions
+    assert v == "1" and start == k and 0 < k < end
+    from paravt_train.update import UpdateItem as Item
+
+    mb = tr.update._prepare([Item(s, 1.0) for s in e.sequences if s.role == "planner"][:1], False,
+                            {e.id: sum(s.n_trained for s in e.sequences)}, (1, 1.0))
+    w = mb.token_weights[0][mb.mask[0] > 0]
+    n0 = len(rec.generation.prompt_ids) + len(rec.generation.prefix_ids or [])
+    assert w[k:end].tolist() == pytest.approx([1.0] * (end - k), abs=1e-3)  # sampled by π_prox itself
+    assert float((w[:k] - 1).abs().max()) > 1e-3  # sampled by the previous version
+    assert n0 > 0
+
+
+def test_asynchronous_loop_rolls_out_ahead_within_the_staleness_bound(toy_policy_dir, toy_rl, tmp_path,
+                                                                     sglang_stub):
+    """η = 1 against the SGLang-API test server: the producer rolls out step k + 1 while step k trains (their
+    phases overlap), no update trains tokens more than one version old, the decoupled objective's statistics
+    are logged, and the run ends with the server holding the trained weights."""
+    stub = sglang_stub(toy_policy_dir)
+    cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "eta1", backend="sglang", endpoint=stub.url, steps=2,
+               gating=False, max_staleness=1, group_size=2, save_every=10)
+    tr = GRPOTrainer(cfg, progress=False, log=lambda *_: None)
+    tr.run()
+    recs = [json.loads(x) for x in (tmp_path / "eta1" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert max(int(g) for g in r["staleness_hist"]) <= 1 and r["dropped_stale"] == 0
+        assert "behaviour_weight" in r and 0.0 <= r["capped_tokens"] <= 1.0
+    assert recs[0]["staleness"] == 0  # the first step's rollouts started on the initial weights
+    tl = tr.producer.timeline
+    rollouts = {p["step"]: p for p in tl if p["name"] == "rollout"}
+    updates = {p["step"]: p for p in tl if p["name"] == "update+sync"}
+    assert rollouts[2]["start"] < updates[1]["end"]  # step 2 rolled out while step 1 trained
+    info = __import__("httpx").get(stub.url + "/model_info").json()
+    assert info["weight_version"] == "2"
+
+
 def test_dapo_dynamic_sampling_refills_zero_variance_groups(toy_policy_dir, toy_rl, tmp_path):
     import copy
 

@@ -7,7 +7,7 @@ that cross layers live in :mod:`paravt_agent.types`.
 
 from typing import TYPE_CHECKING
 
-from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, ToolError, VideoError
+from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong, ToolError, VideoError
 
 if TYPE_CHECKING:
     from paravt_agent.agent import Agent
@@ -54,6 +54,7 @@ __all__ = [
     "PlannerEvent",
     "Policy",
     "PolicyError",
+    "PromptTooLong",
     "RolloutInput",
     "Sampling",
     "SubAgentEvent",

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from paravt_agent.config import AgentConfig
-from paravt_agent.errors import ConfigError, ParaVTError, PolicyError
+from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.registry import make_policy
 from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, layout_planner_messages, layout_system_prompt
@@ -113,6 +113,7 @@ class Agent:
 
         if not question or not question.strip():
             raise ParaVTError("the question is empty")
+        self.check_input(question, options)
         f = self.config.frames
         reader = VideoReader(local_video(video), backend=f.backend)
         t_overview = time.perf_counter()
@@ -124,6 +125,7 @@ class Agent:
             self.config.layout, self.system_prompt(), overview.frames, overview.timestamps, info.duration, question,
             options, video_name=os.path.basename(os.fspath(video)),
         )
+        self._check_prompt(messages)
         trace = Trace(
             video=os.fspath(video), question=question, options=list(options) if options else None,
             mode=self.config.mode, duration=info.duration, overview_timestamps=list(overview.timestamps),
@@ -131,6 +133,36 @@ class Agent:
         )
         return RolloutInput(question, list(options) if options else None, messages, ctx, trace,
                             n_frames if n_frames is not None else f.n_frames, overview_started=t_overview)
+
+    def check_input(self, question: str, options: Sequence[str] | None = None) -> None:
+        """Refuse (:class:`PromptTooLong`) a question or option over its token limit, cheaply: a text no longer
+        in UTF-8 bytes than its limit passes untokenised (a token is at least one byte), one over 16 bytes per
+        token of its limit is refused untokenised, the rest are counted with the model's tokenizer."""
+        cfg = self.config
+        items = [("question", question, cfg.max_question_tokens, "max_question_tokens")]
+        items += [(f"option {chr(65 + i)}", str(o), cfg.max_option_tokens, "max_option_tokens")
+                  for i, o in enumerate(options or ())]
+        for what, text, limit, key in items:
+            size = len(text.encode("utf-8", "replace"))
+            if size <= limit:
+                continue
+            if size > 16 * limit:
+                raise PromptTooLong(f"the {what} is {size} bytes, far over its limit of {limit} tokens ({key})")
+            n = self.policy.count_text_tokens(text)
+            n = -(-size // 2) if n is None else n
+            if n > limit:
+                raise PromptTooLong(f"the {what} is {n} tokens; the limit is {limit} ({key})")
+
+    def _check_prompt(self, messages: list[dict]) -> None:
+        """The planner's first prompt and its answer budget must fit the model's context (where known)."""
+        window = self.policy.context_length
+        if not window:
+            return
+        budget = self.config.planner_sampling.max_new_tokens
+        n = self.policy.count_tokens(messages)
+        if n is not None and n + budget > window:
+            raise PromptTooLong(f"the prompt is {n} tokens; with the {budget}-token answer budget it is over the "
+                                f"model's {window}-token context (use fewer frames or a shorter question)")
 
     def _graph_config(self) -> dict:
         return {"max_concurrency": self.config.max_concurrency, "recursion_limit": 6 * (self.config.max_turns + 3)}

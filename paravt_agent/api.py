@@ -55,7 +55,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paravt_agent.agent import Agent
-from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, VideoError
+from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong, VideoError
 from paravt_agent.trajectory import Trace
 from paravt_agent.types import AnswerEvent, PlannerEvent, SubAgentEvent
 
@@ -79,6 +79,7 @@ class ApiSettings:
     download_timeout: float = 300.0
     max_turns_limit: int = 8
     download_dir: str | None = None
+    allow_url_prefixes: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
 
@@ -221,7 +222,7 @@ def resolve_video(video: str, settings: ApiSettings) -> str:
         from paravt_agent.video.fetch import local_video
 
         return local_video(video, cache=settings.download_dir, max_bytes=settings.max_download_bytes,
-                           timeout=settings.download_timeout)
+                           timeout=settings.download_timeout, allow_prefixes=settings.allow_url_prefixes)
     if "://" in video[:16] or low.startswith("data:"):
         raise ApiError(400, f"{video[:40]!r}: only paths under the server's video root and http(s) URLs are accepted",
                        code="invalid_video")
@@ -349,6 +350,8 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
             return json.loads(buf or b"null")
         except ValueError as exc:
             raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError(400, "the body is not valid JSON: it is nested too deeply") from None
 
     @app.get("/health")
     async def health():
@@ -387,8 +390,9 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
         svc = service()
         svc.admit()
         try:
-            path = await asyncio.to_thread(resolve_video, q.video, settings)
             ag = svc.agent(q.mode, q.max_turns)
+            await asyncio.to_thread(ag.check_input, q.question, q.options)  # before any download or model call
+            path = await asyncio.to_thread(resolve_video, q.video, settings)
         except ParaVTError as exc:
             svc.release()
             raise _as_api_error(exc) from None
@@ -531,6 +535,8 @@ class _Guard:
 def _as_api_error(exc: ParaVTError) -> ApiError:
     if isinstance(exc, VideoError | ConfigError):
         return ApiError(400, str(exc), code="invalid_video" if isinstance(exc, VideoError) else "invalid_config")
+    if isinstance(exc, PromptTooLong):
+        return ApiError(400, str(exc), code="prompt_too_long")
     if isinstance(exc, PolicyError):
         if exc.transient:
             return ApiError(503, str(exc), kind="server_error", code="model_unavailable", headers={"Retry-After": "5"})

@@ -125,6 +125,9 @@ def api_cmd(
     max_request_kb: int = typer.Option(1024, min=1, help="Largest request body."),
     max_download_mb: int = typer.Option(2048, min=1, help="Largest http(s) video a request may name."),
     download_timeout: float = typer.Option(300.0, help="Seconds a video download may take."),
+    allow_url_prefix: list[str] = typer.Option(None, "--allow-url-prefix", help="Video URLs under this prefix are "
+                                               "fetched even from loopback, private or link-local addresses (refused "
+                                               "by default; repeatable; env PARAVT_ALLOW_URL_PREFIXES adds more)."),
     mode: str = typer.Option(None, help="Default dispatch mode (requests may set `mode`)."),
     preset: str = typer.Option(None, help="Protocol preset (default: the model directory's own, else paravt)."),
     config: Path = typer.Option(None, help="AgentConfig YAML file."),
@@ -148,7 +151,7 @@ def api_cmd(
     settings = ApiSettings(model_name=served_model_name, video_root=str(video_root) if video_root else None,
                            api_key=api_key, max_concurrent=max_concurrent, max_queue=max_queue,
                            max_request_bytes=max_request_kb << 10, max_download_bytes=max_download_mb << 20,
-                           download_timeout=download_timeout)
+                           download_timeout=download_timeout, allow_url_prefixes=tuple(allow_url_prefix or ()))
     typer.echo(f"ParaVT agent API on http://{host}:{port}/v1 (model {served_model_name!r}, "
                f"{agent.policy.name} backend)", err=True)
     serve(agent, settings, host=host, port=port)

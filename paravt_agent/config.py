@@ -115,6 +115,10 @@ class AgentConfig(BaseModel):
     request_timeout: float = Field(900.0, gt=0, description="Seconds for a whole question; past it the run stops "
                                    "and the trace says so (what finished is kept).")
     max_concurrency: int = Field(16, ge=1, description="Sub-agents running at once.")
+    max_question_tokens: int = Field(
+        4096, ge=1, description="Longest question in tokens (the model's tokenizer; without one here, one token per "
+        "2 UTF-8 bytes): a longer one is refused before any model call (PromptTooLong), never truncated.")
+    max_option_tokens: int = Field(512, ge=1, description="Longest answer option in tokens (as max_question_tokens).")
     system_prompt: str | None = Field(None, description="Planner system prompt; None = the paper's (Appendix C).")
     subagent_prompt: str | None = Field(None, description="Sub-agent system prompt; None = the built-in one.")
 

@@ -24,5 +24,9 @@ class PolicyError(ParaVTError):
         self.transient = transient
 
 
+class PromptTooLong(PolicyError):
+    """A question, an option or the whole prompt is over its token limit (refused before any model call)."""
+
+
 class ConfigError(ParaVTError):
     """A configuration file or option is invalid."""

@@ -13,27 +13,67 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from paravt_train.distributed import barrier, rank_world
+from paravt_agent.errors import ConfigError
+from paravt_train.distributed import all_reduce_max, barrier, rank_world
 
-__all__ = ["export_model", "latest_checkpoint", "load_blobs", "load_checkpoint", "load_rank_blobs",
-           "prune_checkpoints", "save_checkpoint"]
+__all__ = ["CheckpointError", "complete_checkpoints", "export_model", "latest_checkpoint", "load_blobs",
+           "load_checkpoint", "load_rank_blobs", "prune_checkpoints", "resume_latest", "save_checkpoint"]
 
 STATE_FILE = "trainer_state.json"
+T = TypeVar("T")
+
+
+class CheckpointError(ConfigError):
+    """Checkpoints exist under the output directory but none of them can be loaded."""
+
+
+def complete_checkpoints(out: str | Path) -> list[Path]:
+    """The complete ``checkpoint-<step>`` folders under ``out``, oldest first."""
+    ckpts = sorted((p for p in Path(out).glob("checkpoint-*") if p.name.split("-")[1].isdigit()),
+                   key=lambda p: int(p.name.split("-")[1]))
+    return [c for c in ckpts if (c / STATE_FILE).is_file()]
 
 
 def latest_checkpoint(out: str | Path) -> Path | None:
     """The newest complete ``checkpoint-<step>`` folder under ``out``, or None."""
-    ckpts = sorted((p for p in Path(out).glob("checkpoint-*") if p.name.split("-")[1].isdigit()),
-                   key=lambda p: int(p.name.split("-")[1]))
-    done = [c for c in ckpts if (c / STATE_FILE).is_file()]
+    done = complete_checkpoints(out)
     return done[-1] if done else None
+
+
+def resume_latest(out: str | Path, load: Callable[[Path], T], log=print) -> tuple[Path, T] | None:
+    """``load`` the newest checkpoint that loads on every rank: one that fails (a truncated or unreadable file,
+    on any rank) is passed over with a warning for the one before it. None when there is no checkpoint; a
+    :class:`CheckpointError` when there are some and none loads (never a silent restart from step 0). ``load``
+    must restore everything it touches, so a later candidate overwrites what a failed one half-restored."""
+    candidates = complete_checkpoints(out)[::-1]
+    failed: list[str] = []
+    for path in candidates:
+        error: Exception | None = None
+        try:
+            result = load(path)
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 (reported; the previous one is tried)
+            error = exc
+        if not all_reduce_max(int(error is not None)):
+            if failed:
+                log(f"warning: resumed from {path.name}, not the newest checkpoint ({'; '.join(failed)})")
+            return path, result
+        why = f"{error.__class__.__name__}: {error}" if error is not None else "it failed on another rank"
+        failed.append(f"{path.name} cannot be loaded: {why}")
+        log(f"warning: {path} cannot be loaded ({why}); trying the checkpoint before it")
+    if failed:
+        raise CheckpointError(f"no checkpoint under {out} can be loaded:\n  " + "\n  ".join(failed) +
+                              "\nmove them away to start from scratch")
+    return None
 
 
 def prune_checkpoints(out: str | Path, keep: int) -> list[Path]:

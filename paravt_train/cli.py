@@ -23,6 +23,13 @@ def main() -> None:
     """ParaVT trainer."""
 
 
+
+def stopped_exit_code() -> int:
+    """A run stopped by SIGTERM (checkpointed, resumable) exits as a terminated process does: 143."""
+    from paravt_train.interrupt import EXIT_CODE
+
+    return EXIT_CODE
+
 @app.command("validate-data")
 def validate_data(
     file: Path = typer.Argument(..., help="Parquet file or dataset directory."),
@@ -115,6 +122,8 @@ def sft_cmd(
         result = train(cfg)
     except (ConfigError, ParaVTError) as exc:
         _fail(str(exc))
+    if result.get("stopped"):
+        raise typer.Exit(stopped_exit_code())
     typer.echo(f"trained {result['steps']} steps; final loss {result['losses'][-1]:.4f}; "
                f"model in {Path(result['output_dir']) / 'final'}" if result["losses"] else "nothing to train")
 
@@ -267,6 +276,8 @@ def grpo_cmd(
         summary = GRPOTrainer(cfg).run()
     except (ConfigError, ParaVTError) as exc:
         _fail(str(exc))
+    if summary.get("stopped"):
+        raise typer.Exit(stopped_exit_code())
     last = summary.get("last_step") or {}
     typer.echo(f"done: reward {last.get('reward', float('nan')):.3f}, f_tau {last.get('f_tau', float('nan')):.3f}, "
                f"kappa {last.get('kappa', float('nan')):.2f}; model in {summary['final_model']}")
@@ -317,6 +328,8 @@ def online_cmd(
     except ConfigError as exc:
         _fail(str(exc))
     typer.echo(f"{n} updates; {learner.consumed} feedback rows consumed; checkpoints in {cfg.output_dir}")
+    if learner.stopped:
+        raise typer.Exit(stopped_exit_code())
 
 
 if __name__ == "__main__":

@@ -42,11 +42,11 @@ from paravt_agent.policy.chat import ChatTokenizer
 from paravt_train.async_rollouts import AsyncRollouts
 from paravt_train.checkpoint import (
     export_model,
-    latest_checkpoint,
     load_blobs,
     load_checkpoint,
     load_rank_blobs,
     prune_checkpoints,
+    resume_latest,
     save_checkpoint,
 )
 from paravt_train.distributed import (
@@ -60,6 +60,7 @@ from paravt_train.distributed import (
 )
 from paravt_train.grpo import episode_advantages
 from paravt_train.grpo_config import GRPOConfig
+from paravt_train.interrupt import GracefulStop
 from paravt_train.judge import LLMJudge
 from paravt_train.replay import ReplayBuffer, replay_batch, store_frames
 from paravt_train.rollout import (
@@ -91,6 +92,7 @@ class GRPOTrainer:
         self.step = 0
         self._ready = False
         self.producer = None  # the asynchronous loop's rollout producer (max_staleness > 0)
+        self.stopped: str | None = None  # the signal that ended run() early
         self.restored_queue: dict | None = None  # its unused groups, from a checkpoint (stale_queue_on_resume)
 
     # ------------------------------------------------------------------ agent configs
@@ -214,23 +216,25 @@ class GRPOTrainer:
     def _resume(self) -> None:
         import numpy as np
 
-        latest = latest_checkpoint(self.out) if self.cfg.resume else None
+        def load(path: Path) -> None:
+            self.step = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+            blobs = load_blobs(path)
+            mine = load_rank_blobs(path, self.rank)
+            if mine is None and self.rank == 0:  # a checkpoint from before per-rank state: rank 0's was shared
+                mine = {"replay": blobs["replay"]} if "replay" in blobs else None
+            if mine and "replay" in mine:
+                self.replay.load_state_dict(mine["replay"], lambda key: np.load(self.frame_store / f"{key}.npy"))
+            self.restored_queue = mine.get("queue") if mine and self.cfg.stale_queue_on_resume == "keep" else None
+            self.extra_state = blobs.get("extra_state", {})
+
         metrics = self.out / "metrics.jsonl"
-        if latest is None:  # a fresh start: metrics of an earlier attempt that never checkpointed go
+        self.model.train()
+        resumed = resume_latest(self.out, load, self.log) if self.cfg.resume else None
+        if resumed is None:  # a fresh start: metrics of an earlier attempt that never checkpointed go
             if metrics.exists() and self.rank == 0:
                 metrics.unlink()
             return
-        self.model.train()
-        self.step = load_checkpoint(latest, self.model, self.optimizer, self.scheduler)
-        blobs = load_blobs(latest)
-        mine = load_rank_blobs(latest, self.rank)
-        if mine is None and self.rank == 0:  # a checkpoint from before per-rank state: rank 0's buffer was shared
-            mine = {"replay": blobs["replay"]} if "replay" in blobs else None
-        if mine and "replay" in mine:
-            self.replay.load_state_dict(mine["replay"], lambda key: np.load(self.frame_store / f"{key}.npy"))
-        if mine and self.cfg.stale_queue_on_resume == "keep":
-            self.restored_queue = mine.get("queue")
-        self.extra_state = blobs.get("extra_state", {})
+        latest = resumed[0]
         if metrics.exists() and self.rank == 0:  # drop lines of steps after the checkpoint: they will be redone
             keep = [ln for ln in metrics.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
             metrics.write_text("".join(ln + "\n" for ln in keep))
@@ -422,16 +426,26 @@ class GRPOTrainer:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.preset}", disable=not self.progress or self.rank)
         last = {}
         self.producer = AsyncRollouts(self, prompts, self.restored_queue) if cfg.max_staleness else None
-        while self.step < cfg.steps:  # η > 0: the producer rolls out ahead; η = 0: rollouts, then the update
-            last = (self.producer.train_step() if self.producer else
-                    self.train_step(self.prompts_for(self.step, prompts), pool=prompts))
-            bar.update(1)
-            bar.set_postfix(reward=f"{last['reward']:.2f}", f_tau=f"{last['f_tau']:.2f}", kappa=f"{last['kappa']:.2f}")
-            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
-                self.save()
+        with GracefulStop() as stop:
+            while self.step < cfg.steps:  # η > 0: the producer rolls out ahead; η = 0: rollouts, then the update
+                last = (self.producer.train_step() if self.producer else
+                        self.train_step(self.prompts_for(self.step, prompts), pool=prompts))
+                bar.update(1)
+                bar.set_postfix(reward=f"{last['reward']:.2f}", f_tau=f"{last['f_tau']:.2f}",
+                                kappa=f"{last['kappa']:.2f}")
+                asked = self.step < cfg.steps and stop.requested()  # SIGTERM: keep this step, end the run
+                if asked or self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                    self.save()
+                if asked:
+                    self.stopped = stop.signal_name
+                    break
         bar.close()
         if self.producer is not None:
             self.producer.stop()
+        if self.stopped:
+            self.log(f"stopped by {self.stopped} after step {self.step}: checkpoint-{self.step} holds it; run again "
+                     "with resume: true (the default) to continue")
+            return {"stopped": self.stopped, "last_step": last, "checkpoint": str(self.out / f"checkpoint-{self.step}")}
         final = self.save_model(self.out / "final")
         summary["final_model"] = str(final)
         summary["last_step"] = last

@@ -28,7 +28,6 @@ it are redone, so no feedback is lost and none is trained on twice.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
 from paravt_train.grpo_config import GRPOConfig
 from paravt_train.grpo_trainer import GRPOTrainer
+from paravt_train.interrupt import GracefulStop
 from paravt_train.rollout import PromptItem
 
 __all__ = ["OnlineLearner", "prompt_from_feedback"]
@@ -64,6 +64,7 @@ class OnlineLearner:
         self.log = log
         self.consumed = 0
         self.saved_step: int | None = None  # the newest checkpoint this run wrote
+        self.stopped: str | None = None  # the signal that ended run() early
 
     @property
     def state(self) -> dict:
@@ -143,28 +144,34 @@ class OnlineLearner:
             self.saved_step = tr.step
         P = tr.cfg.prompts_per_step
         steps = 0
-        while max_steps is None or steps < max_steps:
-            self._poll_everywhere()
-            st = self.state
-            if not st["queue"]:
-                if once:
+        with GracefulStop() as stop:
+            while max_steps is None or steps < max_steps:
+                self._poll_everywhere()
+                st = self.state
+                if not st["queue"]:
+                    if once or stop.requested():
+                        break
+                    stop.sleep(poll)
+                    continue
+                batch = [PromptItem(**d) for d in st["queue"][:P]]
+                mine = batch[tr.rank :: tr.world]
+                rec = tr.train_step(mine)
+                st["queue"] = st["queue"][len(batch):]
+                st["trained"].extend(p.id for p in batch)
+                if tr.step % tr.cfg.save_every == 0:
+                    tr.save()  # weights, optimizer, cursor and queue together
+                    self.saved_step = tr.step
+                self.write_progress()
+                steps += 1
+                self.log(f"update {tr.step}: {len(batch)} prompts, reward {rec['reward']:.3f}, "
+                         f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}")
+                if stop.requested():  # SIGTERM: the update is kept (saved below), the run ends here
                     break
-                time.sleep(poll)
-                continue
-            batch = [PromptItem(**d) for d in st["queue"][:P]]
-            mine = batch[tr.rank :: tr.world]
-            rec = tr.train_step(mine)
-            st["queue"] = st["queue"][len(batch):]
-            st["trained"].extend(p.id for p in batch)
-            if tr.step % tr.cfg.save_every == 0:
-                tr.save()  # weights, optimizer, cursor and queue together
-                self.saved_step = tr.step
-            self.write_progress()
-            steps += 1
-            self.log(f"update {tr.step}: {len(batch)} prompts, reward {rec['reward']:.3f}, "
-                     f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}")
         if steps and tr.step % tr.cfg.save_every:  # a clean stop keeps every update
             tr.save()
             self.saved_step = tr.step
             self.write_progress()
+        self.stopped = stop.signal_name
+        if self.stopped:
+            self.log(f"stopped by {self.stopped} after update {tr.step}; the checkpoint holds it and the cursor")
         return steps

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from paravt_agent.policy.chat import ChatTokenizer, to_chat_messages
-from paravt_train.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from paravt_train.checkpoint import load_checkpoint, prune_checkpoints, resume_latest, save_checkpoint
 from paravt_train.distributed import (
     barrier,
     clip_grad_norm,
@@ -46,6 +46,7 @@ from paravt_train.distributed import (
     with_dummy_image,
     world_scale,
 )
+from paravt_train.interrupt import GracefulStop
 from paravt_train.sft_config import LoraSettings, SFTConfig
 
 __all__ = ["LoraSettings", "SFTConfig", "assistant_labels", "build_example", "collate", "train"]
@@ -237,9 +238,9 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
     step = 0
-    latest = latest_checkpoint(out) if cfg.resume else None
-    if latest is not None:
-        step = load_checkpoint(latest, model, optimizer, scheduler)
+    resumed = resume_latest(out, lambda p: load_checkpoint(p, model, optimizer, scheduler)) if cfg.resume else None
+    if resumed is not None:
+        step = resumed[1]
     cache: dict[int, dict] = {}
 
     def example(i: int) -> dict:
@@ -253,59 +254,74 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
     losses, norms = [], []
     metrics_path = out / "metrics.jsonl"
     bar = tqdm(total=total, initial=step, desc="sft", disable=not progress or rank != 0)
-    model.train()
-    while step < total:
-        epoch, pos = divmod(step, steps_per_epoch)
-        order = data_order(len(samples), cfg.seed, epoch)
-        batch_idx = order[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
-        mine = batch_idx[rank::world]
-        t0 = time.perf_counter()
-        # longest first, so micro-batches hold similar lengths (less padding; the loss is unchanged)
-        exs = sorted((example(i) for i in mine), key=lambda e: -len(e["input_ids"]))
-        n_tok = sum(sum(1 for x in e["labels"][1:] if x != -100) for e in exs)
-        denom = max(1.0, _global_sum(float(n_tok), world))
-        total_loss = 0.0
-        optimizer.zero_grad(set_to_none=True)
-        for k in range(0, len(exs), cfg.micro_batch_size):
-            mb = collate(exs[k : k + cfg.micro_batch_size], pad, processor)
-            if world > 1 and "pixel_values" not in mb:  # the vision tower's collectives run on every rank
-                mb = with_dummy_image(mb, chat)
-            batch = {key: v.to(dev) for key, v in mb.items()}
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss_sum, _ = token_loss_sum(model, batch)
-                # this rank's share of the global mean, times the world size: FSDP averages gradients
-                loss = loss_sum / denom * world_scale()
-            loss.backward()
-            total_loss += float(loss_sum.detach())
-        total_loss = _global_sum(total_loss, world)
-        grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        mean_loss = total_loss / denom
-        losses.append(mean_loss)
-        norms.append(grad_norm)
-        bar.update(1)
-        bar.set_postfix(loss=f"{mean_loss:.4f}")
-        if rank == 0 and step % cfg.log_every == 0:
-            rec = {"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0], "tokens": int(denom),
-                   "grad_norm": grad_norm, "step_time": time.perf_counter() - t0, "epoch": epoch}
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-        if cfg.save_every and step % cfg.save_every == 0 and step < total:
-            save_checkpoint(out / f"checkpoint-{step}", model, optimizer, scheduler, step)
-            if cfg.keep_checkpoints:
-                prune_checkpoints(out, cfg.keep_checkpoints)
-        if cfg.export_every and step % cfg.export_every == 0 and step < total:
-            save_model_dir(model, processor, out / f"model-{step}", cfg)
-        if callback is not None:
-            callback(step, mean_loss)
-    bar.close()
-    if cfg.save_final:
+    stopped = None
+    with GracefulStop() as stop:
+        model.train()
+        while step < total:
+            epoch, pos = divmod(step, steps_per_epoch)
+            order = data_order(len(samples), cfg.seed, epoch)
+            batch_idx = order[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
+            mine = batch_idx[rank::world]
+            t0 = time.perf_counter()
+            # longest first, so micro-batches hold similar lengths (less padding; the loss is unchanged)
+            exs = sorted((example(i) for i in mine), key=lambda e: -len(e["input_ids"]))
+            n_tok = sum(sum(1 for x in e["labels"][1:] if x != -100) for e in exs)
+            denom = max(1.0, _global_sum(float(n_tok), world))
+            total_loss = 0.0
+            optimizer.zero_grad(set_to_none=True)
+            for k in range(0, len(exs), cfg.micro_batch_size):
+                mb = collate(exs[k : k + cfg.micro_batch_size], pad, processor)
+                if world > 1 and "pixel_values" not in mb:  # the vision tower's collectives run on every rank
+                    mb = with_dummy_image(mb, chat)
+                batch = {key: v.to(dev) for key, v in mb.items()}
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    loss_sum, _ = token_loss_sum(model, batch)
+                    # this rank's share of the global mean, times the world size: FSDP averages gradients
+                    loss = loss_sum / denom * world_scale()
+                loss.backward()
+                total_loss += float(loss_sum.detach())
+            total_loss = _global_sum(total_loss, world)
+            grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            mean_loss = total_loss / denom
+            losses.append(mean_loss)
+            norms.append(grad_norm)
+            bar.update(1)
+            bar.set_postfix(loss=f"{mean_loss:.4f}")
+            if rank == 0 and step % cfg.log_every == 0:
+                rec = {"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0], "tokens": int(denom),
+                       "grad_norm": grad_norm, "step_time": time.perf_counter() - t0, "epoch": epoch}
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            saved = False
+            if cfg.save_every and step % cfg.save_every == 0 and step < total:
+                save_checkpoint(out / f"checkpoint-{step}", model, optimizer, scheduler, step)
+                saved = True
+                if cfg.keep_checkpoints:
+                    prune_checkpoints(out, cfg.keep_checkpoints)
+            if cfg.export_every and step % cfg.export_every == 0 and step < total:
+                save_model_dir(model, processor, out / f"model-{step}", cfg)
+            if callback is not None:
+                callback(step, mean_loss)
+            if step < total and stop.requested():  # SIGTERM: this step is kept, the run ends here
+                if not saved:
+                    save_checkpoint(out / f"checkpoint-{step}", model, optimizer, scheduler, step)
+                    if cfg.keep_checkpoints:
+                        prune_checkpoints(out, cfg.keep_checkpoints)
+                stopped = stop.signal_name
+                break
+        bar.close()
+    if stopped:
+        if rank == 0:
+            print(f"stopped by {stopped} after step {step}: {out / f'checkpoint-{step}'} holds it; run again with "
+                  "resume: true (the default) to continue", flush=True)
+    elif cfg.save_final:
         save_model_dir(model, processor, out / "final", cfg)
     if world > 1:
         torch.distributed.destroy_process_group()
-    return {"steps": step, "losses": losses, "grad_norms": norms, "output_dir": str(out)}
+    return {"steps": step, "losses": losses, "grad_norms": norms, "output_dir": str(out), "stopped": stopped}
 
 
 def _global_sum(value: float, world: int) -> float:

@@ -52,10 +52,8 @@ def main() -> None:
         clip = VideoReader(w.video).crop(10, 20, crop_fps=1.0, max_pixels=1024)
         subs.append(subagent_messages(clip.frames, clip.timestamps, (10, 20), w.questions[0].question))
 
-    # every request generates exactly --tokens tokens: the model never stops early
-    eos = policy.eos_id
-    model = policy.model
-    model.generation_config.suppress_tokens = [eos]
+    # every request generates exactly --tokens tokens: the model never samples its end of turn
+    policy.chat.placeholder_ids.append(policy.eos_id)
 
     def run(prompts, B):
         sampling = Sampling(max_new_tokens=args.tokens)
@@ -66,7 +64,7 @@ def main() -> None:
         t0 = time.perf_counter()
         outs = asyncio.run(go())
         dt = time.perf_counter() - t0
-        assert all(o.extra["batch"] == B for o in outs), [o.extra["batch"] for o in outs]
+        assert all(o.batch_size == B for o in outs), [o.batch_size for o in outs]
         return sum(o.completion_tokens for o in outs) / dt
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

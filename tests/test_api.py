@@ -193,8 +193,12 @@ def test_bad_requests_get_clear_errors(media, serve, tmp_path):
 
     outside = tmp_path / "outside.mp4"
     shutil.copy(media["video"], outside)
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(media["dir"]), **k)  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    site = f"http://127.0.0.1:{httpd.server_address[1]}"
     srv = serve(Agent(policy=ScriptedPolicy(script)), video_root=str(media["dir"]), max_request_bytes=4096,
-                max_download_bytes=1000, download_dir=str(tmp_path / "dl"))
+                max_download_bytes=1000, download_dir=str(tmp_path / "dl"), allow_url_prefixes=(site + "/",))
     url = srv.url + "/v1/chat/completions"
 
     def post(body, **kw):
@@ -217,19 +221,38 @@ def test_bad_requests_get_clear_errors(media, serve, tmp_path):
     err(post({"messages": user("colours.mp4", "x" * 5000)}), 413, "over 4096 bytes")
     err(httpx.post(url, content=b"{nope", headers={"content-type": "application/json"}), 400, "not valid JSON")
     err(httpx.post(srv.url + "/v1/feedback", json={"trace_id": "x", "answer": "A"}), 400, "--store")
-    # an http(s) video over the download limit
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(media["dir"]), **k)  # noqa: E731
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    err(httpx.post(url, content=b"[" * 2000 + b"]" * 2000, headers={"content-type": "application/json"}), 400,
+        "nested too deeply")
+    # an http(s) video over the download limit (the operator opened this site's prefix) ...
     try:
-        err(post({"messages": user(f"http://127.0.0.1:{httpd.server_address[1]}/colours.mp4", "q?")}), 400,
-            "download limit")
+        err(post({"messages": user(f"{site}/colours.mp4", "q?")}), 400, "download limit")
     finally:
         httpd.shutdown()
+    # ... and the server never fetches from its own network otherwise: here, its own loopback
+    err(post({"messages": user(srv.url + "/v1/models", "q?")}), 400, "is a loopback address (127.0.0.1)")
+    err(post({"messages": user("http://localhost:9/x.mp4", "q?")}), 400, "loopback address")
     # follow-up question: the video of an earlier message is reused
     msgs = user("colours.mp4", "first?") + [{"role": "assistant", "content": "B"},
                                             {"role": "user", "content": "And now? (A) red (B) green"}]
     assert post({"messages": msgs, "options": ["red", "green"]}).json()["choices"][0]["message"]["content"] == "B"
+
+
+def test_oversized_questions_are_refused_before_any_model_call(media, serve):
+    """A 200,000-character question (NUL and right-to-left characters in it) is a fast 400, as is a long option;
+    a long but legal question is answered."""
+    policy = ScriptedPolicy(script)
+    srv = serve(Agent(policy=policy), video_root=str(media["dir"]))
+    url = srv.url + "/v1/chat/completions"
+    hostile = ("\u202eevil\x00 " * 20_000)[:200_000]
+    t0 = time.perf_counter()
+    r = httpx.post(url, json={"messages": user("colours.mp4", hostile)}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long", r.text
+    assert "max_question_tokens" in r.json()["error"]["message"] and time.perf_counter() - t0 < 5
+    r = httpx.post(url, json={"messages": user("colours.mp4", "Which?"), "options": ["x" * 3000, "y"]}, timeout=30)
+    assert r.status_code == 400 and "option A" in r.json()["error"]["message"]
+    assert policy.calls == []  # nothing reached the model
+    ok = httpx.post(url, json={"messages": user("colours.mp4", "What colour? " + "word " * 1000)}, timeout=60)
+    assert ok.status_code == 200 and policy.calls
 
 
 def test_api_key(media, serve):

@@ -159,6 +159,104 @@ def test_local_batch_a_bad_request_fails_alone(tiny_model, media):
     assert ok.completion_tokens > 0
 
 
+def _never_ending(policy: LocalPolicy) -> LocalPolicy:
+    """The tiny model never samples its end of turn: every request runs to its max_new_tokens."""
+    policy.chat.placeholder_ids.append(policy.eos_id)
+    return policy
+
+
+def test_local_cancelled_rows_leave_the_batch_and_free_it(tiny_model):
+    """A caller cancelled mid-generation (a deadline, a client gone) stops its row at the next step; the other
+    rows go on unchanged, and a batch whose rows are all cancelled ends at once so the next request runs."""
+    policy = _never_ending(LocalPolicy(tiny_model, max_batch=4, batch_wait=0.1))
+    msgs = [{"role": "user", "content": "red green blue"}]
+    long, short = Sampling(max_new_tokens=400), Sampling(max_new_tokens=4)
+    t0 = time.perf_counter()
+    alone = policy.generate_sync(msgs, long)
+    per_token = (time.perf_counter() - t0) / alone.completion_tokens
+    assert alone.completion_tokens == 400
+
+    async def one_cancelled():
+        a = asyncio.ensure_future(policy.generate(msgs, long))
+        b = asyncio.ensure_future(policy.generate(msgs, long))
+        await asyncio.sleep(0.3 + 20 * per_token)
+        a.cancel()
+        return await b, a
+
+    b, a = asyncio.run(one_cancelled())
+    assert a.cancelled() and b.batch_size == 2 and b.output_ids == alone.output_ids  # B went on as if alone
+
+    async def all_cancelled_then_next():
+        a = asyncio.ensure_future(policy.generate(msgs, long))
+        await asyncio.sleep(0.3 + 20 * per_token)
+        t_cancel = time.perf_counter()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(a, 0.0)
+        nxt = await policy.generate(msgs, short)
+        return nxt, time.perf_counter() - t_cancel
+
+    nxt, waited = asyncio.run(all_cancelled_then_next())
+    assert nxt.completion_tokens == 4
+    assert waited < 0.5 * 400 * per_token, (waited, per_token)  # it did not wait out the cancelled generation
+
+
+def test_local_long_prompt_is_batched_apart_and_short_ones_go_first(tiny_model):
+    """One long prompt arriving first does not pad the short ones' batch or hold it: the short ones run as one
+    batch ahead of it (for at most long_patience batches), the long one alone."""
+    policy = LocalPolicy(tiny_model, max_batch=9, batch_wait=0.3, long_prompt_tokens=300)
+    sampling = Sampling(max_new_tokens=6)
+    long_msgs = [{"role": "user", "content": "red green blue yellow " * 150}]
+    n_long = policy.count_tokens(long_msgs)
+    assert n_long > 300
+    policy.max_batch_tokens = n_long + 100  # the long prompt fits, with no short one beside it
+    shorts = [[{"role": "user", "content": f"question {i}: red or green?"}] for i in range(8)]
+    done: list[str] = []
+
+    async def timed(name, msgs):
+        out = await policy.generate(msgs, sampling)
+        done.append(name)
+        return out
+
+    async def run():
+        first = asyncio.ensure_future(timed("long", long_msgs))
+        await asyncio.sleep(0.01)
+        rest = asyncio.gather(*(timed(f"s{i}", m) for i, m in enumerate(shorts)))
+        return await first, await rest
+
+    long_out, short_outs = asyncio.run(run())
+    assert long_out.batch_size == 1 and [o.batch_size for o in short_outs] == [8] * 8
+    assert done[-1] == "long"  # the short ones finished first
+    # patience: a long prompt passed over long_patience times runs, even with short ones waiting
+    policy.long_patience = 0
+
+    async def run_impatient():
+        first = asyncio.ensure_future(timed("long", long_msgs))
+        await asyncio.sleep(0.01)
+        return await asyncio.gather(first, *(timed(f"s{i}", m) for i, m in enumerate(shorts)))
+
+    done.clear()
+    outs = asyncio.run(run_impatient())
+    assert done[0] == "long" and outs[0].batch_size == 1  # its own batch: the budget keeps the short ones out
+
+
+def test_prompts_over_their_token_limits_are_refused_before_any_model_call(tiny_model, media):
+    from paravt_agent.errors import PromptTooLong
+
+    agent = Agent(model=tiny_model, config=SHORT.model_copy(update={"max_question_tokens": 50}))
+    n = agent.policy.count_text_tokens("red " * 60)
+    assert n > 50
+    with pytest.raises(PromptTooLong, match=f"the question is {n} tokens; the limit is 50"):
+        agent.answer(media["video"], "red " * 60, n_frames=2)
+    with pytest.raises(PromptTooLong, match="option B"):
+        agent.answer(media["video"], "Which?", ["red", "x" * 600], n_frames=2)
+    window = agent.policy.context_length
+    wide = Agent(model=tiny_model, config=SHORT.model_copy(
+        update={"planner_sampling": Sampling(max_new_tokens=window)}))
+    with pytest.raises(PromptTooLong, match=f"over the model's {window}-token context"):
+        wide.answer(media["video"], "Which colour?", n_frames=2)
+    assert agent.answer(media["video"], "red " * 10, n_frames=2).trace.turns  # within its limit: answered
+
+
 def test_local_backend_end_to_end(tiny_model, media):
     agent = Agent(model=tiny_model, config=SHORT)
     ans = agent.answer(media["video"], "Which colour is shown at 5 seconds?", ["red", "green"], n_frames=4)

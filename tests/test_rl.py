@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -100,8 +102,18 @@ def test_resume_is_exact(toy_policy_dir, toy_rl, tmp_path):
     full = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "a", steps=2), progress=False)
     full.run()
     w_full = _weights(full.model)
-    first = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "b", steps=1), progress=False)
-    first.run()
+    first = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "b", steps=2, save_every=5), progress=False)
+    first.setup()
+    step = first.train_step
+
+    def step_then_sigterm(*a, **kw):  # SIGTERM after the first update: the run saves it and ends
+        out = step(*a, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    first.train_step = step_then_sigterm
+    assert first.run()["stopped"] == "SIGTERM" and first.step == 1 and not (tmp_path / "b" / "final").exists()
+    assert (tmp_path / "b" / "checkpoint-1" / "trainer_state.json").is_file()
     # a line from an update that never reached its checkpoint must not survive the restart
     with (tmp_path / "b" / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 2, "reward": 123.0}) + "\n")
@@ -367,11 +379,23 @@ def test_online_learning_neither_loses_nor_repeats_feedback(toy_policy_dir, toy_
         second.run(max_steps=1, once=True)
     second.trainer.save = orig
 
-    # more feedback arrives while the learner is down
+    # more feedback arrives while the learner is down; then a SIGTERM after one update (saved on the stop)
     store.feedback(ids[6][0], answer=ids[6][1].answer)
-    third = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
-    third.run(once=True)
-    st = third.state
+    cfg5 = cfg.model_copy(update={"save_every": 5})
+    third = OnlineLearner(cfg5, store.path, progress=False, log=lambda *_: None)
+    third.trainer.setup()
+    step = third.trainer.train_step
+
+    def step_then_sigterm(*a, **kw):
+        out = step(*a, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    third.trainer.train_step = step_then_sigterm
+    assert third.run(once=True) == 1 and third.stopped == "SIGTERM"
+    fourth = OnlineLearner(cfg5, store.path, progress=False, log=lambda *_: None)
+    fourth.run(once=True)
+    st = fourth.state
     trained = st["trained"]
     assert sorted(trained) == sorted(set(trained))  # nothing twice
     assert len(trained) == 6 and st["queue"] == [] and st["skipped"] == 1  # nothing lost

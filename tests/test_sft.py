@@ -85,7 +85,13 @@ def test_context_only_assistant_turns(tiny_model):
     assert "first turn" in proc.tokenizer.decode([t for t in everything["labels"] if t != -100])
 
 
-def test_learns_and_resumes_exactly(tiny_model, sft_data, tmp_path):
+def test_learns_and_resumes_exactly(tiny_model, sft_data, tmp_path, capsys):
+    """A SIGTERM stops at a step boundary with a checkpoint, a crash loses what followed the last one, a truncated
+    newest checkpoint falls back to the one before it: the resumed run's losses are the uninterrupted run's."""
+    import signal
+
+    from paravt_train.checkpoint import CheckpointError
+
     full = train(cfg_for(tiny_model, sft_data, tmp_path / "a", resume=False), progress=False)
     assert len(full["losses"]) == 6
     logged = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
@@ -94,20 +100,66 @@ def test_learns_and_resumes_exactly(tiny_model, sft_data, tmp_path):
     class Crash(Exception):
         pass
 
-    def crash_at_4(step, loss):
-        if step == 4:
-            raise Crash
+    def crash():
+        raise Crash
 
+    def at(when, what):
+        def callback(step, loss):
+            if step == when:
+                what()
+        return callback
+
+    b = tmp_path / "b"
+    stopped = train(cfg_for(tiny_model, sft_data, b), progress=False,
+                    callback=at(2, lambda: os.kill(os.getpid(), signal.SIGTERM)))
+    assert stopped["stopped"] == "SIGTERM" and stopped["steps"] == 2 and not (b / "final").exists()
+    assert (b / "checkpoint-2" / "trainer_state.json").is_file()  # saved on the stop (save_every is 3)
     with pytest.raises(Crash):
-        train(cfg_for(tiny_model, sft_data, tmp_path / "b"), progress=False, callback=crash_at_4)
-    assert (tmp_path / "b" / "checkpoint-3" / "trainer_state.json").is_file()
-    resumed = train(cfg_for(tiny_model, sft_data, tmp_path / "b"), progress=False)
-    assert len(resumed["losses"]) == 3  # steps 4, 5, 6
-    assert resumed["losses"] == pytest.approx(full["losses"][3:], rel=1e-5, abs=1e-6)
+        train(cfg_for(tiny_model, sft_data, b), progress=False, callback=at(4, crash))
+    assert (b / "checkpoint-3" / "trainer_state.json").is_file()
+    shard = max((b / "checkpoint-3").glob("*.distcp"), key=lambda f: f.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a disk that lost half the newest
+    capsys.readouterr()
+    resumed = train(cfg_for(tiny_model, sft_data, b), progress=False)
+    assert "checkpoint-3 cannot be loaded" in capsys.readouterr().out
+    assert len(resumed["losses"]) == 4  # steps 3, 4, 5, 6 (from checkpoint-2)
+    assert resumed["losses"] == pytest.approx(full["losses"][2:], rel=1e-5, abs=1e-6)
     # the final model is an ordinary model directory
     from paravt_agent.policy.local import LocalPolicy
 
-    assert LocalPolicy(tmp_path / "b" / "final").model is not None
+    assert LocalPolicy(b / "final").model is not None
+    # every checkpoint unreadable: a clear error, never a silent restart from step 0
+    for c in b.glob("checkpoint-*"):
+        (c / "extra.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="no checkpoint under .* can be loaded"):
+        train(cfg_for(tiny_model, sft_data, b, max_steps=8), progress=False)
+
+
+def test_paravt_train_sft_stops_on_sigterm_with_a_checkpoint(tiny_model, sft_data, tmp_path):
+    """The CLI under a scheduler's SIGTERM: the step in flight finishes, is checkpointed, and the process exits
+    143 saying how to continue."""
+    import signal
+    import time
+
+    import yaml
+
+    out = tmp_path / "run"
+    cfg = cfg_for(tiny_model, sft_data, out, max_steps=500, save_every=0, resume=False).model_dump(mode="json")
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "paravt-train"), "sft", "--config",
+                             str(tmp_path / "sft.yaml")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 143, text
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    assert 2 <= last < 500 and (out / f"checkpoint-{last}" / "trainer_state.json").is_file(), text
+    assert f"stopped by SIGTERM after step {last}" in text and not (out / "final").exists()
 
 
 def test_loss_goes_down(tiny_model, sft_data, tmp_path):

@@ -73,24 +73,25 @@ for i in range(n):
 """
 
 
+def cursor_reader(store, seen: list[int], done: threading.Event) -> None:
+    """A consumer checkpointing its cursor while writers run (the online learner's pattern), until ``done``."""
+    cursor = 0
+    while True:
+        finished = done.is_set()
+        for row in store.feedback_since(cursor):
+            seen.append(row["seq"])
+            cursor = row["seq"]
+        if finished:
+            return
+        time.sleep(0.01)
+
+
 def test_postgres_concurrent_writers_lose_nothing_and_a_cursor_skips_nothing(postgres_db):
     store = TrajectoryStore(postgres_db)  # creates the tables before the writers race
     n, workers = 500, 4
     seen: list[int] = []
     done = threading.Event()
-
-    def reader():  # a consumer checkpointing its cursor while the writers run (the online learner's pattern)
-        cursor = 0
-        while True:
-            finished = done.is_set()
-            for row in store.feedback_since(cursor):
-                seen.append(row["seq"])
-                cursor = row["seq"]
-            if finished:
-                return
-            time.sleep(0.01)
-
-    th = threading.Thread(target=reader)
+    th = threading.Thread(target=cursor_reader, args=(store, seen, done))
     th.start()
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, postgres_db, str(w), str(n)], stderr=subprocess.PIPE,
                               text=True) for w in range(workers)]
@@ -106,6 +107,57 @@ def test_postgres_concurrent_writers_lose_nothing_and_a_cursor_skips_nothing(pos
     assert {r["trace_id"] for r in rows} == {f"w{w}-{i}" for w in range(workers) for i in range(n)}
     # every row seen exactly once, in order, although four processes inserted them concurrently
     assert seen == sorted(r["seq"] for r in rows)
+
+
+HANGING_WRITER = r"""
+import sys, time
+import psycopg
+from paravt_agent.store import TrajectoryStore
+from paravt_agent.trajectory import Trace
+store = TrajectoryStore(sys.argv[1])
+store.add(Trace(id="doomed", video="v.mp4", question="q"))
+real = psycopg.Connection.execute
+def execute(self, query, *a, **kw):  # the store's own feedback transaction, stopped before its commit
+    cur = real(self, query, *a, **kw)
+    if str(query).startswith("INSERT INTO feedback"):
+        print("inside", flush=True)
+        time.sleep(600)
+    return cur
+psycopg.Connection.execute = execute
+store.feedback("doomed", answer="A")
+"""
+
+
+def test_postgres_writer_killed_mid_transaction_loses_and_repeats_nothing(postgres_db):
+    """kill -9 of a writer holding the feedback lock inside its transaction: its row never appears, the other
+    writers go on once the server drops the dead connection, and a cursor reading all along sees every
+    committed row once, in order."""
+    import signal
+
+    store = TrajectoryStore(postgres_db)
+    seen: list[int] = []
+    done = threading.Event()
+    th = threading.Thread(target=cursor_reader, args=(store, seen, done))
+    th.start()
+    hang = subprocess.Popen([sys.executable, "-c", HANGING_WRITER, postgres_db], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hang.stdout.readline().strip() == "inside"
+        writers = [subprocess.Popen([sys.executable, "-c", WRITER, postgres_db, str(w), "100"], stderr=subprocess.PIPE,
+                                    text=True) for w in range(2)]
+        time.sleep(2.0)
+        blocked = len(store.feedback_since(0))  # the writers wait for the lock the hanging one holds
+        hang.send_signal(signal.SIGKILL)
+        hang.wait(timeout=30)
+        for p in writers:
+            assert p.wait(timeout=300) == 0, p.stderr.read()
+    finally:
+        hang.kill()
+        done.set()
+        th.join()
+    rows = store.feedback_since(0)
+    assert blocked == 0 and len(rows) == 200 and "doomed" not in {r["trace_id"] for r in rows}
+    assert seen == sorted(r["seq"] for r in rows)  # every committed row once, in order, none skipped
+    assert store.count() == 201  # the killed writer's trace was committed before its transaction began
 
 
 def test_online_learner_reads_feedback_from_postgres(postgres_db, toy_policy_dir, toy_rl, tmp_path):

@@ -51,6 +51,15 @@ class Policy(ABC):
         """Prompt length in tokens, where the backend can tell without generating."""
         return None
 
+    def count_text_tokens(self, text: str) -> int | None:
+        """Tokens of ``text`` alone, where the backend has the model's tokenizer here."""
+        return None
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context window in tokens, where the backend knows it."""
+        return None
+
     def generates_with(self, model) -> bool:
         """Whether this policy generates with ``model``'s parameters themselves (an in-process backend given
         the trained model): then a trainer has no weights to push to it."""

@@ -13,6 +13,14 @@ times the tokens per second of one request. Each row samples with its own
 temperature, top-p/top-k and seed (:class:`RowSampler`), and gets its own token
 ids and logprobs back. Model calls hold one lock, so direct ``generate_sync``
 calls from other threads are safe too.
+
+Fairness: the rows of a batch are within ``length_ratio`` (4) of each other's
+prompt length and hold at most ``max_batch_tokens`` padded prompt tokens (rows ×
+the longest row), so one long prompt never pads short ones; when the oldest
+request is long (``long_prompt_tokens`` or more) the short ones waiting beside it
+go first, for at most ``long_patience`` batches. A caller that is cancelled (its
+deadline passed, its client went away) leaves the batch at the next decoding step:
+its row stops, and a batch whose rows are all cancelled ends at once.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paravt_agent.errors import PolicyError
@@ -41,7 +49,8 @@ class LocalPolicy(Policy):
 
     def __init__(self, model: str | Path, device: str = "auto", dtype: str = "auto", model_obj=None, processor=None,
                  max_batch: int = 8, batch_wait: float = 0.005, reuse: bool = True, vision_cache_mb: int = 256,
-                 prefix_cache_mb: int = 256):
+                 prefix_cache_mb: int = 256, max_batch_tokens: int = 32768, length_ratio: float = 4.0,
+                 long_prompt_tokens: int = 2048, long_patience: int = 4):
         self.path = str(model)
         # shared prompt work (paravt_agent.policy.reuse): vision features per distinct frame, KV of prefixes
         self.reuse = reuse
@@ -49,6 +58,10 @@ class LocalPolicy(Policy):
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20)
         self.max_batch = max_batch
         self.batch_wait = batch_wait
+        self.max_batch_tokens = max_batch_tokens
+        self.length_ratio = length_ratio
+        self.long_prompt_tokens = long_prompt_tokens
+        self.long_patience = long_patience
         self._cv = threading.Condition()
         self._pending: list[_Request] = []
         self._worker: threading.Thread | None = None
@@ -130,6 +143,15 @@ class LocalPolicy(Policy):
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.encode(messages).ids)
 
+    def count_text_tokens(self, text: str) -> int:
+        self._load()
+        return len(self.chat.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @property
+    def context_length(self) -> int | None:
+        cfg = self.model.config
+        return getattr(getattr(cfg, "text_config", None) or cfg, "max_position_embeddings", None)
+
     # ------------------------------------------------------------------ generation
 
     def generate_sync(self, messages: list[dict], sampling: Sampling, prefix: str = "",
@@ -163,9 +185,10 @@ class LocalPolicy(Policy):
             results[i] = g
         return results
 
-    def _run_rows(self, rows: list[tuple[EncodedPrompt, Sampling, str]]) -> list[Generation]:
+    def _run_rows(self, rows: list[tuple[EncodedPrompt, Sampling, str]],
+                  cancelled: list[threading.Event] | None = None) -> list[Generation | Exception]:
         import torch
-        from transformers import LogitsProcessorList
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         t0 = time.perf_counter()
         model, proc = self._load()
@@ -197,6 +220,8 @@ class LocalPolicy(Policy):
                   output_logits=True, return_dict_in_generate=True, logits_processor=LogitsProcessorList([sampler]))
         if first.stop:
             kw.update(stop_strings=list(first.stop), tokenizer=proc.tokenizer)
+        if cancelled:
+            kw["stopping_criteria"] = StoppingCriteriaList([_Cancelled(cancelled)])
         reuse = self.reuse and self._reusable(model)
         with self._lock, torch.inference_mode():
             t_gen = time.perf_counter()
@@ -213,8 +238,11 @@ class LocalPolicy(Policy):
         t_first = sampler.first_call or t_end
         timings = {"encode": round(t_gen - t0, 6), "prefill": round(t_first - t_gen, 6),
                    "decode": round(t_end - t_first, 6)}
-        gens = []
+        gens: list[Generation | Exception] = []
         for i, (enc, s, prefix) in enumerate(rows):
+            if cancelled and cancelled[i].is_set():
+                gens.append(PolicyError("the request was cancelled (its deadline passed or its caller went away)"))
+                continue
             n_prompt = len(enc.ids)
             new = out.sequences[i, width:].tolist()
             if self.eos_id in new:  # the row's own end; the batch pads finished rows after it
@@ -348,46 +376,106 @@ class LocalPolicy(Policy):
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
                        continuation: Continuation | None = None) -> Generation:
-        """Queued: concurrent calls that arrive together run as one batch (up to ``max_batch``)."""
-        if self.max_batch <= 1:
-            return await asyncio.to_thread(self.generate_sync, messages, sampling, prefix, continuation)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        """Queued: concurrent calls that arrive together run as one batch (up to ``max_batch`` rows and
+        ``max_batch_tokens`` padded prompt tokens). Cancelling the call stops its row at the next step."""
+        req = _Request(messages, sampling, prefix, continuation, concurrent.futures.Future())
         with self._cv:
-            self._pending.append(_Request(messages, sampling, prefix, continuation, fut))
+            self._pending.append(req)
             self._cv.notify()
+        self._ensure_worker()
+        try:
+            return await asyncio.wrap_future(req.future)
+        except asyncio.CancelledError:
+            req.cancelled.set()  # a running row stops at its next step; a queued one never starts
+            raise
+
+    def _ensure_worker(self) -> None:
+        with self._cv:
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._serve, name="paravt-local-batcher", daemon=True)
                 self._worker.start()
-        return await asyncio.wrap_future(fut)
+
+    def _take_batch(self) -> list[_Request]:
+        """The next batch (called with the lock held): requests of the oldest one's kind whose prompt lengths
+        are within ``length_ratio`` of each other, at most ``max_batch`` rows and ``max_batch_tokens`` padded
+        tokens. A long oldest prompt (``long_prompt_tokens`` or more) lets the short ones waiting beside it go
+        first, for at most ``long_patience`` batches."""
+        ready = [r for r in self._pending if r.encoded]  # what arrived during the encoding waits a round
+        key = _batch_key(ready[0].sampling)
+        same = [r for r in ready if _batch_key(r.sampling) == key]
+        head = same[0]
+        if head.tokens >= self.long_prompt_tokens and head.passed < self.long_patience:
+            shorts = [r for r in same if r.tokens * self.length_ratio <= head.tokens]
+            if shorts:
+                head.passed += 1
+                same = shorts
+        batch: list[_Request] = []
+        lo = hi = 0
+        for r in same:
+            if len(batch) == self.max_batch:
+                break
+            low, high = (min(lo, r.tokens), max(hi, r.tokens)) if batch else (r.tokens, r.tokens)
+            if batch and (high > self.length_ratio * low or (len(batch) + 1) * high > self.max_batch_tokens):
+                continue  # it would pad the others (or the batch past its budget): a later batch
+            batch.append(r)
+            lo, hi = low, high
+        return batch
 
     def _serve(self) -> None:
-        """The batcher: take the oldest request and every pending one that can share its batch."""
+        """The batcher: encode what arrived, take a batch (:meth:`_take_batch`), run it, repeat. A fault of its
+        own fails the requests waiting (never leaves their callers hanging) and the batcher goes on."""
         while True:
-            with self._cv:
-                while not self._pending:
-                    self._cv.wait()
-                t0 = time.monotonic()
-                while len(self._pending) < self.max_batch and (left := self.batch_wait - (time.monotonic() - t0)) > 0:
-                    self._cv.wait(left)
-                key = _batch_key(self._pending[0].sampling)
-                batch = [r for r in self._pending if _batch_key(r.sampling) == key][: self.max_batch]
-                for r in batch:
-                    self._pending.remove(r)
-            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
-            if not live:
+            try:
+                self._serve_once()
+            except BaseException as exc:  # noqa: BLE001 (a bug here must not strand every caller)
+                with self._cv:
+                    stranded, self._pending = self._pending, []
+                for r in stranded:
+                    if not r.future.done() and (r.future.running() or r.future.set_running_or_notify_cancel()):
+                        r.future.set_exception(PolicyError(f"the local batcher failed: {exc!r}"))
+
+    def _serve_once(self) -> None:
+        """One round: wait for requests, encode the new ones, run one batch."""
+        with self._cv:
+            while not self._pending:
+                self._cv.wait()
+            t0 = time.monotonic()
+            cap = max(1, self.max_batch)
+            while len(self._pending) < cap and (left := self.batch_wait - (time.monotonic() - t0)) > 0:
+                self._cv.wait(left)
+            fresh = [r for r in self._pending if r.encoded is None]
+        for r in fresh:  # encoded here, one at a time: the processor is not shared across threads
+            if r.cancelled.is_set() or r.future.cancelled():
+                r.encoded = False
                 continue
             try:
-                gens = self.generate_batch([(r.messages, r.sampling, r.prefix, r.continuation) for r in live],
-                                           return_exceptions=True)
-            except BaseException as exc:  # the model call itself failed: every waiting caller gets the error
-                for r in live:
+                r.encoded = self.encode(r.messages, r.prefix, r.continuation)
+                r.tokens = len(r.encoded.ids)
+            except Exception as exc:  # noqa: BLE001 (handed to that request's caller)
+                r.encoded = False
+                if r.future.set_running_or_notify_cancel():
                     r.future.set_exception(exc)
-            else:
-                for r, g in zip(live, gens, strict=True):
-                    if isinstance(g, BaseException):
-                        r.future.set_exception(g)
-                    else:
-                        r.future.set_result(g)
+        with self._cv:
+            self._pending = [r for r in self._pending if r.encoded is not False]
+            if not any(r.encoded for r in self._pending):
+                return
+            batch = self._take_batch() if self.max_batch > 1 else [next(r for r in self._pending if r.encoded)]
+            for r in batch:
+                self._pending.remove(r)
+        live = [r for r in batch if not r.cancelled.is_set() and r.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            gens = self._run_rows([(r.encoded, r.sampling, r.prefix) for r in live], [r.cancelled for r in live])
+        except BaseException as exc:  # the model call itself failed: every waiting caller gets the error
+            for r in live:
+                r.future.set_exception(exc)
+        else:
+            for r, g in zip(live, gens, strict=True):
+                if isinstance(g, BaseException):
+                    r.future.set_exception(g)
+                else:
+                    r.future.set_result(g)
 
 
 def cache_argument(model) -> str:
@@ -439,13 +527,29 @@ def _images(mm: dict, start: int, count: int) -> dict:
     return out
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (the list of pending requests removes them one by one)
 class _Request:
     messages: list[dict]
     sampling: Sampling
     prefix: str
     continuation: Continuation | None
     future: concurrent.futures.Future
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    encoded: EncodedPrompt | bool | None = None  # None: not yet; False: dropped (cancelled or unencodable)
+    tokens: int = 0
+    passed: int = 0  # batches of short prompts that went ahead of this (long) one
+
+
+class _Cancelled:
+    """A stopping criterion: rows whose event is set are done (the others go on)."""
+
+    def __init__(self, events: list[threading.Event]):
+        self.events = events
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        return torch.tensor([e.is_set() for e in self.events], dtype=torch.bool, device=input_ids.device)
 
 
 def _batch_key(s: Sampling) -> tuple:

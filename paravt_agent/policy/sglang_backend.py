@@ -125,6 +125,9 @@ class SGLangPolicy(Policy):
                     self._chat = ChatTokenizer(processor)
         return self._chat
 
+    def count_text_tokens(self, text: str) -> int:
+        return len(self.chat.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def _client(self):
         import httpx
 

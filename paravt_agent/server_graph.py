@@ -107,6 +107,7 @@ async def run_paravt(state: ParaVTState, config) -> ParaVTOutput:
         raise ParaVTError("the input needs `video` (a path or an http(s) URL) and `question`")
     conf = (config or {}).get("configurable", {}) or {}
     agent = await asyncio.to_thread(_agent, conf.get("mode"), conf.get("max_turns"))
+    await asyncio.to_thread(agent.check_input, state["question"], state.get("options") or None)  # before a download
     video = await asyncio.to_thread(_video, state["video"])
     writer = get_stream_writer()
     answer = None

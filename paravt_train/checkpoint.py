@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from paravt_agent.errors import ConfigError
-from paravt_train.distributed import all_reduce_max, barrier, rank_world
+from paravt_train.distributed import all_reduce_max, barrier, on_rank0, rank_world
 
 __all__ = ["CheckpointError", "complete_checkpoints", "export_model", "latest_checkpoint", "load_blobs",
            "load_checkpoint", "load_rank_blobs", "prune_checkpoints", "resume_latest", "save_checkpoint"]
@@ -55,7 +55,9 @@ def resume_latest(out: str | Path, load: Callable[[Path], T], log=print) -> tupl
     on any rank) is passed over with a warning for the one before it. None when there is no checkpoint; a
     :class:`CheckpointError` when there are some and none loads (never a silent restart from step 0). ``load``
     must restore everything it touches, so a later candidate overwrites what a failed one half-restored."""
-    candidates = complete_checkpoints(out)[::-1]
+    # rank 0's listing for every rank: ranks that saw different folders (a network filesystem's cache) would
+    # otherwise enter different collectives
+    candidates = on_rank0(lambda: complete_checkpoints(out)[::-1], "listing the checkpoints")
     failed: list[str] = []
     for path in candidates:
         error: Exception | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import warnings
 
 from paravt_train.distributed import all_reduce_max
 
@@ -32,6 +33,8 @@ class GracefulStop:
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             self._old = {s: signal.signal(s, self._handle) for s in self.signals}
+        else:  # a loop run from a thread: SIGTERM keeps its default (the process ends; resume from the last save)
+            warnings.warn("training outside the main thread: SIGTERM cannot stop it at a step boundary", stacklevel=2)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -40,8 +43,9 @@ class GracefulStop:
         self._old = {}
 
     def _handle(self, signum, frame) -> None:
-        if self.event.is_set():  # the second one: stop now
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+        if self.event.is_set():  # the second one: stop now, as without the guard
+            old = self._old.get(signum)
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)  # None: a handler set outside Python
             os.kill(os.getpid(), signum)
             return
         self.signal_name = signal.Signals(signum).name

@@ -146,10 +146,12 @@ class OnlineLearner:
         steps = 0
         with GracefulStop() as stop:
             while max_steps is None or steps < max_steps:
+                if stop.requested():  # SIGTERM (here or on another rank): the updates so far are saved below
+                    break
                 self._poll_everywhere()
                 st = self.state
                 if not st["queue"]:
-                    if once or stop.requested():
+                    if once:
                         break
                     stop.sleep(poll)
                     continue
@@ -165,8 +167,6 @@ class OnlineLearner:
                 steps += 1
                 self.log(f"update {tr.step}: {len(batch)} prompts, reward {rec['reward']:.3f}, "
                          f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}")
-                if stop.requested():  # SIGTERM: the update is kept (saved below), the run ends here
-                    break
         if steps and tr.step % tr.cfg.save_every:  # a clean stop keeps every update
             tr.save()
             self.saved_step = tr.step

@@ -65,6 +65,8 @@ def test_handler_errors_are_messages(demo, tmp_path):
     assert "not allowed" in out[0]
     out = collect(allowed.ask(video, "q?", "", "endpoint", "http://127.0.0.1:9/v1", "m", 8, "parallel"))[-1]
     assert out[0].startswith("**error:**") and "cannot reach" in out[0]
+    out = collect(demo.ask(video, "\u202eq\x00 " * 50_000, "", "embedded", "", "", 8, "parallel"))[-1]
+    assert out[0].startswith("**error:**") and "max_question_tokens" in out[0]  # the API's limit, as a message
     small = type(demo)(str(CHECKPOINT), max_upload_mb=0)
     out = collect(small.ask(video, "q?", "", "embedded", "", "", 8, "parallel"))[-1]
     assert "the limit is 0 MB" in out[0]

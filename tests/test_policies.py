@@ -168,18 +168,24 @@ def _never_ending(policy: LocalPolicy) -> LocalPolicy:
 def test_local_cancelled_rows_leave_the_batch_and_free_it(tiny_model):
     """A caller cancelled mid-generation (a deadline, a client gone) stops its row at the next step; the other
     rows go on unchanged, and a batch whose rows are all cancelled ends at once so the next request runs."""
-    policy = _never_ending(LocalPolicy(tiny_model, max_batch=4, batch_wait=0.1))
+    policy = _never_ending(LocalPolicy(tiny_model, max_batch=2, batch_wait=5.0))
     msgs = [{"role": "user", "content": "red green blue"}]
-    long, short = Sampling(max_new_tokens=400), Sampling(max_new_tokens=4)
+    long, longer, short = Sampling(max_new_tokens=400), Sampling(max_new_tokens=2000), Sampling(max_new_tokens=4)
     t0 = time.perf_counter()
     alone = policy.generate_sync(msgs, long)
     per_token = (time.perf_counter() - t0) / alone.completion_tokens
     assert alone.completion_tokens == 400
 
+    async def running():  # once the batcher has taken every request (none pending), a few tokens in
+        while policy._pending:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2 + 10 * per_token)
+
     async def one_cancelled():
         a = asyncio.ensure_future(policy.generate(msgs, long))
         b = asyncio.ensure_future(policy.generate(msgs, long))
-        await asyncio.sleep(0.3 + 20 * per_token)
+        await asyncio.sleep(0.05)
+        await running()
         a.cancel()
         return await b, a
 
@@ -187,23 +193,25 @@ def test_local_cancelled_rows_leave_the_batch_and_free_it(tiny_model):
     assert a.cancelled() and b.batch_size == 2 and b.output_ids == alone.output_ids  # B went on as if alone
 
     async def all_cancelled_then_next():
-        a = asyncio.ensure_future(policy.generate(msgs, long))
-        await asyncio.sleep(0.3 + 20 * per_token)
+        a = asyncio.ensure_future(policy.generate(msgs, longer))
+        await asyncio.sleep(0.05)
+        await running()
         t_cancel = time.perf_counter()
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(a, 0.0)
         nxt = await policy.generate(msgs, short)
         return nxt, time.perf_counter() - t_cancel
 
+    policy.batch_wait = 0.05
     nxt, waited = asyncio.run(all_cancelled_then_next())
     assert nxt.completion_tokens == 4
-    assert waited < 0.5 * 400 * per_token, (waited, per_token)  # it did not wait out the cancelled generation
+    assert waited < 0.25 * 2000 * per_token, (waited, per_token)  # it did not wait out the cancelled generation
 
 
 def test_local_long_prompt_is_batched_apart_and_short_ones_go_first(tiny_model):
     """One long prompt arriving first does not pad the short ones' batch or hold it: the short ones run as one
     batch ahead of it (for at most long_patience batches), the long one alone."""
-    policy = LocalPolicy(tiny_model, max_batch=9, batch_wait=0.3, long_prompt_tokens=300)
+    policy = LocalPolicy(tiny_model, max_batch=9, batch_wait=2.0, long_prompt_tokens=300)  # all 9 arrive in time
     sampling = Sampling(max_new_tokens=6)
     long_msgs = [{"role": "user", "content": "red green blue yellow " * 150}]
     n_long = policy.count_tokens(long_msgs)

@@ -144,8 +144,11 @@ def test_postgres_writer_killed_mid_transaction_loses_and_repeats_nothing(postgr
         assert hang.stdout.readline().strip() == "inside"
         writers = [subprocess.Popen([sys.executable, "-c", WRITER, postgres_db, str(w), "100"], stderr=subprocess.PIPE,
                                     text=True) for w in range(2)]
-        time.sleep(2.0)
-        blocked = len(store.feedback_since(0))  # the writers wait for the lock the hanging one holds
+        deadline = time.time() + 120
+        while store.count() < 3 and time.time() < deadline:  # each writer has stored its first trace ...
+            time.sleep(0.05)
+        time.sleep(1.0)
+        blocked = len(store.feedback_since(0))  # ... and waits for the feedback lock the hanging one holds
         hang.send_signal(signal.SIGKILL)
         hang.wait(timeout=30)
         for p in writers:

@@ -16,6 +16,7 @@ Neutral messages → the model's own chat template and processor → token ids, 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,7 @@ class ChatTokenizer:
         self.tokenizer = processor.tokenizer
         from collections import OrderedDict
 
+        self._lock = threading.RLock()  # one encoding at a time: the memo and the fast tokenizer are not thread-safe
         self._memo: OrderedDict = OrderedDict()  # image_inputs by frame bytes
         self._memo_size = 0
         self.memo_bytes = 64 << 20
@@ -119,7 +121,10 @@ class ChatTokenizer:
         return self.processor.apply_chat_template(chat, add_generation_prompt=add_generation_prompt, tokenize=False)
 
     def tokens(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        if not text:
+            return []
+        with self._lock:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # ------------------------------------------------------------------ images
 
@@ -151,19 +156,21 @@ class ChatTokenizer:
             h.update(repr(a.shape).encode())
             h.update(np.ascontiguousarray(a).tobytes())
         key = h.digest()
-        hit = self._memo.get(key)
-        if hit is not None:
-            self._memo.move_to_end(key)
-            return dict(hit)
+        with self._lock:
+            hit = self._memo.get(key)
+            if hit is not None:
+                self._memo.move_to_end(key)
+                return dict(hit)
         out = self.processor.image_processor(images=list(images), return_tensors="pt", **self.size_kwargs(images))
         res = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
         size = res["pixel_values"].numel() * res["pixel_values"].element_size()
-        if size <= self.memo_bytes:
-            self._memo[key] = res
-            self._memo_size += size
-            while self._memo_size > self.memo_bytes:
-                _, old = self._memo.popitem(last=False)
-                self._memo_size -= old["pixel_values"].numel() * old["pixel_values"].element_size()
+        with self._lock:
+            if size <= self.memo_bytes and key not in self._memo:
+                self._memo[key] = res
+                self._memo_size += size
+                while self._memo_size > self.memo_bytes:
+                    _, old = self._memo.popitem(last=False)
+                    self._memo_size -= old["pixel_values"].numel() * old["pixel_values"].element_size()
         return dict(res)
 
     def visual_tokens(self, grid) -> int:
@@ -175,7 +182,13 @@ class ChatTokenizer:
     def encode(self, messages: list[dict], prefix: str = "", continuation: Continuation | None = None,
                pixels: bool = True) -> EncodedPrompt:
         """``messages`` + generation prompt (+ ``prefix`` as tokens), continuing ``continuation``'s exact
-        ids when given (falling back to a full render when the template is not prefix-stable)."""
+        ids when given (falling back to a full render when the template is not prefix-stable). Thread-safe
+        (one encoding at a time)."""
+        with self._lock:
+            return self._encode(messages, prefix, continuation, pixels)
+
+    def _encode(self, messages: list[dict], prefix: str, continuation: Continuation | None,
+                pixels: bool) -> EncodedPrompt:
         chat, pil = to_chat_messages(messages)
         frames = images_of(messages)
         tail, k = None, None

@@ -145,7 +145,7 @@ class LocalPolicy(Policy):
 
     def count_text_tokens(self, text: str) -> int:
         self._load()
-        return len(self.chat.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.chat.tokens(text))
 
     @property
     def context_length(self) -> int | None:

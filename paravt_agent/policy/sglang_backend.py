@@ -126,7 +126,7 @@ class SGLangPolicy(Policy):
         return self._chat
 
     def count_text_tokens(self, text: str) -> int:
-        return len(self.chat.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.chat.tokens(text))
 
     def _client(self):
         import httpx

@@ -159,6 +159,9 @@ class Agent:
         if not window:
             return
         budget = self.config.planner_sampling.max_new_tokens
+        bound = getattr(self.policy, "prompt_token_bound", None)
+        if bound is not None and bound(messages) + budget <= window:  # fits for sure: no encoding here
+            return
         n = self.policy.count_tokens(messages)
         if n is not None and n + budget > window:
             raise PromptTooLong(f"the prompt is {n} tokens; with the {budget}-token answer budget it is over the "

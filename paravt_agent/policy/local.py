@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt
@@ -146,6 +148,20 @@ class LocalPolicy(Policy):
     def count_text_tokens(self, text: str) -> int:
         self._load()
         return len(self.chat.tokens(text))
+
+    def prompt_token_bound(self, messages: list[dict]) -> int:
+        """An upper bound of the prompt's length without encoding it: every text byte a token, a frame its
+        patch grid (rounded up) plus its two markers, and the chat template's framing per message."""
+        import math
+
+        from paravt_agent.policy.base import images_of, text_of
+
+        self._load()
+        unit = self.chat.unit
+        text = sum(len(text_of(m["content"]).encode("utf-8", "replace")) + 16 for m in messages)
+        frames = sum(math.ceil(f.shape[0] / unit) * math.ceil(f.shape[1] / unit) + 2
+                     for f in (np.asarray(i) for i in images_of(messages)))
+        return text + frames + 64
 
     @property
     def context_length(self) -> int | None:

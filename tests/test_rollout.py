@@ -235,3 +235,24 @@ def test_subagent_sequences_optional(toy, toy_rl):
     assert any(parse_tool_calls(e.answer.trace.turns[0].text) for e in eps)
     ep = next(e for e in eps if e.tool_calls)
     assert episode_transcript(ep.answer).count("<tool_response>") == len(ep.answer.trace.turns) - 1
+
+
+def test_rollout_token_ids_match_the_recorded_golden(toy_policy_dir, tmp_path):
+    """The graph's refactors never change what RL trains on: on a fixed seed, every trained sequence (ids, mask,
+    images, sampled tokens) of three toy groups equals the digest recorded before them
+    (``tests/golden_rollouts.py``; summary and frames evidence, one and several tool turns)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from golden_rollouts import CASES, agent_for, digest
+
+    from paravt_train.toy.world import make_worlds
+
+    golden = json.loads((Path(__file__).parent / "data" / "rollout_golden.json").read_text())
+    world = make_worlds(range(910_000, 910_001), tmp_path / "videos")[0]
+    policy = None
+    for case in CASES:
+        agent = agent_for(toy_policy_dir, case["layout"], policy)
+        policy = agent.policy
+        assert digest(agent, world, case) == golden[case["name"]], case["name"]

@@ -30,7 +30,7 @@ from paravt_agent.config import AgentConfig  # noqa: E402
 from paravt_agent.errors import ParaVTError  # noqa: E402
 from paravt_agent.protocol import format_time  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
-from paravt_agent.types import AnswerEvent, OverviewEvent, PlannerEvent, SubAgentEvent  # noqa: E402
+from paravt_agent.types import AnswerEvent, OverviewEvent, PlannerEvent, ReviewEvent, SubAgentEvent  # noqa: E402
 from paravt_agent.video import VideoReader  # noqa: E402
 
 MAX_UPLOAD_MB = 500
@@ -73,10 +73,11 @@ class Demo:
         self.store = TrajectoryStore(store) if store else None
         self.max_upload_mb = max_upload_mb
         self._agents: dict[tuple, Agent] = {}
+        self._paused: dict[str, dict] = {}  # thread id -> a run waiting for its windows to be approved
         self.workdir = Path(tempfile.mkdtemp(prefix="paravt-demo-"))
 
-    def agent(self, backend: str, endpoint: str, model_name: str, mode: str) -> Agent:
-        key = (backend, endpoint, model_name, mode)
+    def agent(self, backend: str, endpoint: str, model_name: str, mode: str, review: bool = False) -> Agent:
+        key = (backend, endpoint, model_name, mode, review)
         if key not in self._agents:
             if backend == "endpoint":
                 if not self.allow_endpoints:
@@ -88,14 +89,15 @@ class Demo:
                     raise ParaVTError(f"endpoint {endpoint} is not allowed on this server (allowed: "
                                       f"{', '.join(self.allow_endpoints)})")
                 agent = Agent(backend="openai", endpoint=endpoint, model=model_name or None,
-                              config=AgentConfig(preset=self.preset, mode=mode, retries=0), store=self.store,
+                              config=AgentConfig(preset=self.preset, mode=mode, retries=0, review_windows=review),
+                              store=self.store,
                               policy_kwargs={"max_retries": 1, "timeout": 120})
             else:
                 from paravt_agent.defaults import default_model_dir
                 from paravt_train.toy.build import toy_agent_config
 
                 model = self.model_dir or default_model_dir()
-                agent = Agent(model=model, config=toy_agent_config(mode=mode), store=self.store)
+                agent = Agent(model=model, config=toy_agent_config(mode=mode, review_windows=review), store=self.store)
             self._agents[key] = agent
         return self._agents[key]
 
@@ -111,82 +113,124 @@ class Demo:
         return w.video, q.question, "", (f"Toy video {w.wid}: {w.duration} s. Ground truth: {q.answer}. Also try "
                                          f"\"{t.question}\" (answer: {t.colour}).")
 
-    async def ask(self, video, question, options_text, backend, endpoint, model_name, n_frames, mode):
-        outputs = {"status": "", "think": "", "timeline": "", "gallery": [], "summaries": "", "answer": "",
-                   "stats": "", "trace_id": ""}
+    OUTPUTS = ("status", "think", "timeline", "gallery", "summaries", "answer", "stats", "trace_id", "windows",
+               "pending")
 
-        def emit():
-            return tuple(outputs[k] for k in ("status", "think", "timeline", "gallery", "summaries", "answer",
-                                              "stats", "trace_id"))
-
+    async def ask(self, video, question, options_text, backend, endpoint, model_name, n_frames, mode,
+                  review: bool = False):
+        """Stream one question into the page's outputs. With ``review`` the run pauses after the planner: the
+        planned windows fill ``windows`` (editable) and ``pending`` names the paused run for :meth:`resume`."""
+        view = {k: "" for k in self.OUTPUTS} | {"gallery": []}
         if not video:
-            outputs["status"] = "**error:** upload a video or click *Generate a toy video* first."
-            yield emit()
-            return
-        if not question or not question.strip():
-            outputs["status"] = "**error:** type a question."
-            yield emit()
-            return
-        size_mb = os.path.getsize(video) / 2**20
-        if size_mb > self.max_upload_mb:
-            outputs["status"] = f"**error:** the video is {size_mb:.0f} MB; the limit is {self.max_upload_mb} MB."
-            yield emit()
+            view["status"] = "**error:** upload a video or click *Generate a toy video* first."
+        elif not question or not question.strip():
+            view["status"] = "**error:** type a question."
+        elif os.path.getsize(video) / 2**20 > self.max_upload_mb:
+            size_mb = os.path.getsize(video) / 2**20
+            view["status"] = f"**error:** the video is {size_mb:.0f} MB; the limit is {self.max_upload_mb} MB."
+        if view["status"]:
+            yield self._emit(view)
             return
         options = [o.strip() for o in (options_text or "").splitlines() if o.strip()] or None
+        run = {"video": video, "duration": 0.0, "overview": [], "windows": {}, "thumbs": {}, "reader": None,
+               "agent": (backend, (endpoint or "").strip(), (model_name or "").strip(), mode, bool(review))}
+        view["status"] = "decoding the overview ..."
+        yield self._emit(view)
         try:
-            agent = self.agent(backend, (endpoint or "").strip(), (model_name or "").strip(), mode)
-            duration, overview, windows = 0.0, [], {}
-            thumbs = {}
-            reader = None
-            outputs["status"] = "decoding the overview ..."
-            yield emit()
-            async for ev in agent.astream(video, question, options, n_frames=int(n_frames) if n_frames else None):
-                if isinstance(ev, OverviewEvent):
-                    duration, overview = ev.duration, ev.timestamps
-                    reader = VideoReader(video)
-                    outputs["status"] = f"planner is thinking over {len(overview)} overview frames ..."
-                elif isinstance(ev, PlannerEvent):
-                    outputs["think"] = ev.text
-                    for c in ev.calls:
-                        if c.window:
-                            windows[(ev.turn, c.index)] = {"index": c.index, "window": c.window,
-                                                           "error": c.error, "summary": ""}
-                    n = sum(1 for c in ev.calls if not c.error)
-                    outputs["status"] = f"{n} sub-agents dispatched ..." if ev.calls else "answering ..."
-                elif isinstance(ev, SubAgentEvent):
-                    rec = ev.record
-                    key = (ev.turn, rec.index)
-                    w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": ""})
-                    w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"],
-                             frames=rec.evidence == "frames")
-                    if rec.frame_timestamps and reader is not None and key not in thumbs:
-                        mid = rec.frame_timestamps[len(rec.frame_timestamps) // 2]
-                        img = reader.sample([mid], max_pixels=96 * 96, factor=8).frames[0]
-                        thumbs[key] = (img, f"[{rec.index + 1}] {rec.label}")
-                    outputs["summaries"] = "\n\n".join(
-                        f"**[{v['index'] + 1}]** {format_time(v['window'][0])}-{format_time(v['window'][1])}: "
-                        + (f"*error: {html.escape(v['error'])}*" if v["error"] else
-                           ("*frames to the planner:* " if v.get("frames") else "") + html.escape(v["summary"] or "…"))
-                        for _, v in sorted(windows.items()) if v.get("window"))
-                    outputs["gallery"] = [thumbs[k] for k in sorted(thumbs)]
-                    done = sum(1 for v in windows.values() if v["summary"] or v["error"])
-                    outputs["status"] = f"{done} of {len(windows)} sub-agents done ..."
-                elif isinstance(ev, AnswerEvent):
-                    ans = ev.answer
-                    t = ans.trace
-                    outputs["answer"] = ans.choice or ans.text or "(no answer)"
-                    outputs["think"] = "\n\n".join(turn.text for turn in t.turns)
-                    outputs["stats"] = (f"latency {t.latency:.2f} s · {t.tool_calls} tool calls · "
-                                        f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens"
-                                        + (f" · errors: {'; '.join(t.errors)}" if t.errors else ""))
-                    outputs["trace_id"] = t.id
-                    outputs["status"] = "done."
-                outputs["timeline"] = timeline_html(duration, overview, [v for _, v in sorted(windows.items())
-                                                                         if v.get("window")])
-                yield emit()
+            agent = self.agent(*run["agent"])
+            events = agent.astream(video, question, options, n_frames=int(n_frames) if n_frames else None)
+            async for out in self._render(events, view, run):
+                yield out
         except Exception as exc:  # every failure is a message in the page; the server keeps serving
-            outputs["status"] = f"**error:** {html.escape(self._public(exc, video))}"
-            yield emit()
+            view["status"] = f"**error:** {html.escape(self._public(exc, video))}"
+            yield self._emit(view)
+
+    async def resume(self, windows_text: str, pending: str):
+        """Run the paused question's sub-agents on the reviewed windows (one ``start-end`` per line, seconds)."""
+        run = self._paused.pop(pending, None) if pending else None
+        view = {k: "" for k in self.OUTPUTS} | {"gallery": []}
+        if run is None:
+            view["status"] = "**error:** no question is waiting for its windows; ask one with *Approve windows* on."
+            yield self._emit(view)
+            return
+        view.update(run["view"], windows="", pending="")
+        try:
+            calls = [{"start_time": float(a), "end_time": float(b)} for a, b in
+                     (line.replace(" ", "").split("-", 1) for line in (windows_text or "").splitlines() if line.strip())]
+        except ValueError:
+            self._paused[pending] = run
+            view.update(windows=windows_text, pending=pending,
+                        status="**error:** write one window per line as start-end in seconds, e.g. 16-31")
+            yield self._emit(view)
+            return
+        view["status"] = f"running {len(calls)} sub-agents ..."
+        yield self._emit(view)
+        try:
+            agent = self.agent(*run["agent"])
+            async for out in self._render(agent.astream_resume(pending, calls), view, run):
+                yield out
+        except Exception as exc:
+            view["status"] = f"**error:** {html.escape(self._public(exc, run['video']))}"
+            yield self._emit(view)
+
+    def _emit(self, view: dict) -> tuple:
+        return tuple(view[k] for k in self.OUTPUTS)
+
+    async def _render(self, events, view: dict, run: dict):
+        """The page's outputs after each event of a run (``run`` keeps what the timeline has drawn so far)."""
+        windows = run["windows"]
+        async for ev in events:
+            if isinstance(ev, OverviewEvent):
+                run["duration"], run["overview"] = ev.duration, ev.timestamps
+                run["reader"] = VideoReader(run["video"])
+                view["status"] = f"planner is thinking over {len(ev.timestamps)} overview frames ..."
+            elif isinstance(ev, PlannerEvent):
+                view["think"] = ev.text
+                for c in ev.calls:
+                    if c.window:
+                        windows[(ev.turn, c.index)] = {"index": c.index, "window": c.window, "error": c.error,
+                                                       "summary": ""}
+                n = sum(1 for c in ev.calls if not c.error)
+                view["status"] = f"{n} sub-agents dispatched ..." if ev.calls else "answering ..."
+            elif isinstance(ev, ReviewEvent):
+                for key in [k for k in windows if k[0] == ev.turn]:  # the reviewed windows replace the planned
+                    del windows[key]
+                view["windows"] = "\n".join(f"{c.window[0]:g}-{c.window[1]:g}" for c in ev.calls if c.window)
+                view["pending"] = ev.thread_id
+                view["status"] = (f"{len(ev.calls)} windows planned: edit them (one start-end per line, seconds) "
+                                  "and click *Run sub-agents*.")
+                self._paused[ev.thread_id] = {**run, "view": dict(view)}
+            elif isinstance(ev, SubAgentEvent):
+                self._show_subagent(ev, view, run)
+            elif isinstance(ev, AnswerEvent):
+                t = ev.answer.trace
+                view["answer"] = ev.answer.choice or ev.answer.text or "(no answer)"
+                view["think"] = "\n\n".join(turn.text for turn in t.turns)
+                view["stats"] = (f"latency {t.latency:.2f} s · {t.tool_calls} tool calls · "
+                                 f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens"
+                                 + (f" · errors: {'; '.join(t.errors)}" if t.errors else ""))
+                view["trace_id"], view["status"] = t.id, "done."
+            view["timeline"] = timeline_html(run["duration"], run["overview"],
+                                             [v for _, v in sorted(windows.items()) if v.get("window")])
+            yield self._emit(view)
+
+    def _show_subagent(self, ev: SubAgentEvent, view: dict, run: dict) -> None:
+        rec, windows, thumbs = ev.record, run["windows"], run["thumbs"]
+        key = (ev.turn, rec.index)
+        w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": ""})
+        w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"], frames=rec.evidence == "frames")
+        if rec.frame_timestamps and run["reader"] is not None and key not in thumbs:
+            mid = rec.frame_timestamps[len(rec.frame_timestamps) // 2]
+            img = run["reader"].sample([mid], max_pixels=96 * 96, factor=8).frames[0]
+            thumbs[key] = (img, f"[{rec.index + 1}] {rec.label}")
+        view["summaries"] = "\n\n".join(
+            f"**[{v['index'] + 1}]** {format_time(v['window'][0])}-{format_time(v['window'][1])}: "
+            + (f"*error: {html.escape(v['error'])}*" if v["error"] else
+               ("*frames to the planner:* " if v.get("frames") else "") + html.escape(v["summary"] or "…"))
+            for _, v in sorted(windows.items()) if v.get("window"))
+        view["gallery"] = [thumbs[k] for k in sorted(thumbs)]
+        done = sum(1 for v in windows.values() if v["summary"] or v["error"])
+        view["status"] = f"{done} of {len(windows)} sub-agents done ..."
 
     def _public(self, exc: Exception, video) -> str:
         """An error as the page shows it: its message, with the server's temporary paths hidden."""
@@ -231,7 +275,12 @@ def build_demo(model_dir: str | None = None, store: str | None = None, max_uploa
                     model_name = gr.Textbox(label="Model name (endpoint)")
                     mode = gr.Radio(["parallel", "sequential", "none"], value="parallel", label="Dispatch mode")
                     n_frames = gr.Slider(2, 64, value=8, step=1, label="Overview frames (n)")
+                review = gr.Checkbox(False, label="Approve windows before the sub-agents run", elem_id="pvt-review")
                 ask = gr.Button("Ask", variant="primary", elem_id="pvt-ask")
+                windows = gr.Textbox(label="Planned windows (start-end, one per line; edit, then run)", lines=4,
+                                     elem_id="pvt-windows")
+                approve = gr.Button("Run sub-agents", elem_id="pvt-approve")
+                pending = gr.State("")
             with gr.Column(scale=2):
                 status = gr.Markdown(elem_id="pvt-status")
                 answer = gr.Textbox(label="Answer", elem_id="pvt-answer")
@@ -249,13 +298,19 @@ def build_demo(model_dir: str | None = None, store: str | None = None, max_uploa
                     sent = gr.Markdown()
         toy.click(d.toy_video, outputs=[video, question, options, toy_info])
 
-        async def run(video, question, options, backend, endpoint, model_name, n_frames, mode):
+        async def run(video, question, options, backend, endpoint, model_name, n_frames, mode, review):
             b = "endpoint" if backend == "endpoint" else "embedded"
-            async for out in d.ask(video, question, options, b, endpoint, model_name, n_frames, mode):
+            async for out in d.ask(video, question, options, b, endpoint, model_name, n_frames, mode, review):
                 yield out
 
-        ask.click(run, inputs=[video, question, options, backend, endpoint, model_name, n_frames, mode],
-                  outputs=[status, think, timeline, gallery, summaries, answer, stats, trace_id])
+        async def go_on(windows_text, pending_id):
+            async for out in d.resume(windows_text, pending_id):
+                yield out
+
+        shown = [status, think, timeline, gallery, summaries, answer, stats, trace_id, windows, pending]
+        ask.click(run, inputs=[video, question, options, backend, endpoint, model_name, n_frames, mode, review],
+                  outputs=shown)
+        approve.click(go_on, inputs=[windows, pending], outputs=shown)
         send.click(d.feedback, inputs=[trace_id, correct, thumbs], outputs=[sent])
     demo.paravt = d
     return demo

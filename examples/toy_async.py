@@ -37,8 +37,9 @@ from paravt_train.data import write_parquet  # noqa: E402
 from paravt_train.stats import mean_ci, paired_diff_ci  # noqa: E402
 from paravt_train.toy.build import TEST_SEED0  # noqa: E402
 from paravt_train.toy.quickstart import REPO_CHECKPOINT  # noqa: E402
+from paravt_train.toy.rows import rl_rows  # noqa: E402
 from paravt_train.toy.toolshy import build_toolshy  # noqa: E402
-from paravt_train.toy.world import make_worlds, rl_rows  # noqa: E402
+from paravt_train.toy.world import make_worlds  # noqa: E402
 
 TRAIN_SEED0 = 500_000
 HELD_SEED0 = TEST_SEED0 + 5000

@@ -33,8 +33,9 @@ from paravt_train.plot import plot
 from paravt_train.stats import mean_ci, paired_diff_ci
 from paravt_train.toy.build import TEST_SEED0
 from paravt_train.toy.quickstart import REPO_CHECKPOINT
+from paravt_train.toy.rows import rl_rows
 from paravt_train.toy.toolshy import build_toolshy
-from paravt_train.toy.world import make_worlds, rl_rows
+from paravt_train.toy.world import make_worlds
 
 TRAIN_SEED0 = 500_000  # RL prompts: worlds the SFT policy never saw either
 HELD_SEED0 = TEST_SEED0 + 5000

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
         Generation,
         GenerationRecord,
         OverviewEvent,
+        PlannedCall,
         PlannerEvent,
+        ReviewEvent,
         RolloutInput,
         Sampling,
         SubAgentEvent,
@@ -36,8 +38,8 @@ _LAZY = {
     "Policy": "paravt_agent.policy.base",
     "Trace": "paravt_agent.trajectory",
     **{name: "paravt_agent.types" for name in (
-        "Answer", "AnswerEvent", "Generation", "GenerationRecord", "OverviewEvent", "PlannerEvent",
-        "RolloutInput", "Sampling", "SubAgentEvent")},
+        "Answer", "AnswerEvent", "Generation", "GenerationRecord", "OverviewEvent", "PlannedCall", "PlannerEvent",
+        "ReviewEvent", "RolloutInput", "Sampling", "SubAgentEvent")},
 }
 
 __all__ = [
@@ -51,10 +53,12 @@ __all__ = [
     "GenerationRecord",
     "OverviewEvent",
     "ParaVTError",
+    "PlannedCall",
     "PlannerEvent",
     "Policy",
     "PolicyError",
     "PromptTooLong",
+    "ReviewEvent",
     "RolloutInput",
     "Sampling",
     "SubAgentEvent",

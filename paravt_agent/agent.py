@@ -10,15 +10,15 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
+from paravt_agent import telemetry
 from paravt_agent.config import AgentConfig
-from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong
+from paravt_agent.context import AgentContext, check_input, prepare_input, system_prompt, tool_schemas
+from paravt_agent.errors import ConfigError, ParaVTError, PolicyError
+from paravt_agent.frames import FrameStore
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.registry import make_policy
-from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, layout_planner_messages, layout_system_prompt
-from paravt_agent.protocol import extract_answer, extract_choice, is_degenerate, parse_span
 from paravt_agent.trajectory import Phase, Trace
-from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, RolloutInput, StreamEvent
-from paravt_agent.video import VideoReader
+from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, ReviewEvent, RolloutInput, StreamEvent
 
 __all__ = ["Agent", "Answer", "make_policy"]
 
@@ -32,9 +32,15 @@ class Agent:
     >>> print(ans.text); print(ans.trace.render())
 
     ``config`` defaults to the model directory's ``agent_config.yaml`` when it has one
-    (:meth:`AgentConfig.for_model`), else to the paper's protocol. ``tools`` is a
-    :class:`tools.ToolRegistry` or a list of :class:`tools.Tool` instances (default: the
-    built-ins and every ``paravt.tools`` plugin); ``config.tools`` picks the ones offered.
+    (:meth:`AgentConfig.for_model`), else to the paper's protocol. ``tools`` is a tool registry or a list
+    of tool instances (default: the built-ins and every ``paravt.tools`` plugin); ``config.tools`` picks
+    the ones offered.
+
+    ``checkpointer`` makes runs durable (LangGraph's checkpointers): a saver object, or ``"memory"``,
+    ``"sqlite:///path.db"`` or a ``postgresql://`` URL. A run then has a ``thread_id`` (``answer(...,
+    thread_id=...)``); a process that dies mid-run resumes it by calling the same again (only the work
+    left is done), and a finished thread gives its answer back. ``frames_dir`` keeps the frames a
+    durable run references on disk, so another process can resume it.
     """
 
     def __init__(
@@ -49,8 +55,10 @@ class Agent:
         api_key: str | None = None,
         store: Any = None,
         policy_kwargs: dict | None = None,
+        checkpointer: Any = None,
+        frames_dir: str | os.PathLike | None = None,
     ):
-        from tools import Tool, ToolRegistry
+        from paravt_agent.plugins import tool_registry
 
         if config is None and policy is None:
             config = AgentConfig.for_model(model)  # a model directory's protocol (local, sglang); None otherwise
@@ -60,20 +68,15 @@ class Agent:
             raise ConfigError(f"the {self.policy.name} policy cannot pin the think prefix "
                               f"{self.config.think_prefix!r}; set think_prefix: '' in the agent config "
                               "or use a backend that can (local, sglang, openai with prefill)")
-        if tools is None:
-            registry = ToolRegistry.default()
-        elif isinstance(tools, ToolRegistry):
-            registry = tools
-        else:
-            tools = list(tools)
-            bad = [t for t in tools if not isinstance(t, Tool)]
-            if bad:
-                raise ConfigError(f"tools must be paravt Tool instances, got {bad[0]!r}")
-            registry = ToolRegistry(tools)
-            if self.config.tools == AgentConfig.model_fields["tools"].default_factory():
-                self.config = self.config.model_copy(update={"tools": registry.names()})
-        self.registry = registry.subset(self.config.tools) if self.config.mode != "none" else ToolRegistry()
+        registry = tool_registry(tools)
+        if tools is not None and registry is not tools and \
+                self.config.tools == AgentConfig.model_fields["tools"].default_factory():
+            self.config = self.config.model_copy(update={"tools": registry.names()})
+        self.registry = registry.subset(self.config.tools if self.config.mode != "none" else [])
         self.store = store
+        self.frames = FrameStore(frames_dir)
+        self.checkpointer = checkpointer if checkpointer is not None or not self.config.review_windows else "memory"
+        self._savers: dict[int, Any] = {}
         self._graph = None
         self._lock = threading.Lock()
         self._runner = _LoopThread()
@@ -82,111 +85,92 @@ class Agent:
 
     @property
     def graph(self):
+        """The compiled agent graph (without a checkpointer; :meth:`graph_for` adds the agent's)."""
         with self._lock:
             if self._graph is None:
                 from paravt_agent.graph import build_graph
 
-                self._graph = build_graph(self.policy, self.registry, self.config)
+                c = self.config
+                self._graph = build_graph(c.retries, c.planner_timeout, c.subagent_timeout)
             return self._graph
 
-    def tool_schemas(self) -> list[dict]:
-        """The tools as the planner's prompt describes them: a preset's literal ``crop_video`` schema
-        (``layout.tool_schema``), the native schema of every other tool."""
-        from paravt_agent.presets import TOOL_SCHEMAS
+    async def graph_for_loop(self):
+        """The graph with this agent's checkpointer, opened in the running event loop (savers are bound to one)."""
+        if self.checkpointer is None:
+            return self.graph
+        # a saver with a connection (SQLite, PostgreSQL) belongs to its event loop; one in memory serves them all
+        per_loop = isinstance(self.checkpointer, str) and self.checkpointer != "memory"
+        key = id(asyncio.get_running_loop()) if per_loop else 0
+        if key not in self._savers:
+            from paravt_agent.checkpoints import open_checkpointer
+            from paravt_agent.graph import build_graph
 
-        literal = TOOL_SCHEMAS.get(self.config.layout.tool_schema)
-        return [literal if literal is not None and t.name == "crop_video" else t.schema() for t in self.registry]
+            saver = await open_checkpointer(self.checkpointer)
+            c = self.config
+            self._savers[key] = build_graph(c.retries, c.planner_timeout, c.subagent_timeout, checkpointer=saver)
+        return self._savers[key]
+
+    def context(self, tool_context=None) -> AgentContext:
+        """A run's context: this agent's policy, tools, config and frame store."""
+        return AgentContext(self.policy, self.registry, self.config, self.frames, tool_context)
+
+    def tool_schemas(self) -> list[dict]:
+        """The tools as the planner's prompt describes them (:func:`paravt_agent.context.tool_schemas`)."""
+        return tool_schemas(self.config, self.registry)
 
     def system_prompt(self) -> str:
-        cfg = self.config
-        if cfg.mode == "none":
-            return cfg.system_prompt or NO_TOOL_SYSTEM_PROMPT
-        if cfg.system_prompt:
-            return cfg.system_prompt
-        return layout_system_prompt(cfg.layout, self.tool_schemas(), sequential=cfg.mode == "sequential")
+        return system_prompt(self.config, self.registry)
 
     def prepare(self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
                 n_frames: int | None = None) -> RolloutInput:
         """Decode the overview and build the planner's first messages (no model call)."""
-        from paravt_agent.video.fetch import local_video
-        from tools import ToolContext
-
-        if not question or not question.strip():
-            raise ParaVTError("the question is empty")
-        self.check_input(question, options)
-        f = self.config.frames
-        reader = VideoReader(local_video(video), backend=f.backend)
-        t_overview = time.perf_counter()
-        overview = reader.overview(n_frames, f)
-        overview_latency = time.perf_counter() - t_overview
-        info = overview.info
-        ctx = ToolContext(video=reader, frames=f, strict_video_path=self.config.strict_video_path)
-        messages = layout_planner_messages(
-            self.config.layout, self.system_prompt(), overview.frames, overview.timestamps, info.duration, question,
-            options, video_name=os.path.basename(os.fspath(video)),
-        )
-        self._check_prompt(messages)
-        trace = Trace(
-            video=os.fspath(video), question=question, options=list(options) if options else None,
-            mode=self.config.mode, duration=info.duration, overview_timestamps=list(overview.timestamps),
-            warnings=[f"overview: {w}" for w in overview.warnings], overview_latency=overview_latency,
-        )
-        return RolloutInput(question, list(options) if options else None, messages, ctx, trace,
-                            n_frames if n_frames is not None else f.n_frames, overview_started=t_overview)
+        return prepare_input(self.config, self.policy, self.registry, video, question, options, n_frames)
 
     def check_input(self, question: str, options: Sequence[str] | None = None) -> None:
-        """Refuse (:class:`PromptTooLong`) a question or option over its token limit, cheaply: a text no longer
-        in UTF-8 bytes than its limit passes untokenised (a token is at least one byte), one over 16 bytes per
-        token of its limit is refused untokenised, the rest are counted with the model's tokenizer."""
-        cfg = self.config
-        items = [("question", question, cfg.max_question_tokens, "max_question_tokens")]
-        items += [(f"option {chr(65 + i)}", str(o), cfg.max_option_tokens, "max_option_tokens")
-                  for i, o in enumerate(options or ())]
-        for what, text, limit, key in items:
-            size = len(text.encode("utf-8", "replace"))
-            if size <= limit:
-                continue
-            if size > 16 * limit:
-                raise PromptTooLong(f"the {what} is {size} bytes, far over its limit of {limit} tokens ({key})")
-            n = self.policy.count_text_tokens(text)
-            n = -(-size // 2) if n is None else n
-            if n > limit:
-                raise PromptTooLong(f"the {what} is {n} tokens; the limit is {limit} ({key})")
+        """Refuse an empty question, or one or an option over its token limit (:func:`paravt_agent.context.check_input`)."""
+        check_input(self.config, self.policy, question, options)
 
-    def _check_prompt(self, messages: list[dict]) -> None:
-        """The planner's first prompt and its answer budget must fit the model's context (where known)."""
-        window = self.policy.context_length
-        if not window:
-            return
-        budget = self.config.planner_sampling.max_new_tokens
-        bound = getattr(self.policy, "prompt_token_bound", None)
-        if bound is not None and bound(messages) + budget <= window:  # fits for sure: no encoding here
-            return
-        n = self.policy.count_tokens(messages)
-        if n is not None and n + budget > window:
-            raise PromptTooLong(f"the prompt is {n} tokens; with the {budget}-token answer budget it is over the "
-                                f"model's {window}-token context (use fewer frames or a shorter question)")
-
-    def _graph_config(self) -> dict:
-        return {"max_concurrency": self.config.max_concurrency, "recursion_limit": 6 * (self.config.max_turns + 3)}
+    def _graph_config(self, thread_id: str | None = None) -> dict:
+        conf: dict[str, Any] = {"max_concurrency": self.config.max_concurrency,
+                                "recursion_limit": 8 * (self.config.max_turns + 3)}
+        if thread_id is not None:
+            conf["configurable"] = {"thread_id": thread_id}
+        return conf
 
     # ------------------------------------------------------------------ answering
 
     async def astream(
         self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
-        *, n_frames: int | None = None,
+        *, n_frames: int | None = None, thread_id: str | None = None, trace_parent: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Typed events as they happen (:mod:`paravt_agent.types`): an ``OverviewEvent``, a
-        ``PlannerEvent`` per turn, a ``SubAgentEvent`` as each slot fills, and finally an ``AnswerEvent``.
+        ``PlannerEvent`` per turn, a ``SubAgentEvent`` as each slot fills, and finally an ``AnswerEvent``
+        (or a ``ReviewEvent`` when ``review_windows`` pauses the run).
 
-        A question that fails before any answer (a bad video, an endpoint down) raises; with a store,
-        the failure is stored too, with its error, so an operator sees it."""
+        With a checkpointer, ``thread_id`` names the run: a thread with work left is resumed (no overview
+        event then), a finished one yields its answer again. A question that fails before any answer (a bad
+        video, an endpoint down) raises; with a store, the failure is stored too, with its error.
+
+        With tracing on (:mod:`paravt_agent.telemetry`), the question's span goes under ``trace_parent`` (a
+        W3C ``traceparent``, e.g. the caller's HTTP header), else under the current span."""
         t0 = time.perf_counter()
         try:
-            inp = await asyncio.to_thread(self.prepare, video, question, options, n_frames)
-            yield OverviewEvent(list(inp.trace.overview_timestamps), inp.trace.duration)
-            async for event in self.astream_input(inp, t0=t0):
-                yield event
+            if self.checkpointer is not None and thread_id is not None:
+                snap = await (await self.graph_for_loop()).aget_state(self._graph_config(thread_id))
+                if snap.values:
+                    async for event in self.astream_resume(thread_id):
+                        yield event
+                    return
+            with telemetry.span("invoke_agent paravt", trace_parent, self._span_attributes(question),
+                                current=False) as root:
+                parent = telemetry.traceparent(root)
+                with telemetry.span("paravt.overview", parent, {"paravt.n_frames": n_frames}, current=False):
+                    inp = await asyncio.to_thread(self.prepare, video, question, options, n_frames)
+                yield OverviewEvent(list(inp.trace.overview_timestamps), inp.trace.duration)
+                async for event in self.astream_input(inp, t0=t0, thread_id=thread_id, trace_parent=parent):
+                    if isinstance(event, AnswerEvent):
+                        self._end_span(root, event.answer)
+                    yield event
         except Exception as exc:
             if self.store is not None:
                 kind = "" if isinstance(exc, ParaVTError) else f"{exc.__class__.__name__}: "
@@ -195,29 +179,104 @@ class Agent:
                                      errors=[f"{kind}{exc}"], latency=time.perf_counter() - t0))
             raise
 
-    async def astream_input(self, inp: RolloutInput, *, seed: int | None = None, t0: float | None = None
+    async def astream_input(self, inp: RolloutInput, *, seed: int | None = None, t0: float | None = None,
+                            thread_id: str | None = None, trace_parent: str | None = None
                             ) -> AsyncIterator[StreamEvent]:
         """Run the graph from a prepared :class:`RolloutInput` (e.g. one prompt shared by G rollouts).
 
-        ``seed`` gives this run its own reproducible sampling seeds. Yields the events of
-        :meth:`astream` after the overview."""
+        ``seed`` gives this run its own reproducible sampling seeds; ``trace_parent`` (a W3C traceparent) the
+        span its spans go under. Yields the events of :meth:`astream` after the overview."""
+        from paravt_agent.graph import initial_state
+
         t0 = time.perf_counter() if t0 is None else t0
-        state = {"question": inp.question, "options": inp.options, "ctx": inp.context, "messages": inp.messages,
-                 "turn": 0, "calls": [], "results": {}, "turns": [], "records": [], "seed": seed,
-                 "continuation": None, "phases": []}
+        ctx = self.context(inp.context)
         trace = inp.trace.model_copy(deep=True, update={"id": uuid.uuid4().hex})
         if inp.overview_started is not None and inp.overview_started >= t0:  # the overview was decoded in this run
             trace.phases = [Phase(name="overview", start=inp.overview_started - t0, seconds=trace.overview_latency)]
         else:
             trace.overview_latency = 0.0
-        last = state
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        expired = []
+        if self.checkpointer is not None and thread_id is None:
+            thread_id = trace.id
+        trace.otel_trace_id = telemetry.trace_id(trace_parent)
+        async for event in self._run(initial_state(inp, ctx, seed=seed, trace_parent=trace_parent), ctx, trace, t0,
+                                     thread_id):
+            yield event
+
+    def _span_attributes(self, question: str) -> dict | None:
+        """The question span's attributes (None when tracing is off: nothing is built)."""
+        if not telemetry.enabled():
+            return None
+        attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "paravt",
+                 "gen_ai.provider.name": self.policy.name, "gen_ai.request.model": telemetry.model_name(self.policy),
+                 "paravt.mode": self.config.mode}
+        if telemetry.capture_content():
+            attrs["gen_ai.input.messages"] = telemetry.messages_attr("user", question)
+        return attrs
+
+    @staticmethod
+    def _end_span(root, answer: Answer) -> None:
+        """The question span's outcome: our trace id, turns, calls, tokens, and the answer text when captured."""
+        if root is None:
+            return
+        tr = answer.trace
+        root.set_attributes({"paravt.trace_id": tr.id, "paravt.turns": len(tr.turns),
+                             "paravt.tool_calls": sum(len(t.calls) for t in tr.turns), "paravt.ok": tr.ok,
+                             **telemetry.usage_attributes(tr.prompt_tokens, tr.completion_tokens)})
+        if telemetry.capture_content():
+            root.set_attribute("gen_ai.output.messages", telemetry.messages_attr("assistant", tr.answer))
+
+    async def astream_resume(self, thread_id: str, calls: Any = None) -> AsyncIterator[StreamEvent]:
+        """Go on with the run of ``thread_id``: after a crash (only the work left is done), or after a
+        ``ReviewEvent`` with ``calls`` (None: as planned; or the calls to run, edited: ``[{"start_time",
+        "end_time"}, ...]`` or ``[{"name", "arguments"}, ...]``). A finished thread yields its answer again."""
+        from langgraph.types import Command
+
+        from paravt_agent.graph import trace_of
+
+        if self.checkpointer is None:
+            raise ConfigError("resuming needs a checkpointer: Agent(checkpointer=...)")
+        t0 = time.perf_counter()
+        graph = await self.graph_for_loop()
+        snap = await graph.aget_state(self._graph_config(thread_id))
+        values = snap.values
+        if not values:
+            raise ParaVTError(f"no run under thread {thread_id!r}")
+        ctx = self.context()
+        await asyncio.to_thread(self._restore_frames, values)
+        trace = trace_of(values, mode=self.config.mode)
+        trace.id = values.get("trace_id") or thread_id
+        trace.errors.clear()
+        trace.turns, trace.phases = [], []
+        if not snap.next:  # finished: the same answer again
+            yield AnswerEvent(self._finish(values, ctx, trace, values.get("trace", {}).get("latency", 0.0), None))
+            return
+        command = Command(resume=calls) if snap.interrupts else None
+        async for event in self._run(command, ctx, trace, t0, thread_id, resumed=True):
+            yield event
+
+    def _restore_frames(self, values: dict) -> None:
+        """A resumed run's overview frames: decoded again when this process has not got them (the same video
+        and frame count give the same pixels, hence the same keys)."""
+        from paravt_agent.frames import refs_of
+
+        if all(k in self.frames for k in refs_of(values.get("messages", [])[:2])):
+            return
+        inp = self.prepare(values["video"], values["question"], values.get("options"), values.get("n_frames"))
+        self.frames.to_refs(inp.messages)
+
+    async def _run(self, graph_input, ctx: AgentContext, trace: Trace, t0: float, thread_id: str | None,
+                   resumed: bool = False) -> AsyncIterator[StreamEvent]:
+        """Stream the graph to its answer (or its pause), keeping what finished when the run fails or times out."""
+        graph = await self.graph_for_loop()
+        config = self._graph_config(thread_id)
+        last: dict = {}
+        loop, task, expired = asyncio.get_running_loop(), asyncio.current_task(), []
         left = self.config.request_timeout - (time.perf_counter() - t0)
         deadline = loop.call_later(max(left, 0.001), lambda: (expired.append(True), task.cancel()))
+        kw = {"durability": "sync"} if thread_id is not None else {}
         try:
-            async for mode, chunk in self.graph.astream(state, self._graph_config(), stream_mode=["custom", "values"]):
+            async for mode, chunk in graph.astream(graph_input, config, context=ctx, stream_mode=["custom", "values"],
+                                                   **kw):
                 if mode == "values":
                     last = chunk
                 else:
@@ -234,7 +293,14 @@ class Agent:
             trace.errors.append(f"{exc.__class__.__name__}: {exc}")
         finally:
             deadline.cancel()
-        yield AnswerEvent(self._finish(last, trace, time.perf_counter() - t0, t0))
+        if thread_id is not None and not trace.errors:
+            snap = await graph.aget_state(config)
+            if snap.interrupts:
+                pending = snap.values.get("calls", [])
+                yield ReviewEvent(snap.values.get("turn", 0), [c for c in pending if c.ok], thread_id)
+                return
+            last = snap.values or last
+        yield AnswerEvent(self._finish(last, ctx, trace, time.perf_counter() - t0, None if resumed else t0))
 
     async def arun(self, inp: RolloutInput, *, seed: int | None = None) -> Answer:
         """:meth:`astream_input` to its answer."""
@@ -246,20 +312,35 @@ class Agent:
 
     async def aanswer(
         self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
-        *, n_frames: int | None = None,
+        *, n_frames: int | None = None, thread_id: str | None = None, review=None,
+        trace_parent: str | None = None,
     ) -> Answer:
-        answer = None
-        async for event in self.astream(video, question, options, n_frames=n_frames):
-            if isinstance(event, AnswerEvent):
-                answer = event.answer
+        """:meth:`astream` to its answer. With ``review_windows`` on, ``review(event) -> calls`` is asked at
+        each pause (a :class:`ReviewEvent`; return None to run the calls as planned)."""
+        answer, events = None, self.astream(video, question, options, n_frames=n_frames, thread_id=thread_id,
+                                            trace_parent=trace_parent)
+        while answer is None:
+            paused = None
+            async for event in events:
+                if isinstance(event, AnswerEvent):
+                    answer = event.answer
+                elif isinstance(event, ReviewEvent):
+                    paused = event
+            if paused is None:
+                break
+            if review is None:
+                raise ConfigError("review_windows is on: pass review=callable to answer(), or use astream() and "
+                                  "astream_resume()")
+            events = self.astream_resume(paused.thread_id, review(paused))
         return answer
 
     def answer(
         self, video: str | os.PathLike, question: str, options: Sequence[str] | None = None,
-        *, n_frames: int | None = None,
+        *, n_frames: int | None = None, thread_id: str | None = None, review=None,
     ) -> Answer:
         """Answer one question about one video (blocking)."""
-        return self.run(self.aanswer(video, question, options, n_frames=n_frames))
+        return self.run(self.aanswer(video, question, options, n_frames=n_frames, thread_id=thread_id,
+                                     review=review))
 
     async def aanswer_many(
         self, items: Iterable[dict], concurrency: int = 4, progress: bool = True, desc: str = "answering"
@@ -292,35 +373,14 @@ class Agent:
         """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item."""
         return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress))
 
-    def _finish(self, state: dict, trace: Trace, latency: float, t0: float = 0.0) -> Answer:
-        results = state.get("results", {}) or {}
-        trace.phases = [*trace.phases, *(Phase(**{**p, "start": p["start"] - t0})
-                                         for p in state.get("phases", []) or [])]
-        turns = [t.model_copy(deep=True) for t in state.get("turns", []) or []]
-        for t in turns:
-            t.calls = [results[k] for k in sorted(results) if k[0] == t.turn and not t.forced_final]
-        trace.turns = turns
-        response = state.get("response")
-        if response is None:
-            if not trace.errors:
-                trace.errors.append("the planner gave no final response")
-            response = turns[-1].text if turns else ""
-        trace.response = response
-        trace.answer = extract_answer(response)
-        if is_degenerate(response):
-            trace.errors.append("degenerate output: the model repeats its chat template (<|im_start|> loops); "
-                                "the answer is not reliable (a model that does not fit this agent's protocol?)")
-        elif not trace.answer.strip():
-            trace.errors.append("empty answer: the model returned no answer text")
-        if trace.options:
-            trace.choice = extract_choice(trace.answer, trace.options)
-        else:
-            trace.span = parse_span(trace.answer)
-        trace.latency = latency
+    def _finish(self, state: dict, ctx: AgentContext, trace: Trace, latency: float, t0: float | None) -> Answer:
+        from paravt_agent.graph import final_answer, trace_of
+
+        done = trace_of(state, base=trace, t0=t0, mode=self.config.mode)
+        done.latency = latency
         if self.store is not None:
-            self.store.add(trace)
-        return Answer(text=trace.answer, trace=trace, choice=trace.choice, span=trace.span,
-                      records=list(state.get("records", []) or []), messages=list(state.get("messages", [])))
+            self.store.add(done)
+        return final_answer(state, ctx, done)
 
     def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
                  thumbs: bool | None = None, note: str | None = None) -> int:

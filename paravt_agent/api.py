@@ -23,6 +23,9 @@ Any OpenAI client talks to it; the "model" is the agent (planner, K sub-agents, 
   (504 ``timeout``, 502 ``agent_error``; in a stream, an ``error`` event), the trace in ``paravt``;
   an answer the model wrote badly (empty, degenerate) is a ``stop`` with ``paravt.ok`` false and
   ``paravt.errors``.
+  With OpenTelemetry on (``OTEL_TRACES_EXPORTER=otlp|console``; :mod:`paravt_agent.telemetry`) each
+  question is a trace, under the request's W3C ``traceparent`` header when it has one, and
+  ``paravt.otel_trace_id`` names it.
 - ``POST /v1/feedback``: ``{"trace_id", "answer"?, "reward"?, "thumbs"?, "note"?}`` into the trajectory
   store (online learning: ``paravt-train online`` reads it).
 - ``GET /v1/models``, ``GET /health``.
@@ -47,196 +50,18 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paravt_agent.agent import Agent
+from paravt_agent.api_request import ApiError, ApiSettings, Question, parse_request, resolve_video
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong, VideoError
 from paravt_agent.trajectory import Trace
 from paravt_agent.types import AnswerEvent, PlannerEvent, SubAgentEvent
 
-__all__ = ["ApiSettings", "create_app", "parse_request"]
-
-MODES = ("parallel", "sequential", "none")
-_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])[\)\.:]\s*(.+?)\s*$")
-
-
-@dataclass
-class ApiSettings:
-    """How the endpoint admits and checks requests (``paravt api --help`` documents each)."""
-
-    model_name: str = "paravt"
-    video_root: str | None = None
-    api_key: str | None = None
-    max_concurrent: int = 32
-    max_queue: int = 64
-    max_request_bytes: int = 1 << 20
-    max_download_bytes: int = 2 << 30
-    download_timeout: float = 300.0
-    max_turns_limit: int = 8
-    download_dir: str | None = None
-    allow_url_prefixes: tuple[str, ...] = ()
-    extra: dict = field(default_factory=dict)
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-                 headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.code, self.headers = status, message, kind, code, headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "code": self.code, "param": None}}
-
-
-# --------------------------------------------------------------------------- request parsing
-
-
-@dataclass
-class Question:
-    video: str  # as the client gave it (a path under the root, or an http(s) URL)
-    question: str
-    options: list[str] | None
-    n_frames: int | None
-    max_turns: int | None
-    mode: str | None
-    stream: bool
-    include_usage: bool
-
-
-def _split_options(text: str) -> tuple[str, list[str] | None]:
-    """Trailing ``A. ...`` lines (A, B, C, ... in order, at least two) become the options."""
-    lines = text.rstrip().splitlines()
-    opts: list[str] = []
-    i = len(lines)
-    while i > 0:
-        m = _OPTION_LINE.match(lines[i - 1])
-        if not m:
-            break
-        opts.insert(0, (m.group(1), m.group(2)))
-        i -= 1
-    letters = [k for k, _ in opts]
-    if len(opts) < 2 or letters != [chr(ord("A") + j) for j in range(len(opts))]:
-        return text.strip(), None
-    return "\n".join(lines[:i]).strip(), [v for _, v in opts]
-
-
-def _parts(content) -> list[dict]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise ApiError(400, "message content must be a string or a list of content parts")
-    return content
-
-
-def _video_of(part: dict) -> str | None:
-    kind = part.get("type")
-    if kind == "video_url":
-        v = part.get("video_url")
-        url = v.get("url") if isinstance(v, dict) else v
-        if not isinstance(url, str) or not url:
-            raise ApiError(400, "a video_url part needs video_url.url")
-        return url
-    if kind == "video":
-        v = part.get("video")
-        if not isinstance(v, str) or not v:
-            raise ApiError(400, "a video part needs a path or URL in `video`")
-        return v
-    return None
-
-
-def parse_request(body: Any, settings: ApiSettings) -> Question:
-    """The question, the video and the run's settings from a chat-completions body (400s on bad input)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if model not in (None, "", settings.model_name):
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {settings.model_name!r}",
-                       code="model_not_found")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "`messages` must be a non-empty list")
-    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    if not users:
-        raise ApiError(400, "no user message: the last user message holds the question and the video")
-    texts, video = [], None
-    for part in _parts(users[-1].get("content")):
-        if not isinstance(part, dict):
-            raise ApiError(400, "each content part must be an object")
-        v = _video_of(part)
-        if v is not None:
-            if video is not None:
-                raise ApiError(400, "one video per question: the message has more than one video part")
-            video = v
-        elif part.get("type") == "text":
-            texts.append(str(part.get("text") or ""))
-        elif part.get("type") in ("image_url", "input_audio", "audio_url"):
-            raise ApiError(400, f"{part['type']} parts are not supported: send the video as a video_url part")
-    if video is None:  # a follow-up question: the conversation's latest video
-        for m in reversed(users[:-1]):
-            for part in _parts(m.get("content")):
-                if isinstance(part, dict) and (v := _video_of(part)) is not None:
-                    video = v
-            if video is not None:
-                break
-    if video is None:
-        raise ApiError(400, 'no video: add a {"type": "video_url", "video_url": {"url": ...}} content part')
-    question, options = _split_options("\n".join(t for t in texts if t.strip()))
-    if body.get("options") is not None:
-        opts = body["options"]
-        if not isinstance(opts, list) or len(opts) < 2 or not all(isinstance(o, str) and o.strip() for o in opts):
-            raise ApiError(400, "`options` must be a list of at least two non-empty strings")
-        options = [o.strip() for o in opts]
-    if not question:
-        raise ApiError(400, "the question is empty: put it in a text part of the last user message")
-
-    def _int(name: str, low: int, high: int) -> int | None:
-        v = body.get(name)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-            raise ApiError(400, f"`{name}` must be an integer in [{low}, {high}]", code=f"invalid_{name}")
-        return v
-
-    mode = body.get("mode")
-    if mode is not None and mode not in MODES:
-        raise ApiError(400, f"`mode` must be one of {', '.join(MODES)}", code="invalid_mode")
-    opts_ = body.get("stream_options") or {}
-    return Question(video=video, question=question, options=options, n_frames=_int("n_frames", 1, 64),
-                    max_turns=_int("max_turns", 1, settings.max_turns_limit), mode=mode,
-                    stream=bool(body.get("stream")), include_usage=bool(opts_.get("include_usage", False)))
-
-
-def resolve_video(video: str, settings: ApiSettings) -> str:
-    """A readable local path for the request's video, or an ApiError (what is refused and why)."""
-    low = video.lower()
-    if low.startswith(("http://", "https://")):
-        from paravt_agent.video.fetch import local_video
-
-        return local_video(video, cache=settings.download_dir, max_bytes=settings.max_download_bytes,
-                           timeout=settings.download_timeout, allow_prefixes=settings.allow_url_prefixes)
-    if "://" in video[:16] or low.startswith("data:"):
-        raise ApiError(400, f"{video[:40]!r}: only paths under the server's video root and http(s) URLs are accepted",
-                       code="invalid_video")
-    if not settings.video_root:
-        raise ApiError(400, "this server accepts http(s) video URLs only (it was started without --video-root)",
-                       code="invalid_video")
-    root = Path(settings.video_root).resolve()
-    path = (root / video.lstrip("/")).resolve() if not Path(video).is_absolute() else Path(video).resolve()
-    if path != root and root not in path.parents:
-        raise ApiError(400, f"{video!r} is outside the server's video root", code="invalid_video")
-    if not path.is_file():
-        raise ApiError(404, f"{video!r}: no such video under the server's video root", code="video_not_found")
-    return str(path)
-
+__all__ = ["ApiError", "ApiSettings", "create_app", "parse_request", "resolve_video"]
 
 # --------------------------------------------------------------------------- responses
 
@@ -250,7 +75,7 @@ def extension_of(trace: Trace) -> dict:
     calls = [{"turn": t.turn, "index": c.index, "tool": c.name, "window": c.window, "summary": c.summary,
               "error": c.error, "latency": round(c.latency, 4), "batch_size": c.batch_size}
              for t in trace.turns for c in t.calls]
-    return {"trace_id": trace.id, "choice": trace.choice, "span": trace.span, "ok": trace.ok, "errors": trace.errors,
+    return {"trace_id": trace.id, "otel_trace_id": trace.otel_trace_id, "choice": trace.choice, "span": trace.span, "ok": trace.ok, "errors": trace.errors,
             "warnings": trace.warnings, "turns": len(trace.turns), "calls": calls,
             "planner_batch_sizes": [t.batch_size for t in trace.turns],
             "latency": round(trace.latency, 4)}
@@ -319,7 +144,10 @@ class AgentService:
 
 
 def create_app(agent: Agent, settings: ApiSettings | None = None):
-    """The FastAPI application serving ``agent`` (run it with uvicorn; ``paravt api`` does)."""
+    """The FastAPI application serving ``agent`` (run it with uvicorn; ``paravt api`` does).
+
+    Long by design: FastAPI's idiom is one factory whose routes are closures over the app's agent, settings and
+    admission guard; each route body is short and the request/response helpers live at module level."""
     settings = settings or ApiSettings()
     app = FastAPI(title="ParaVT agent API", version="1", docs_url=None, redoc_url=None)
     state: dict[str, AgentService] = {}
@@ -405,7 +233,8 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             async with svc._running:
-                task = asyncio.ensure_future(ag.aanswer(path, q.question, q.options, n_frames=q.n_frames))
+                task = asyncio.ensure_future(ag.aanswer(path, q.question, q.options, n_frames=q.n_frames,
+                                                        trace_parent=request.headers.get("traceparent")))
                 while not task.done():  # a client that goes away cancels its question
                     await asyncio.wait({task}, timeout=0.25)
                     if not task.done() and await request.is_disconnected():
@@ -442,7 +271,8 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
         async def produce():
             try:
                 async with svc._running:
-                    async for ev in ag.astream(path, q.question, q.options, n_frames=q.n_frames):
+                    async for ev in ag.astream(path, q.question, q.options, n_frames=q.n_frames,
+                                               trace_parent=request.headers.get("traceparent")):
                         events.put_nowait(ev)
             except Exception as exc:  # noqa: BLE001 (handed to the stream)
                 events.put_nowait(exc)

@@ -26,9 +26,9 @@ def tools_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the OpenAI-style function schemas as JSON."),
 ) -> None:
     """List the available tools (built-ins and `paravt.tools` entry-point plugins) with their schemas."""
-    from tools import ToolRegistry
+    from paravt_agent.plugins import default_registry
 
-    reg = ToolRegistry.default()
+    reg = default_registry()
     if as_json:
         typer.echo(json.dumps(reg.schemas(), indent=2))
         return
@@ -64,6 +64,9 @@ def _build_agent(backend: str, model: str | None, endpoint: str | None, mode: st
     cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset, notes=notes)
     for note in notes:
         typer.echo(note, err=True)
+    from paravt_agent.telemetry import configure_from_env
+
+    configure_from_env()  # OTEL_TRACES_EXPORTER=otlp|console: one trace per question
     return Agent(model=model, backend=backend, endpoint=endpoint, config=cfg, store=store, api_key=api_key)
 
 
@@ -136,7 +139,9 @@ def api_cmd(
                                      help="API key of the model server behind --endpoint."),
 ) -> None:
     """Serve the whole agent as an OpenAI-compatible endpoint: /v1/chat/completions (plain and streaming),
-    /v1/models and /v1/feedback. A user message holds the question and the video as a video_url part."""
+    /v1/models and /v1/feedback. A user message holds the question and the video as a video_url part.
+
+    OpenTelemetry traces (one per question) go to the exporter OTEL_TRACES_EXPORTER names (otlp, console)."""
     from paravt_agent.api import ApiSettings, serve
     from paravt_agent.errors import ParaVTError
     from paravt_agent.store import open_store
@@ -193,36 +198,26 @@ def serve_cmd(
         workers, router = router_commands(served, dp, host, port, tp, **kw)
         lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv) for argv, env in workers]
         lines.append(shlex.join(router))
-        if dry_run:
-            typer.echo("\n".join(lines))
-            return
-        typer.echo("starting:\n  " + "\n  ".join(lines), err=True)
-        try:
-            procs = launch_router(workers, router, host, port)
-        except ParaVTError as exc:
-            _fail(str(exc))
-        typer.echo(f"healthy: http://{host}:{port}/v1 ({dp} workers behind sglang-router; Ctrl-C to stop)", err=True)
-        try:
-            sys.exit(procs[-1].wait())
-        except KeyboardInterrupt:
-            for p in procs:
-                p.terminate()
-        return
-    argv, env = sglang_command(served, host, port, tp, **kw)
-    line = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv)
+        start, what = (lambda: launch_router(workers, router, host, port)), f" ({dp} workers behind sglang-router"
+    else:
+        argv, env = sglang_command(served, host, port, tp, **kw)
+        lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv)]
+        start, what = (lambda: [launch(argv, env, host, port)]), " ("
     if dry_run:
-        typer.echo(line)
+        typer.echo("\n".join(lines))
         return
-    typer.echo(f"starting: {line}", err=True)
+    typer.echo("starting:\n  " + "\n  ".join(lines), err=True)
     try:
-        proc = launch(argv, env, host, port)
+        procs = start()
     except ParaVTError as exc:
         _fail(str(exc))
-    typer.echo(f"healthy: http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
+    typer.echo(f"healthy: http://{host}:{port}/v1{what}{'; ' if dp > 1 else ''}Ctrl-C to stop)", err=True)
     try:
-        sys.exit(proc.wait())
+        sys.exit(procs[-1].wait())
     except KeyboardInterrupt:
-        proc.terminate()
+        for p in procs:
+            p.terminate()
+
 
 if __name__ == "__main__":
     app()

@@ -115,6 +115,9 @@ class AgentConfig(BaseModel):
     request_timeout: float = Field(900.0, gt=0, description="Seconds for a whole question; past it the run stops "
                                    "and the trace says so (what finished is kept).")
     max_concurrency: int = Field(16, ge=1, description="Sub-agents running at once.")
+    review_windows: bool = Field(
+        False, description="Pause before each turn's tool calls run (LangGraph interrupt) so the planned windows can "
+        "be approved or edited; resume with Agent.astream_resume (a checkpointer is needed; in memory by default).")
     max_question_tokens: int = Field(
         4096, ge=1, description="Longest question in tokens (the model's tokenizer; without one here, one token per "
         "2 UTF-8 bytes): a longer one is refused before any model call (PromptTooLong), never truncated.")
@@ -168,7 +171,7 @@ def _deep_merge(base: dict, top: dict) -> dict:
 
 #: Settings that do not change what the model sees or writes (left out of protocol comparisons).
 _RUNTIME_KEYS = {"planner_timeout", "subagent_timeout", "retries", "request_timeout", "max_concurrency",
-                 "frames.backend", "frames.fast_overview", "planner_sampling.seed", "subagent_sampling.seed",
+                 "review_windows", "frames.backend", "frames.fast_overview", "planner_sampling.seed", "subagent_sampling.seed",
                  "preset"}
 
 
@@ -241,6 +244,15 @@ def _set_dotted(data: dict, dotted: str, value) -> None:
     data[keys[-1]] = value
 
 
+def _apply_dotted(data: dict, overrides: list[str] | None) -> None:
+    """``key.sub=value`` items (values parsed as YAML) set into ``data`` in order."""
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. frames.n_frames=8)")
+        key, raw = item.split("=", 1)
+        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+
+
 def apply_overrides(model: BaseModel, overrides: list[str] | None) -> BaseModel:
     """``["mode=sequential", "frames.n_frames=8"]`` applied to a copy of ``model`` (values parsed as YAML).
     Overriding ``preset`` starts from that preset (keeping the other overrides)."""
@@ -248,11 +260,7 @@ def apply_overrides(model: BaseModel, overrides: list[str] | None) -> BaseModel:
     preset = [o for o in overrides or [] if o.split("=", 1)[0].strip() == "preset"]
     if preset and isinstance(model, AgentConfig):
         data = {}
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. frames.n_frames=8)")
-        key, raw = item.split("=", 1)
-        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+    _apply_dotted(data, overrides)
     try:
         return type(model).model_validate(data)
     except ValidationError as exc:
@@ -269,11 +277,7 @@ def load_yaml_model(cls: type[BaseModel], path: str | Path, overrides: list[str]
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. frames.n_frames=8)")
-        key, raw = item.split("=", 1)
-        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+    _apply_dotted(data, overrides)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

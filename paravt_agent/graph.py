@@ -1,314 +1,413 @@
-"""The agent as a LangGraph graph: planner → ``Send`` × K sub-agents → aggregator → planner.
+"""The agent as a LangGraph graph: planner → ``Send`` × K sub-agents → aggregator → planner → … → finish.
 
 ::
 
-    START → planner ─┬─ Send("subagent", call 1) ─┐
-                     ├─ …                         ├─→ aggregate → planner → … → END
-                     └─ Send("subagent", call K) ─┘
+    START ─┬─ overview ─┐ (LangGraph Server: from a bare question)
+           └────────────┴→ planner ─┬─ [review] ─┬─ Send("subagent", call 1) ─┐
+                                    │            ├─ …                         ├─→ aggregate → planner …
+                                    │            └─ Send("subagent", call K) ─┘
+                                    └─ finish → END
 
-* ``planner`` asks the policy for one response (pinned to the think prefix; a
-  later turn continues the earlier turn's exact tokens, :class:`~paravt_agent.types.Continuation`),
-  parses its tool calls with :mod:`paravt_agent.protocol` and validates them in
-  :meth:`tools.ToolRegistry.prepare` (invalid calls get their error slot here).
-* ``subagent`` runs one tool; visual evidence is summarised by the policy.
-  LangGraph's own ``RetryPolicy`` and ``timeout`` apply per attempt; when the
-  last attempt fails, the node's ``error_handler`` fills the slot with an error
-  text (``runtime_error``: the runtime failed, not the model's call) and routes on
-  to ``aggregate``, so one failure — or every call of a turn failing — never loses
-  the others, the trace or the planner's next turn.
-* ``results`` is a reducer-merged dict keyed by ``(turn, call index)``;
-  ``aggregate`` writes the turn's results in call order, laid out by the config's
-  :class:`~paravt_agent.config.Layout` (:func:`paravt_agent.prompts.tool_response_messages`):
-  by default ONE ``<tool_response>`` user turn holding every slot.
+**The state is plain data** (:class:`AgentState`): the planner's messages with frames referenced by content key
+(:mod:`paravt_agent.frames`), the turns and sub-agent results as the typed records of
+:mod:`paravt_agent.trajectory`, the calls as :class:`~paravt_agent.types.PlannedCall`, every model call as a
+:class:`~paravt_agent.types.GenerationRecord`. Any checkpointer can save it, so a run with one is durable: a
+process that dies after m of K sub-agents finished resumes from its thread and runs only the K − m left
+(LangGraph's pending writes). **Live resources** — policy, tool registry, agent config, frame store, the open
+video — are the run's :class:`~paravt_agent.context.AgentContext` (``context_schema``), reaching nodes as
+``runtime.context``; nothing live is in the state or a ``Send``.
 
-Evidence modes (``layout.evidence``): ``summary`` (a sub-agent sharing the policy
-summarises a crop into text: ParaVT) or ``frames`` (no sub-agent: the crop's frames
-go to the planner inside its tool response, keyed in ``evidence``).
+Nodes are the module-level functions below; a config's behaviour is chosen by small named routing functions
+(:func:`route_after_planner`, :func:`route_calls`, :func:`past_bound`). :func:`initial_state` is the one way
+in (a prepared question → state) and :func:`final_answer` the one way out (state → ``Answer``).
 
-Every model call is recorded as a :class:`~paravt_agent.types.GenerationRecord`
-(state key ``records``); the stream writer emits the typed events of
-:mod:`paravt_agent.types` (``PlannerEvent``, ``SubAgentEvent``).
+* ``planner`` asks the policy for one response (pinned to the think prefix; a later turn continues the
+  earlier turn's exact tokens, :class:`~paravt_agent.types.Continuation`), parses its tool calls and validates
+  them in the registry (invalid calls get their error slot here).
+* ``review`` (``config.review_windows``) pauses with LangGraph's ``interrupt`` so the planned calls can be
+  approved or edited; ``Command(resume=calls)`` continues.
+* ``subagent`` runs one tool; visual evidence is summarised by the policy (``layout.evidence: summary``) or
+  goes to the planner as frames (``frames``). LangGraph's ``RetryPolicy`` and ``timeout`` apply per attempt;
+  after the last, the ``error_handler`` fills the slot with an error (``runtime_error``) and goes on, so one
+  failure never loses the others.
+* ``aggregate`` writes the turn's results in call order, laid out by the config's layout: by default ONE
+  ``<tool_response>`` user turn holding every slot. ``finish`` extracts the answer and writes the output keys.
 
-Dispatch modes: ``parallel`` (all valid calls of a turn), ``sequential`` (one
-call per turn: the rest of the turn gets "not run" slots), ``none`` (no tools).
-``max_turns`` bounds tool turns in every mode; past it ``layout.final_turn`` says
-what happens: ``ask`` (a response that still calls tools is followed by the final
-prompt), ``after_tools`` (the final prompt follows the last tool turn's results)
-or ``none`` (the episode ends with that response).
+Dispatch modes: ``parallel`` (all valid calls of a turn), ``sequential`` (one per turn), ``none`` (no tools).
+``max_turns`` bounds tool turns; past it ``layout.final_turn`` says what happens: ``ask`` (a response that still
+calls tools is followed by the final prompt), ``after_tools`` (the final prompt follows the last tool turn's
+results) or ``none`` (the episode ends with that response).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 from langgraph.config import get_stream_writer
-from langgraph.errors import NodeError
+from langgraph.errors import NodeError, NodeTimeoutError
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, RetryPolicy, Send
+from langgraph.runtime import Runtime
+from langgraph.types import Command, RetryPolicy, Send, interrupt
 
-from paravt_agent.config import AgentConfig
-from paravt_agent.errors import PolicyError, ToolError
-from paravt_agent.policy.base import Policy, images_of
+from paravt_agent import telemetry
+from paravt_agent.context import AgentContext, prepare_input
+from paravt_agent.errors import ConfigError, PolicyError, ToolError
+from paravt_agent.frames import refs_of
+from paravt_agent.graph_runtime import (
+    DEFAULT_CONTEXT,
+    actx,
+    ctx_of,
+    emit,
+    event_json,
+    generate,
+    offload,
+    phase,
+    seeded,
+    tool_context,
+)
 from paravt_agent.prompts import (
     SUBAGENT_SYSTEM_PROMPT,
+    error_slot_text,
     final_prompt,
     layout_subagent_messages,
     tool_response_messages,
 )
-from paravt_agent.protocol import parse_tool_calls, split_think, subagent_report
-from paravt_agent.trajectory import PlannerTurn, SubAgentRecord
+from paravt_agent.protocol import (
+    parse_tool_calls,
+    split_think,
+    subagent_report,
+)
+from paravt_agent.state import (
+    STATE_TYPES,
+    AgentState,
+    final_answer,
+    initial_state,
+    slot_key,
+    slot_order,
+    trace_of,
+)
+from paravt_agent.trajectory import Phase, PlannerTurn, SubAgentRecord
 from paravt_agent.types import (
     CallInfo,
     Continuation,
-    Generation,
     GenerationRecord,
+    OverviewEvent,
+    PlannedCall,
     PlannerEvent,
     Sampling,
     SubAgentEvent,
 )
-from tools import PreparedCall, ToolContext, ToolRegistry
 
-__all__ = ["AgentState", "build_graph"]
+__all__ = ["DEFAULT_CONTEXT", "STATE_TYPES", "AgentState", "build_graph", "event_json", "final_answer", "initial_state",
+           "trace_of"]
 
-
-def _merge(left: dict | None, right: dict | None) -> dict:
-    return {**(left or {}), **(right or {})}
+# --------------------------------------------------------------------------- nodes
 
 
-def _append(left: list | None, right: list | None) -> list:
-    return [*(left or []), *(right or [])]
+async def overview(state: AgentState, runtime: Runtime) -> dict:
+    """A bare question (LangGraph Server): decode the overview and build the planner's first messages."""
+    ctx = await actx(runtime)
+    if not state.get("video") or not str(state.get("question") or "").strip():
+        raise ConfigError("the input needs `video` (a path or an http(s) URL) and `question`")
+
+    def prepare():
+        ctx.check_input(state["question"], state.get("options") or None)  # before any download
+        inp = prepare_input(ctx.config, ctx.policy, ctx.tools, ctx.resolve_video(state["video"]), state["question"],
+                            state.get("options") or None, state.get("n_frames"))
+        return inp, initial_state(inp, ctx, seed=state.get("seed"))
+
+    with telemetry.span("paravt.overview", attributes={"paravt.n_frames": state.get("n_frames")}):
+        inp, first = await asyncio.to_thread(prepare)
+    ctx.tool_context = inp.context
+    emit(ctx, OverviewEvent(list(inp.trace.overview_timestamps), inp.trace.duration))
+    return first
 
 
-class AgentState(TypedDict, total=False):
-    question: str
-    options: list[str] | None
-    ctx: ToolContext
-    messages: list[dict]  # the planner's conversation, neutral message layout
-    continuation: Continuation | None  # the planner's last turn, token for token
-    turn: int  # tool turns completed
-    calls: list[PreparedCall]  # the current turn's calls
-    results: Annotated[dict, _merge]  # (turn, index) -> SubAgentRecord
-    evidence: Annotated[dict, _merge]  # (turn, index) -> (frames, timestamps): frames-mode results
-    final: bool  # the next planner response is the final one (layout.final_turn == "after_tools")
-    turns: Annotated[list, _append]  # PlannerTurn records
-    records: Annotated[list, _append]  # GenerationRecord of every model call
-    seed: int | None  # per-rollout sampling seed (each call derives its own); None = the config's
-    response: str | None  # the planner's final response
-    phases: Annotated[list, _append]  # timed steps: dicts with name, start (perf_counter), seconds, turn, index
+def _final_sampling(ctx: AgentContext, state: AgentState) -> Sampling:
+    layout = ctx.config.layout
+    cap = layout.final_max_new_tokens if state.get("options") else (layout.final_max_new_tokens_open
+                                                                     or layout.final_max_new_tokens)
+    s = ctx.config.planner_sampling
+    return s.model_copy(update={"max_new_tokens": cap}) if cap else s
+
+
+async def _ask(ctx: AgentContext, state: AgentState, messages: list[dict], turn: int, continuation,
+               sampling: Sampling, forced: bool) -> tuple[dict, PlannerTurn, GenerationRecord, Phase]:
+    """One planner call: the new assistant message, its turn record, its model-call record and its phase."""
+    t0 = time.perf_counter()
+    gen = await generate(ctx, "planner", messages, seeded(sampling, state.get("seed"), turn),
+                          prefix=ctx.config.think_prefix, continuation=continuation)
+    rec = PlannerTurn(turn=turn, text=gen.text, reasoning=split_think(gen.text)[0], forced_final=forced,
+                      latency=time.perf_counter() - t0, prompt_tokens=gen.prompt_tokens,
+                      completion_tokens=gen.completion_tokens, batch_size=gen.batch_size)
+    record = GenerationRecord("planner", turn, None, gen, image_refs=refs_of(messages))
+    return {"role": "assistant", "content": gen.text}, rec, record, phase("planner", t0, turn, detail=gen.timings)
+
+
+def past_bound(ctx: AgentContext, turn: int, has_calls: bool) -> str | None:
+    """What a response that calls tools at ``turn`` leads to past ``max_turns``: ``end`` (it is the last),
+    ``ask`` (the final prompt follows), or None (within the bound: the calls run)."""
+    if not has_calls or turn < ctx.config.max_turns:
+        return None
+    return "end" if ctx.config.layout.final_turn == "none" else "ask"
+
+
+async def planner(state: AgentState, runtime: Runtime) -> dict:
+    """One planner turn (a ``paravt.planner_turn`` span when tracing is on: its calls' parent)."""
+    ctx = await actx(runtime)
+    turn = state.get("turn", 0)
+    with telemetry.span("paravt.planner_turn", state.get("trace_parent"), {"paravt.turn": turn}) as sp:
+        update = await _planner_turn(ctx, state)
+        if sp is not None:
+            telemetry.set_attributes(sp, {"paravt.tool_calls": len(update.get("calls") or []),
+                                          "paravt.final": update.get("response") is not None})
+            update["turn_span"] = telemetry.traceparent(sp)
+    return update
+
+
+async def _planner_turn(ctx: AgentContext, state: AgentState) -> dict:
+    cfg, turn, forced = ctx.config, state.get("turn", 0), bool(state.get("final"))
+    messages = list(state["messages"])
+    msg, rec, record, phase = await _ask(ctx, state, messages, turn, state.get("continuation"),
+                                         _final_sampling(ctx, state) if forced else cfg.planner_sampling, forced)
+    messages.append(msg)
+    cont = Continuation(len(messages) - 1, record.generation)
+    update: dict[str, Any] = {"records": [record], "turns": [rec], "phases": [phase], "calls": []}
+    signatures = ctx.tools.signatures()
+    calls = parse_tool_calls(rec.text, signatures) if cfg.mode != "none" and not forced else []
+    bound = past_bound(ctx, turn, bool(calls))
+    if bound == "ask":  # ask for the final answer once more, without tools
+        emit(ctx, PlannerEvent(turn, rec.text))
+        messages.append({"role": "user", "content": final_prompt(cfg.layout, bool(state.get("options")))})
+        msg, rec2, record2, phase2 = await _ask(ctx, state, messages, turn + 1, cont, _final_sampling(ctx, state),
+                                                True)
+        messages.append(msg)
+        emit(ctx, PlannerEvent(turn + 1, rec2.text, forced_final=True))
+        return {**update, "records": [record, record2], "turns": [rec, rec2], "phases": [phase, _answered(phase2)],
+                "messages": messages, "response": rec2.text,
+                "continuation": Continuation(len(messages) - 1, record2.generation)}
+    update.update(messages=messages, continuation=cont)
+    if not calls or bound == "end":
+        emit(ctx, PlannerEvent(turn, rec.text, forced_final=forced and not calls))
+        return {**update, "response": rec.text, "phases": [_answered(phase)]}
+    planned = _plan(ctx, calls, await tool_context(ctx, state["video"]))
+    emit(ctx, PlannerEvent(turn, rec.text, [CallInfo(c.index, c.label, c.window, c.error) for c in planned]))
+    errors = {slot_key(turn, c.index): _slot(c, error=c.error) for c in planned if not c.ok}
+    for r in errors.values():
+        emit(ctx, SubAgentEvent(turn, r))
+    return {**update, "calls": planned, "results": errors}
+
+
+def _plan(ctx: AgentContext, calls: list, tool_context) -> list[PlannedCall]:
+    """Validate one turn's calls in the registry; each becomes a :class:`PlannedCall` (plain data)."""
+    cfg = ctx.config
+    cap = 1 if cfg.mode == "sequential" else cfg.max_calls_per_turn
+    prepared = ctx.tools.prepare(calls, tool_context, max_calls=cap,
+                                 drop_extra=cfg.layout.extra_calls == "drop")
+    out = []
+    for p in prepared:
+        ok = p.ok
+        out.append(PlannedCall(
+            index=p.index, raw=p.call.raw, name=getattr(p.call, "name", None),
+            arguments=dict(getattr(p.call, "arguments", {}) or {}), run_args=p.args.model_dump() if ok else None,
+            label=p.label, window=p.tool.window(p.args) if ok else None, error=p.error))
+    return out
+
+
+def _slot(call: PlannedCall, **kw) -> SubAgentRecord:
+    return SubAgentRecord(index=call.index, raw=call.raw, name=call.name, arguments=dict(call.arguments),
+                          label=call.label, **kw)
+
+
+def _answered(phase: Phase) -> Phase:
+    """The planner call that gave the final response is the ``answer`` phase."""
+    return phase.model_copy(update={"name": "answer"})
+
+
+async def review(state: AgentState, runtime: Runtime) -> dict:
+    """Pause before the turn's calls run (LangGraph ``interrupt``); the resume value is the calls to run:
+    ``None``/``True`` (as planned) or a list of ``{"name"?, "arguments"}`` / ``{"start_time", "end_time"}``."""
+    ctx = await actx(runtime)
+    turn = state.get("turn", 0)
+    pending = [c for c in state["calls"] if c.ok]
+    value = interrupt({"turn": turn, "calls": [_call_json(c) for c in pending]})
+    if value is None or value is True:
+        return {}
+    from paravt_agent.protocol import ToolCall
+
+    default = pending[0].name if pending else None  # a bare window edits the turn's (first) tool
+    edited = []
+    for item in value if isinstance(value, list) else [value]:
+        item = dict(item)
+        name = item.pop("name", None) or default
+        if name is None:
+            raise ConfigError("a reviewed call needs its tool's name: {'name': ..., 'arguments': {...}}")
+        args = item.pop("arguments", None) or item
+        edited.append(ToolCall(name, dict(args), raw=f"(reviewed) {name}({args})"))
+    planned = _plan(ctx, edited, await tool_context(ctx, state["video"]))
+    stale = {k: None for k in state.get("results", {}) if slot_order(k)[0] == turn}
+    errors = {slot_key(turn, c.index): _slot(c, error=c.error) for c in planned if not c.ok}
+    return {"calls": planned, "results": {**stale, **errors}}
+
+
+def _call_json(c: PlannedCall) -> dict:
+    return {"index": c.index, "name": c.name, "arguments": c.run_args, "label": c.label,
+            "window": list(c.window) if c.window else None}
+
+
+async def subagent(payload: dict, runtime: Runtime) -> dict:
+    """One tool call (``payload``: ``turn``, ``call``, ``video``, ``question``, ``seed``, ``span``: the
+    dispatching turn's span); an ``execute_tool`` span when tracing is on."""
+    ctx = await actx(runtime)
+    call: PlannedCall = payload["call"]
+    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name, "gen_ai.tool.type": "function",
+             "gen_ai.tool.call.id": slot_key(payload["turn"], call.index),
+             "paravt.window": list(call.window) if call.window else None}
+    with telemetry.span(f"execute_tool {call.name}", payload.get("span"), attrs):
+        return await _run_call(ctx, payload, call)
+
+
+async def _run_call(ctx: AgentContext, payload: dict, call: PlannedCall) -> dict:
+    turn = payload["turn"]
+    tool = ctx.tools.get(call.name)
+    t0 = time.perf_counter()
+    result = await tool.run(tool.Args.model_validate(call.run_args), await tool_context(ctx, payload["video"]))
+    phases = [phase("crop", t0, turn, call.index)]
+    rec = _slot(call, window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings))
+    update: dict[str, Any] = {}
+    layout = ctx.config.layout
+    if result.is_visual:
+        window = result.window or (result.timestamps[0], result.timestamps[-1])
+        frames = await offload(ctx, lambda: [ctx.frames.put(f) for f in result.frames])
+    if result.is_visual and layout.evidence == "frames":
+        rec.evidence = "frames"
+        rec.summary = layout.evidence_text.format(n=len(result.timestamps), start=window[0], end=window[1])
+        update["evidence"] = {slot_key(turn, call.index): {"refs": frames, "timestamps": list(result.timestamps)}}
+    elif result.is_visual:
+        cfg = ctx.config
+        question = payload["question"] if cfg.question_to_subagents else None
+        msgs = await offload(ctx, lambda: ctx.frames.to_refs(layout_subagent_messages(
+            layout, result.frames, result.timestamps, window, question, system=cfg.subagent_prompt
+            or SUBAGENT_SYSTEM_PROMPT)))
+        t_gen = time.perf_counter()
+        with telemetry.span("invoke_agent paravt.subagent", attributes={
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "paravt.subagent"}):
+            gen = await generate(ctx, "subagent", msgs,
+                                  seeded(cfg.subagent_sampling, payload.get("seed"), turn, call.index + 1))
+        phases.append(phase("subagent", t_gen, turn, call.index, detail=gen.timings))
+        rec.summary = subagent_report(gen.text, cfg.subagent_report)
+        if rec.summary != gen.text.strip():
+            rec.reply = gen.text.strip()
+        rec.prompt_tokens, rec.completion_tokens, rec.batch_size = gen.prompt_tokens, gen.completion_tokens, \
+            gen.batch_size
+        update["records"] = [GenerationRecord("subagent", turn, call.index, gen, image_refs=refs_of(msgs))]
+    else:
+        rec.evidence, rec.summary = "text", result.text
+    rec.latency = time.perf_counter() - t0
+    emit(ctx, SubAgentEvent(turn, rec))
+    return {**update, "results": {slot_key(turn, call.index): rec}, "phases": phases}
+
+
+def subagent_failed(payload: dict, error: NodeError) -> Command:
+    """The last attempt failed: the slot gets the error (the runtime's, unless a tool refused the call) and the
+    run goes on to ``aggregate`` (the handler is its own node: without a destination a turn whose every call
+    failed would never be aggregated)."""
+    call: PlannedCall = payload["call"]
+    exc = error.error
+    rec = _slot(call, window=call.window, error=str(exc) or exc.__class__.__name__,
+                runtime_error=not isinstance(exc, ToolError))
+    writer = get_stream_writer()
+    json_events = payload.get("json_events", False)
+    writer(event_json(SubAgentEvent(payload["turn"], rec)) if json_events else SubAgentEvent(payload["turn"], rec))
+    return Command(update={"results": {slot_key(payload["turn"], call.index): rec}}, goto="aggregate")
+
+
+async def aggregate(state: AgentState, runtime: Runtime) -> dict:
+    ctx = await actx(runtime)
+    layout, t0, turn = ctx.config.layout, time.perf_counter(), state.get("turn", 0)
+    results, evidence = state.get("results", {}), state.get("evidence", {}) or {}
+    slots = []
+    for c in state["calls"]:
+        r = results[slot_key(turn, c.index)]
+        slot = {"label": r.label or r.name or "call", "text": r.slot_text}
+        if r.error and layout.tool_response != "turn":
+            slot["text"] = error_slot_text(layout.error_text, r.error, r.window)
+        ev = evidence.get(slot_key(turn, c.index))
+        if ev is not None and not r.error:
+            slot["frames"], slot["timestamps"] = await offload(ctx, ctx.frames.frames, ev["refs"]), ev["timestamps"]
+        slots.append(slot)
+    messages = [*state["messages"], *await offload(ctx, lambda: ctx.frames.to_refs(
+        tool_response_messages(layout, slots)))]
+    update: dict[str, Any] = {"turn": turn + 1}
+    if layout.final_turn == "after_tools" and turn + 1 >= ctx.config.max_turns:
+        messages.append({"role": "user", "content": final_prompt(layout, bool(state.get("options")))})
+        update["final"] = True
+    return {**update, "messages": messages, "phases": [phase("aggregate", t0, turn)]}
+
+
+async def finish(state: AgentState, runtime: Runtime) -> dict:
+    """The output keys: answer, choice, span, ok, trace id and the trace as JSON."""
+    trace = trace_of(state, mode=(await actx(runtime)).config.mode)
+    trace.latency = time.time() - state.get("started", trace.created)
+    return {"answer": trace.answer, "choice": trace.choice, "span": list(trace.span) if trace.span else None,
+            "ok": trace.ok, "trace_id": trace.id, "trace": trace.model_dump(mode="json")}
+
+
+# --------------------------------------------------------------------------- routing and wiring
+
+
+def route_start(state: AgentState) -> str:
+    """A prepared question starts at the planner; a bare one (LangGraph Server) decodes its overview first."""
+    return "planner" if state.get("messages") else "overview"
+
+
+def route_after_planner(state: AgentState, runtime: Runtime):
+    """The answer ends the run; calls go to review when it is on, else straight to their sub-agents."""
+    if state.get("response") is not None:
+        return "finish"
+    if ctx_of(runtime).config.review_windows and any(c.ok for c in state["calls"]):
+        return "review"
+    return route_calls(state, runtime)
+
+
+def route_calls(state: AgentState, runtime: Runtime):
+    """One ``Send`` per valid call (plain payloads); a turn with none goes straight to ``aggregate``."""
+    json_events = ctx_of(runtime).json_events
+    sends = [Send("subagent", {"turn": state.get("turn", 0), "call": c, "video": state["video"],
+                               "question": state["question"], "seed": state.get("seed"), "json_events": json_events,
+                               "span": state.get("turn_span")})
+             for c in state["calls"] if c.ok]
+    return sends or "aggregate"
 
 
 def _transient(exc: BaseException) -> bool:
     """Retry timeouts and endpoint failures; never bad input."""
-    from langgraph.errors import NodeTimeoutError
-
     return isinstance(exc, NodeTimeoutError | TimeoutError | ConnectionError) or (
         isinstance(exc, PolicyError) and exc.transient
     )
 
 
-def build_graph(policy: Policy, registry: ToolRegistry, config: AgentConfig):
-    """Compile the agent graph for one policy, tool set and config."""
-    cap = 1 if config.mode == "sequential" else config.max_calls_per_turn
-    signatures = registry.signatures()
-    sub_system = config.subagent_prompt or SUBAGENT_SYSTEM_PROMPT
-    layout = config.layout
-
-    def final_sampling(state: AgentState) -> Sampling:
-        mcq = bool(state.get("options"))
-        cap_tokens = layout.final_max_new_tokens if mcq else (layout.final_max_new_tokens_open
-                                                              or layout.final_max_new_tokens)
-        s = config.planner_sampling
-        return s.model_copy(update={"max_new_tokens": cap_tokens}) if cap_tokens else s
-
-    async def ask_planner(messages: list[dict], state: AgentState, turn: int, phases: list,
-                          sampling: Sampling | None = None) -> tuple[Generation, PlannerTurn]:
-        t0 = time.perf_counter()
-        gen = await policy.generate(messages, _seeded(sampling or config.planner_sampling, state.get("seed"), turn),
-                                    prefix=config.think_prefix, continuation=state.get("continuation"))
-        record = PlannerTurn(turn=turn, text=gen.text, reasoning=split_think(gen.text)[0],
-                             latency=time.perf_counter() - t0, prompt_tokens=gen.prompt_tokens,
-                             completion_tokens=gen.completion_tokens, batch_size=gen.batch_size)
-        phases.append(_phase("planner", t0, turn, detail=gen.timings))
-        return gen, record
-
-    async def planner(state: AgentState) -> dict:
-        writer = get_stream_writer()
-        turn = state.get("turn", 0)
-        messages = list(state["messages"])
-        forced_now = bool(state.get("final"))
-        phases: list[dict] = []
-        gen, record = await ask_planner(messages, state, turn, phases, final_sampling(state) if forced_now else None)
-        record.forced_final = forced_now
-        records = [GenerationRecord("planner", turn, None, gen, images_of(messages))]
-        messages = [*messages, {"role": "assistant", "content": gen.text}]
-        continuation = Continuation(len(messages) - 1, gen)
-        calls = parse_tool_calls(gen.text, signatures) if config.mode != "none" and not forced_now else []
-        if calls and turn >= config.max_turns and layout.final_turn == "none":
-            writer(PlannerEvent(turn, gen.text))  # bound reached: the episode ends with this response
-            return {"records": records, "messages": messages, "turns": [record], "response": gen.text,
-                    "calls": [], "continuation": continuation, "phases": _answered(phases)}
-        if calls and turn >= config.max_turns:
-            # bound reached: ask for the final answer once more, without tools
-            writer(PlannerEvent(turn, gen.text))
-            messages = [*messages, {"role": "user", "content": final_prompt(layout, bool(state.get("options")))}]
-            final, forced = await ask_planner(messages, {**state, "continuation": continuation}, turn + 1, phases,
-                                              final_sampling(state))
-            forced.forced_final = True
-            records.append(GenerationRecord("planner", turn + 1, None, final, images_of(messages)))
-            messages = [*messages, {"role": "assistant", "content": final.text}]
-            writer(PlannerEvent(turn + 1, final.text, forced_final=True))
-            return {"records": records, "messages": messages, "turns": [record, forced], "response": final.text,
-                    "calls": [], "continuation": Continuation(len(messages) - 1, final), "phases": _answered(phases)}
-        update: dict[str, Any] = {"records": records, "messages": messages, "turns": [record],
-                                  "continuation": continuation, "phases": phases}
-        if not calls:
-            writer(PlannerEvent(turn, gen.text, forced_final=forced_now))
-            return {**update, "response": gen.text, "calls": [], "phases": _answered(phases)}
-        prepared = registry.prepare(calls, state["ctx"], max_calls=cap, drop_extra=layout.extra_calls == "drop")
-        errors = {
-            (turn, p.index): SubAgentRecord(index=p.index, raw=p.call.raw, name=getattr(p.call, "name", None),
-                                            arguments=getattr(p.call, "arguments", {}), label=p.label, error=p.error)
-            for p in prepared
-            if not p.ok
-        }
-        writer(PlannerEvent(turn, gen.text, [CallInfo(p.index, p.label, _window(p), p.error) for p in prepared]))
-        for rec in errors.values():
-            writer(SubAgentEvent(turn, rec))
-        return {**update, "calls": prepared, "results": errors}
-
-    def route(state: AgentState):
-        if state.get("response") is not None:
-            return END
-        turn = state.get("turn", 0)
-        sends = [
-            Send("subagent", {"turn": turn, "call": p, "ctx": state["ctx"], "question": state["question"],
-                              "seed": state.get("seed")})
-            for p in state["calls"]
-            if p.ok
-        ]
-        return sends or "aggregate"
-
-    async def subagent(payload: dict) -> dict:
-        p: PreparedCall = payload["call"]
-        ctx: ToolContext = payload["ctx"]
-        turn = payload["turn"]
-        t0 = time.perf_counter()
-        result = await p.tool.run(p.args, ctx)
-        phases = [_phase("crop", t0, turn, p.index)]
-        rec = SubAgentRecord(
-            index=p.index, raw=p.call.raw, name=p.call.name, arguments=dict(p.call.arguments), label=p.label,
-            window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings),
-        )
-        update: dict[str, Any] = {}
-        if result.is_visual and layout.evidence == "frames":
-            window = result.window or (result.timestamps[0], result.timestamps[-1])
-            rec.evidence = "frames"
-            rec.summary = layout.evidence_text.format(n=len(result.timestamps), start=window[0], end=window[1])
-            update["evidence"] = {(turn, p.index): (result.frames, list(result.timestamps))}
-        elif result.is_visual:
-            question = payload["question"] if config.question_to_subagents else None
-            window = result.window or (result.timestamps[0], result.timestamps[-1])
-            msgs = layout_subagent_messages(layout, result.frames, result.timestamps, window, question,
-                                            system=sub_system)
-            t_gen = time.perf_counter()
-            gen = await policy.generate(msgs, _seeded(config.subagent_sampling, payload.get("seed"), turn,
-                                                      p.index + 1))
-            phases.append(_phase("subagent", t_gen, turn, p.index, detail=gen.timings))
-            rec.summary = subagent_report(gen.text, config.subagent_report)
-            if rec.summary != gen.text.strip():
-                rec.reply = gen.text.strip()
-            rec.prompt_tokens, rec.completion_tokens = gen.prompt_tokens, gen.completion_tokens
-            rec.batch_size = gen.batch_size
-            update["records"] = [GenerationRecord("subagent", turn, p.index, gen, images_of(msgs))]
-        else:
-            rec.evidence = "text"
-            rec.summary = result.text
-        rec.latency = time.perf_counter() - t0
-        get_stream_writer()(SubAgentEvent(turn, rec))
-        return {**update, "results": {(turn, p.index): rec}, "phases": phases}
-
-    def subagent_failed(payload: dict, error: NodeError) -> Command:
-        p: PreparedCall = payload["call"]
-        exc = error.error
-        msg = str(exc) or exc.__class__.__name__
-        rec = SubAgentRecord(index=p.index, raw=p.call.raw, name=p.call.name, arguments=dict(p.call.arguments),
-                             label=p.label, window=_window(p), error=msg,
-                             runtime_error=not isinstance(exc, ToolError))  # a tool refusing the call: the model's
-        get_stream_writer()(SubAgentEvent(payload["turn"], rec))
-        # the handler runs as its own node: without a destination the turn would never be aggregated when no
-        # sub-agent of it succeeded (LangGraph runs ``aggregate`` once per step however many ask for it)
-        return Command(update={"results": {(payload["turn"], p.index): rec}}, goto="aggregate")
-
-    async def aggregate(state: AgentState) -> dict:
-        t0 = time.perf_counter()
-        turn = state.get("turn", 0)
-        results = state.get("results", {})
-        evidence = state.get("evidence", {}) or {}
-        slots = []
-        for p in state["calls"]:
-            r = results[(turn, p.index)]
-            slot = {"label": r.label or r.name or "call", "text": r.slot_text}
-            if r.error and layout.tool_response != "turn":
-                slot["text"] = _error_text(layout.error_text, r.error, r.window)
-            if (turn, p.index) in evidence and not r.error:
-                slot["frames"], slot["timestamps"] = evidence[(turn, p.index)]
-            slots.append(slot)
-        messages = [*state["messages"], *tool_response_messages(layout, slots)]
-        update: dict[str, Any] = {"turn": turn + 1}
-        if layout.final_turn == "after_tools" and turn + 1 >= config.max_turns:
-            messages.append({"role": "user", "content": final_prompt(layout, bool(state.get("options")))})
-            update["final"] = True
-        return {**update, "messages": messages, "phases": [_phase("aggregate", t0, turn)]}
-
-    retry = RetryPolicy(max_attempts=config.retries + 1, initial_interval=0.5, retry_on=_transient)
-    g = StateGraph(AgentState)
-    g.add_node("planner", planner, retry_policy=retry, timeout=config.planner_timeout)
-    g.add_node(
-        "subagent", subagent, retry_policy=retry, timeout=config.subagent_timeout, error_handler=subagent_failed
-    )
+def build_graph(retries: int = 2, planner_timeout: float | None = None, subagent_timeout: float | None = None,
+                *, checkpointer=None, context_schema=AgentContext, input_schema=None, output_schema=None,
+                name: str = "paravt"):
+    """Compile the agent graph. Only the retry policy and timeouts (LangGraph's per-node settings) are fixed at
+    compile time; everything else a run needs comes from its context."""
+    retry = RetryPolicy(max_attempts=retries + 1, initial_interval=0.5, retry_on=_transient)
+    g = StateGraph(AgentState, context_schema=context_schema, input_schema=input_schema or AgentState,
+                   output_schema=output_schema or AgentState)
+    g.add_node("overview", overview)
+    g.add_node("planner", planner, retry_policy=retry, timeout=planner_timeout)
+    g.add_node("review", review)
+    g.add_node("subagent", subagent, retry_policy=retry, timeout=subagent_timeout, error_handler=subagent_failed)
     g.add_node("aggregate", aggregate)
-    g.add_edge(START, "planner")
-    g.add_conditional_edges("planner", route, ["subagent", "aggregate", END])
+    g.add_node("finish", finish)
+    g.add_conditional_edges(START, route_start, ["overview", "planner"])
+    g.add_edge("overview", "planner")
+    g.add_conditional_edges("planner", route_after_planner, ["review", "subagent", "aggregate", "finish"])
+    g.add_conditional_edges("review", route_calls, ["subagent", "aggregate"])
     g.add_edge("subagent", "aggregate")
     g.add_edge("aggregate", "planner")
-    return g.compile()
-
-
-def _phase(name: str, t0: float, turn: int | None = None, index: int | None = None,
-           detail: dict | None = None) -> dict:
-    """A timed step from ``t0`` (``time.perf_counter()``) to now."""
-    return {"name": name, "start": t0, "seconds": time.perf_counter() - t0, "turn": turn, "index": index,
-            "detail": dict(detail or {})}
-
-
-def _answered(phases: list[dict]) -> list[dict]:
-    """The planner call that gave the final response is the ``answer`` phase."""
-    if phases and phases[-1]["name"] == "planner":
-        phases[-1] = {**phases[-1], "name": "answer"}
-    return phases
-
-
-def _error_text(template: str, error: str, window: tuple[float, float] | None) -> str:
-    """A failed call's text under a layout's ``error_text`` (``{error}``, ``{start}``, ``{end}``)."""
-    try:
-        start, end = window if window is not None else (None, None)
-        if start is None and ("{start" in template or "{end" in template):
-            raise KeyError("start")
-        return template.format(error=error, start=start, end=end)
-    except (KeyError, ValueError, IndexError):
-        return f"[Error: {error}]"
-
-
-def _seeded(sampling: Sampling, seed: int | None, turn: int, slot: int = 0) -> Sampling:
-    """The sampling settings of one call: a rollout seed gives every call its own reproducible seed."""
-    if seed is None:
-        return sampling
-    return sampling.model_copy(update={"seed": (seed * 1_000_003 + turn * 1009 + slot) % 2**31})
-
-
-def _window(p: PreparedCall) -> tuple[float, float] | None:
-    args = p.args
-    if args is not None and hasattr(args, "start_time") and getattr(args, "end_time", None) is not None:
-        return (float(args.start_time), float(args.end_time))
-    return None
+    g.add_edge("finish", END)
+    return g.compile(checkpointer=checkpointer, name=name)

@@ -32,6 +32,7 @@ __all__ = [
     "SUBAGENT_SYSTEM_PROMPT",
     "TOOL_SYSTEM_PROMPT",
     "FINAL_ANSWER_PROMPT",
+    "error_slot_text",
     "frame_parts",
     "neutralize",
     "overview_parts",
@@ -299,3 +300,14 @@ def tool_response_messages(layout, slots: Sequence[dict]) -> list[dict]:
     if all(p["type"] == "text" for p in parts):
         return [{"role": "user", "content": "".join(p["text"] for p in parts)}]
     return [{"role": "user", "content": parts}]
+
+
+def error_slot_text(template: str, error: str, window: tuple[float, float] | None) -> str:
+    """A failed call's text under a layout's ``error_text`` (``{error}``, ``{start}``, ``{end}``)."""
+    try:
+        start, end = window if window is not None else (None, None)
+        if start is None and ("{start" in template or "{end" in template):
+            raise KeyError("start")
+        return template.format(error=error, start=start, end=end)
+    except (KeyError, ValueError, IndexError):
+        return f"[Error: {error}]"

@@ -1,38 +1,32 @@
-"""The ParaVT agent as a LangGraph Server graph (``langgraph.json`` at the repository root).
+"""The ParaVT agent graph as LangGraph Server serves it (``langgraph.json`` at the repository root).
 
 ``langgraph dev`` (``pip install 'langgraph-cli[inmem]'``) serves it with LangGraph's own API (threads,
 runs, streaming, LangGraph Studio); LangGraph's server deployment (PostgreSQL + Redis) runs the same
 graph with durable runs and horizontal scale.
 
-Input: ``{"video", "question", "options"?, "n_frames"?}``. Output adds ``answer``, ``choice``, ``span``,
-``ok``, ``trace_id`` and the whole ``trace`` (JSON). Stream with ``stream_mode=["custom", "values"]`` to get
-the run as it happens: ``{"event": "overview" | "planner" | "subagent", ...}`` custom events, then the values.
-
-The server-facing graph has one node, ``paravt``, which runs the agent's own graph (planner → K
-sub-agents → aggregator → planner) inside it. That inner state holds decoded frames and open decoders:
-it lives in memory for the run and is never checkpointed; the checkpoints hold the JSON above.
+This is the agent's own graph (:mod:`paravt_agent.graph`: overview → planner → K sub-agents → aggregate →
+… → finish), not a wrapper: the thread's state shows the planner turns, the calls and the sub-agents' results
+as they happen, and the server's checkpointer makes each run durable (frames are referenced by content key,
+never stored in the state). Input: ``{"video", "question", "options"?, "n_frames"?}``. Output: ``answer``,
+``choice``, ``span``, ``ok``, ``trace_id`` and the whole ``trace`` (JSON). Stream with
+``stream_mode=["custom", "values"]``: ``{"event": "overview" | "planner" | "subagent", ...}`` custom events,
+then the values.
 
 Which model answers comes from the server's environment (``langgraph.json`` may set it in ``env``):
 ``PARAVT_MODEL`` (a model directory, or the served name for ``openai``; default the shipped toy policy),
 ``PARAVT_BACKEND`` (``local``, ``openai``, ``sglang``), ``PARAVT_ENDPOINT``, ``PARAVT_PRESET``, and
 ``PARAVT_VIDEO_ROOT`` (when set, videos named by path must lie under it, as with ``paravt api``). A run's
-``config.configurable`` may set ``mode`` and ``max_turns``.
+``context`` (or, as before, ``config.configurable``) may set ``mode``, ``max_turns`` and ``review_windows``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from langgraph.config import get_stream_writer
-from langgraph.graph import END, START, StateGraph
-
-from paravt_agent.types import OverviewEvent, PlannerEvent, SubAgentEvent
-
-__all__ = ["ParaVTInput", "ParaVTOutput", "make_graph"]
+__all__ = ["ParaVTInput", "ParaVTOutput", "ServerContext", "make_graph"]
 
 
 class ParaVTInput(TypedDict, total=False):
@@ -51,16 +45,13 @@ class ParaVTOutput(TypedDict, total=False):
     trace: dict[str, Any]
 
 
-class ParaVTState(ParaVTInput, ParaVTOutput):
-    pass
-
-
 _agents: dict[tuple, Any] = {}
 _lock = threading.Lock()
 
 
-def _agent(mode: str | None, max_turns: int | None):
-    """One agent per (model, backend, endpoint, preset, mode, max_turns), all over one policy per model."""
+def _agent(mode: str | None, max_turns: int | None, review: bool = False):
+    """One agent per (model, backend, endpoint, preset, mode, max_turns, review), all over one policy per model
+    and one frame store per process."""
     from paravt_agent.agent import Agent
     from paravt_agent.config import resolve_agent_config
 
@@ -73,16 +64,18 @@ def _agent(mode: str | None, max_turns: int | None):
 
         model = default_model_dir()
     base_key = (backend, model, endpoint, preset)
-    key = (*base_key, mode, max_turns)
+    key = (*base_key, mode, max_turns, review)
     with _lock:
         if key not in _agents:
             overrides = ([f"mode={mode}"] if mode else []) + ([f"max_turns={max_turns}"] if max_turns else [])
+            overrides += ["review_windows=true"] if review else []
             cfg = resolve_agent_config(None, model if backend != "openai" else None, overrides, preset=preset)
-            base = _agents.get((*base_key, None, None))
-            policy = base.policy if base is not None else None
-            _agents[key] = (Agent(config=cfg, policy=policy) if policy is not None
+            base = _agents.get((*base_key, None, None, False))
+            _agents[key] = (Agent(config=cfg, policy=base.policy) if base is not None
                             else Agent(model=model, backend=backend, endpoint=endpoint, config=cfg))
-            _agents.setdefault((*base_key, None, None), _agents[key])
+            if base is not None:
+                _agents[key].frames = base.frames
+            _agents.setdefault((*base_key, None, None, False), _agents[key])
         return _agents[key]
 
 
@@ -90,7 +83,7 @@ def _video(video: str) -> str:
     root = os.environ.get("PARAVT_VIDEO_ROOT")
     if not root:
         return video
-    from paravt_agent.api import ApiError, ApiSettings, resolve_video
+    from paravt_agent.api_request import ApiError, ApiSettings, resolve_video
     from paravt_agent.errors import VideoError
 
     try:
@@ -99,70 +92,35 @@ def _video(video: str) -> str:
         raise VideoError(exc.message) from None
 
 
-async def run_paravt(state: ParaVTState, config) -> ParaVTOutput:
-    from paravt_agent.errors import ParaVTError
-    from paravt_agent.types import AnswerEvent
+@dataclass
+class ServerContext:
+    """What a server run may set in its ``context``; the live resources come from :func:`_agent`'s cache.
+    Unset fields fall back to the run's ``config.configurable`` (how earlier clients set them)."""
 
-    if not state.get("video") or not str(state.get("question") or "").strip():
-        raise ParaVTError("the input needs `video` (a path or an http(s) URL) and `question`")
-    conf = (config or {}).get("configurable", {}) or {}
-    agent = await asyncio.to_thread(_agent, conf.get("mode"), conf.get("max_turns"))
-    await asyncio.to_thread(agent.check_input, state["question"], state.get("options") or None)  # before a download
-    video = await asyncio.to_thread(_video, state["video"])
-    writer = get_stream_writer()
-    answer = None
-    async for ev in _isolated(agent.astream(video, state["question"], state.get("options") or None,
-                                            n_frames=state.get("n_frames"))):
-        if isinstance(ev, OverviewEvent):
-            writer({"event": "overview", "timestamps": ev.timestamps, "duration": ev.duration})
-        elif isinstance(ev, PlannerEvent):
-            writer({"event": "planner", "turn": ev.turn, "text": ev.text, "forced_final": ev.forced_final,
-                    "calls": [{"index": c.index, "label": c.label, "window": c.window, "error": c.error}
-                              for c in ev.calls]})
-        elif isinstance(ev, SubAgentEvent):
-            r = ev.record
-            writer({"event": "subagent", "turn": ev.turn, "index": r.index, "tool": r.name, "window": r.window,
-                    "summary": r.summary, "error": r.error, "latency": r.latency})
-        elif isinstance(ev, AnswerEvent):
-            answer = ev.answer
-    tr = answer.trace
-    return {"answer": answer.text, "choice": answer.choice, "span": list(answer.span) if answer.span else None,
-            "ok": answer.ok, "trace_id": tr.id, "trace": tr.model_dump(mode="json")}
+    mode: str | None = None
+    max_turns: int | None = None
+    review_windows: bool | None = None
 
+    def resolve(self):
+        """The run's :class:`~paravt_agent.context.AgentContext`, built on first use (kept on this instance,
+        outside the dataclass fields: the context schema stays three plain settings)."""
+        if "_resolved" not in self.__dict__:
+            from langgraph.config import get_config
 
-async def _isolated(events):
-    """Iterate ``events`` in a task with a fresh context. Inside a LangGraph node the context carries the
-    server run's config, and the agent's own graph would run as a subgraph of it: checkpointed by the
-    server (frames and decoders included) and streaming its values to the outer run instead of to the
-    agent. A fresh context makes it the standalone run it is everywhere else; its events come through a
-    queue, and cancelling the node (the run is cancelled on the server) cancels it."""
-    queue: asyncio.Queue = asyncio.Queue()
-    end = object()
-
-    async def pump():
-        try:
-            async for ev in events:
-                queue.put_nowait(ev)
-        except Exception as exc:  # noqa: BLE001 (re-raised in the node)
-            queue.put_nowait(exc)
-        finally:
-            queue.put_nowait(end)
-
-    task = asyncio.get_running_loop().create_task(pump(), context=contextvars.Context())
-    try:
-        while (item := await queue.get()) is not end:
-            if isinstance(item, Exception):
-                raise item
-            yield item
-    finally:
-        task.cancel()
-        await asyncio.wait({task})
+            conf = get_config().get("configurable", {}) or {}
+            mode = self.mode or conf.get("mode")
+            max_turns = self.max_turns or conf.get("max_turns")
+            review = self.review_windows if self.review_windows is not None else conf.get("review_windows")
+            agent = _agent(mode, max_turns, bool(review))
+            ctx = agent.context()
+            ctx.json_events, ctx.video_resolver = True, _video
+            self.__dict__["_resolved"] = ctx
+        return self.__dict__["_resolved"]
 
 
 def make_graph(config=None):
     """The graph factory ``langgraph.json`` names (LangGraph's server calls it with the run's config)."""
-    g = StateGraph(ParaVTState, input_schema=ParaVTInput, output_schema=ParaVTOutput)
-    g.add_node("paravt", run_paravt)
-    g.add_edge(START, "paravt")
-    g.add_edge("paravt", END)
-    return g.compile(name="paravt")
+    from paravt_agent.graph import DEFAULT_CONTEXT, build_graph
+
+    graph = build_graph(context_schema=ServerContext, input_schema=ParaVTInput, output_schema=ParaVTOutput)
+    return graph.with_config({"configurable": {DEFAULT_CONTEXT: ServerContext}})

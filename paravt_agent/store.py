@@ -192,8 +192,11 @@ class PostgresTrajectoryStore(TrajectoryStore):
         with conn.transaction():
             # concurrent first opens would race on CREATE TABLE IF NOT EXISTS (a unique violation in pg_type)
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FEEDBACK_LOCK + 1,))
-            for stmt in self.SCHEMA:
-                conn.execute(stmt)
+            # CREATE INDEX IF NOT EXISTS takes a SHARE lock on feedback before it looks for the index, so it
+            # would wait behind any open feedback insert: a store that exists is opened without any DDL
+            if conn.execute("SELECT to_regclass('feedback_trace')").fetchone()[0] is None:
+                for stmt in self.SCHEMA:
+                    conn.execute(stmt)
 
     def _conn(self):
         import psycopg

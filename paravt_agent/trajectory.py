@@ -72,24 +72,39 @@ class PlannerTurn(BaseModel):
 
 
 class Trace(BaseModel):
-    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    created: float = Field(default_factory=time.time)
-    video: str = ""
-    question: str = ""
-    options: list[str] | None = None
-    mode: str = "parallel"
-    duration: float = 0.0
-    overview_timestamps: list[float] = Field(default_factory=list)
-    turns: list[PlannerTurn] = Field(default_factory=list)
-    response: str = ""
-    answer: str = ""
-    choice: str | None = None
-    span: tuple[float, float] | None = None
-    errors: list[str] = Field(default_factory=list)
-    warnings: list[str] = Field(default_factory=list)  # e.g. frames a damaged video could not give
-    latency: float = 0.0
-    overview_latency: float = 0.0  # decoding the overview (0 when the run started from a prepared input)
-    phases: list[Phase] = Field(default_factory=list)
+    """Everything one question went through: the input, every planner turn with its calls and their slots, the
+    final response and what was read from it, what went wrong, and where the time went. JSON-serialisable
+    (``model_dump(mode="json")``); :meth:`render` prints it for people."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex,
+                    description="The run's id (a durable run's thread id when it had none of its own).")
+    otel_trace_id: str | None = Field(None, description="The OpenTelemetry trace id (32 hex digits) of this "
+                                      "question's spans, when tracing is on (paravt_agent/telemetry.py).")
+    created: float = Field(default_factory=time.time, description="When the question began (Unix seconds).")
+    video: str = Field("", description="The video as the caller named it (a path or a URL).")
+    question: str = Field("", description="The question as asked.")
+    options: list[str] | None = Field(None, description="The answer options of a multiple-choice question.")
+    mode: str = Field("parallel", description="The dispatch mode the run used (parallel, sequential or none).")
+    duration: float = Field(0.0, description="The video's length in seconds.")
+    overview_timestamps: list[float] = Field(default_factory=list,
+                                             description="The times (seconds) of the planner's overview frames.")
+    turns: list[PlannerTurn] = Field(default_factory=list,
+                                     description="Every planner response in order, each with its calls' slots.")
+    response: str = Field("", description="The planner's final response, whole (think and answer tags included).")
+    answer: str = Field("", description="The answer read from the response (the answer body, else the text "
+                        "after </think>, else the last line).")
+    choice: str | None = Field(None, description="The option letter the answer names (multiple choice).")
+    span: tuple[float, float] | None = Field(None, description="The (start, end) seconds the answer names "
+                                             "(grounding questions).")
+    errors: list[str] = Field(default_factory=list, description="What went wrong: the run's failures (an endpoint "
+                              "down, a timeout) and notes on the model's output (empty, degenerate).")
+    warnings: list[str] = Field(default_factory=list, description="What the caller should know that is not an "
+                                "error (e.g. frames a damaged video could not give).")
+    latency: float = Field(0.0, description="Seconds from the question to its answer.")
+    overview_latency: float = Field(0.0, description="Seconds spent decoding the overview (0 when the run started "
+                                    "from a prepared input).")
+    phases: list[Phase] = Field(default_factory=list, description="The run's timed steps (overview, planner, crop, "
+                                "subagent, aggregate, answer), relative to its start.")
 
     @property
     def ok(self) -> bool:

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from paravt_agent.video import FrameConfig, VideoReader
+
 if TYPE_CHECKING:
     from paravt_agent.trajectory import SubAgentRecord, Trace
-    from tools.base import ToolContext
 
 __all__ = [
     "Answer",
@@ -40,11 +41,14 @@ __all__ = [
     "Generation",
     "GenerationRecord",
     "OverviewEvent",
+    "PlannedCall",
     "PlannerEvent",
+    "ReviewEvent",
     "RolloutInput",
     "Sampling",
     "StreamEvent",
     "SubAgentEvent",
+    "ToolContext",
 ]
 
 
@@ -102,6 +106,11 @@ class Generation:
     #: ``prefill`` (vision tower + prompt, to the first token), ``decode`` (the other tokens)
     timings: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self):  # a checkpoint gives tuples back as lists
+        if self.image_grid_thw is not None:
+            self.image_grid_thw = [tuple(g) for g in self.image_grid_thw]
+        self.weight_versions = [tuple(w) for w in self.weight_versions]
+
     @property
     def has_tokens(self) -> bool:
         return self.prompt_ids is not None and self.output_ids is not None and self.logprobs is not None
@@ -124,13 +133,55 @@ class Continuation:
 class GenerationRecord:
     """One model call of an episode: who made it (``planner`` turn ``turn``, or the sub-agent of call
     ``index`` of that turn), the :class:`Generation`, and the prompt's frames in order (what a training
-    forward pass needs besides the ids)."""
+    forward pass needs besides the ids). In the graph's state a record holds its frames' content keys
+    (``image_refs``, :mod:`paravt_agent.frames`); the :class:`Answer` has the pixels in ``images``."""
 
     role: Literal["planner", "subagent"]
     turn: int
     index: int | None
     generation: Generation
     images: list[np.ndarray] = field(default_factory=list)
+    image_refs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ToolContext:
+    """The session a tool call runs in: the one video it may read, the frame protocol
+    (:class:`~paravt_agent.video.FrameConfig`) and whether a ``video_path`` argument must name that video."""
+
+    video: VideoReader
+    frames: FrameConfig = field(default_factory=FrameConfig)
+    strict_video_path: bool = True
+
+    @property
+    def duration(self) -> float:
+        return self.video.info.duration
+
+
+@dataclass
+class PlannedCall:
+    """One tool call of a planner turn after validation, as plain data (what the graph's state and a
+    ``Send`` carry): its slot ``index``, the model's ``raw`` text, the tool ``name`` and ``arguments`` as the
+    model wrote them, and either ``run_args`` (validated and checked against the video: what the tool runs
+    with) or the ``error`` that fills its slot instead; ``label`` is a readable form, ``window`` the time
+    window the tool declares for these arguments (``Tool.window``)."""
+
+    index: int
+    raw: str = ""
+    name: str | None = None
+    arguments: dict = field(default_factory=dict)
+    run_args: dict | None = None
+    label: str = ""
+    window: tuple[float, float] | None = None
+    error: str | None = None
+
+    def __post_init__(self):
+        if self.window is not None:  # a checkpoint gives sequences back as lists
+            self.window = (float(self.window[0]), float(self.window[1]))
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 # --------------------------------------------------------------------------- stream events
@@ -184,7 +235,19 @@ class AnswerEvent:
     answer: Answer
 
 
-StreamEvent = OverviewEvent | PlannerEvent | SubAgentEvent | AnswerEvent
+@dataclass(frozen=True)
+class ReviewEvent:
+    """The run paused before turn ``turn``'s tool calls ran (``AgentConfig.review_windows``): ``calls`` are the
+    planned calls; resume the thread ``thread_id`` with ``Agent.astream_resume(thread_id, calls)`` (the
+    calls as they are, edited, or fewer)."""
+
+    kind: ClassVar[str] = "review"
+    turn: int
+    calls: list[PlannedCall]
+    thread_id: str
+
+
+StreamEvent = OverviewEvent | PlannerEvent | SubAgentEvent | ReviewEvent | AnswerEvent
 
 
 # --------------------------------------------------------------------------- inputs and results

@@ -42,12 +42,6 @@ from paravt_agent.policy.chat import ChatTokenizer
 from paravt_train.async_rollouts import AsyncRollouts
 from paravt_train.checkpoint import (
     export_model,
-    load_blobs,
-    load_checkpoint,
-    load_rank_blobs,
-    prune_checkpoints,
-    resume_latest,
-    save_checkpoint,
 )
 from paravt_train.distributed import (
     barrier,
@@ -59,10 +53,11 @@ from paravt_train.distributed import (
     shard_model,
 )
 from paravt_train.grpo import episode_advantages
+from paravt_train.grpo_checkpoints import TrainerCheckpoints
 from paravt_train.grpo_config import GRPOConfig
 from paravt_train.interrupt import GracefulStop
 from paravt_train.judge import LLMJudge
-from paravt_train.replay import ReplayBuffer, replay_batch, store_frames
+from paravt_train.replay import ReplayBuffer, replay_batch
 from paravt_train.rollout import (
     Episode,
     PromptCache,
@@ -75,13 +70,14 @@ from paravt_train.rollout import (
 )
 from paravt_train.step_metrics import step_metrics
 from paravt_train.tensor_sync import serving_dtype, stream_parameters
+from paravt_train.tracking import MetricsLog
 from paravt_train.update import PolicyUpdate, UpdateItem, collate, token_logprobs
 from paravt_train.weight_sync import SGLangWeightSync, make_weight_sync
 
 __all__ = ["GRPOTrainer", "UpdateItem", "collate", "token_logprobs"]
 
 
-class GRPOTrainer:
+class GRPOTrainer(TrainerCheckpoints):
     """``GRPOTrainer(cfg).run()``; ``train_step(prompts)`` is the unit the online loop reuses."""
 
     def __init__(self, cfg: GRPOConfig, progress: bool = True, log=print):
@@ -203,78 +199,9 @@ class GRPOTrainer:
         self.judge = LLMJudge.from_settings(cfg.reward.judge) if cfg.reward.judge is not None else None
         self.replay = ReplayBuffer.from_settings(cfg.replay, cfg.seed)
         self.extra_state: dict = {}
-        self._resume()
+        self.metrics = MetricsLog(self.out, cfg.report_to, cfg.model_dump(mode="json"), rank=self.rank)
+        self._resume()  # starts self.metrics at the resumed step
         self._ready = True
-
-    # ------------------------------------------------------------------ checkpoints
-
-    @property
-    def frame_store(self) -> Path:
-        """Replayed rollouts' frames, stored once by content key and shared by every checkpoint."""
-        return self.out / "replay_frames"
-
-    def _resume(self) -> None:
-        import numpy as np
-
-        def load(path: Path) -> None:
-            self.step = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
-            blobs = load_blobs(path)
-            mine = load_rank_blobs(path, self.rank)
-            if mine is None and self.rank == 0:  # a checkpoint from before per-rank state: rank 0's was shared
-                mine = {"replay": blobs["replay"]} if "replay" in blobs else None
-            if mine and "replay" in mine:
-                self.replay.load_state_dict(mine["replay"], lambda key: np.load(self.frame_store / f"{key}.npy"))
-            self.restored_queue = mine.get("queue") if mine and self.cfg.stale_queue_on_resume == "keep" else None
-            self.extra_state = blobs.get("extra_state", {})
-
-        metrics = self.out / "metrics.jsonl"
-        self.model.train()
-        resumed = resume_latest(self.out, load, self.log) if self.cfg.resume else None
-        if resumed is None:  # a fresh start: metrics of an earlier attempt that never checkpointed go
-            if metrics.exists() and self.rank == 0:
-                metrics.unlink()
-            return
-        latest = resumed[0]
-        if metrics.exists() and self.rank == 0:  # drop lines of steps after the checkpoint: they will be redone
-            keep = [ln for ln in metrics.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
-            metrics.write_text("".join(ln + "\n" for ln in keep))
-        self.log(f"resumed from {latest} (step {self.step})")
-        if self.syncer is not None:
-            self.sync()
-
-    def save(self) -> Path:
-        """A checkpoint of this step (model, optimizer, scheduler, RNG, ``extra_state``, and every rank's own
-        replay buffer, its frames stored once by content); the ``keep_checkpoints`` newest are kept."""
-        path = self.out / f"checkpoint-{self.step}"
-        state, frames = self.replay.state_dict()
-        store_frames(frames, self.frame_store, self.rank)
-        keys = sorted(frames)
-        if self.world > 1:
-            import torch.distributed as dist
-
-            shards: list = [None] * self.world
-            dist.all_gather_object(shards, keys)
-            keys = sorted({k for shard in shards for k in shard})
-        mine = {"replay": state}
-        if self.producer is not None and self.cfg.stale_queue_on_resume == "keep":
-            mine["queue"] = self.producer.unused()  # rolled out, not yet trained
-        save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step,
-                        blobs={"extra_state": self.extra_state}, rank_blobs=mine, extra={"replay_frames": keys})
-        if self.rank == 0:
-            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
-            self._collect_frames()
-        return path
-
-    def _collect_frames(self) -> None:
-        """Delete stored frames no kept checkpoint refers to."""
-        if not self.frame_store.is_dir():
-            return
-        used: set[str] = set()
-        for state in self.out.glob("checkpoint-*/trainer_state.json"):
-            used.update(json.loads(state.read_text()).get("replay_frames", []))
-        for f in self.frame_store.glob("*.npy"):
-            if f.stem not in used:
-                f.unlink(missing_ok=True)
 
     def save_model(self, path: Path) -> Path:
         """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads."""
@@ -380,10 +307,13 @@ class GRPOTrainer:
         rec = step_metrics(self.step, groups, all_groups, prompts, stats, n_drawn, cfg, self.world)
         rec.update(**timing, update_seconds=t_upd, sync_seconds=t_sync, lr=self.scheduler.get_last_lr()[0],
                    time=time.time())
-        if self.rank == 0:
-            with (self.out / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+        self.metrics.log(rec)  # metrics.jsonl and the report_to trackers, rank 0 only
         return rec
+
+    def close(self) -> None:
+        """Ends the trackers' runs (metrics.jsonl needs nothing)."""
+        if self._ready:
+            self.metrics.close()
 
     # ------------------------------------------------------------------ offline loop
 
@@ -442,6 +372,7 @@ class GRPOTrainer:
         bar.close()
         if self.producer is not None:
             self.producer.stop()
+        self.close()
         if self.stopped:
             self.log(f"stopped by {self.stopped} after step {self.step}: checkpoint-{self.step} holds it; run again "
                      "with resume: true (the default) to continue")

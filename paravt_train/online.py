@@ -171,6 +171,7 @@ class OnlineLearner:
             tr.save()
             self.saved_step = tr.step
             self.write_progress()
+        tr.close()
         self.stopped = stop.signal_name
         if self.stopped:
             self.log(f"stopped by {self.stopped} after update {tr.step}; the checkpoint holds it and the cursor")

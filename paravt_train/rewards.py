@@ -35,7 +35,6 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -318,11 +317,9 @@ def reward_term(name: str):
 
 def _term(name: str) -> TermFn:
     if name not in _TERMS:
-        for ep in entry_points(group="paravt.rewards"):
-            try:
-                _TERMS.setdefault(ep.name, ep.load())
-            except Exception as exc:  # a broken plugin must not break training
-                log.warning("reward plugin %s could not be loaded: %s", ep.name, exc)
+        from paravt_agent.plugins import load_entry_points
+
+        load_entry_points("paravt.rewards", _TERMS, "reward")
     if name not in _TERMS:
         raise KeyError(f"unknown reward term {name!r}; registered: {', '.join(_TERMS) or 'none'}")
     return _TERMS[name]

@@ -292,7 +292,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         return [Episode(prompt.id, prompt.task, i, settings.n_frames, None, "", [], failed=why, tag=settings.tag,
                         reward=RewardBreakdown(settings.reward.min_total, 0.0, 0.0, 0.0, 0.0, 0.0))
                 for i in range(settings.group)]
-    banned = getattr(getattr(agent.policy, "chat", None), "placeholder_ids", ())
+    banned = agent.policy.placeholder_ids
 
     async def one(i: int) -> Episode:
         t0 = time.perf_counter()

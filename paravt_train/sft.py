@@ -26,7 +26,6 @@ Readable top to bottom: examples → loop. What it does:
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ from paravt_train.distributed import (
 )
 from paravt_train.interrupt import GracefulStop
 from paravt_train.sft_config import LoraSettings, SFTConfig
+from paravt_train.tracking import MetricsLog
 
 __all__ = ["LoraSettings", "SFTConfig", "assistant_labels", "build_example", "collate", "train"]
 
@@ -209,7 +209,11 @@ def save_model_dir(model, processor, out: Path, cfg: SFTConfig) -> None:
 
 def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) -> dict:
     """Run SFT; returns ``{"steps", "losses", "grad_norms", "output_dir"}``. Metrics go to
-    ``output_dir/metrics.jsonl``."""
+    ``output_dir/metrics.jsonl``.
+
+    One function on purpose: the training loop's state (model, optimizer, scheduler, data order, the stop
+    signal, the resume point) is shared by every step; the pieces that stand alone (rendering, the loss, the
+    checkpoints) are their own functions."""
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
@@ -252,7 +256,7 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
     pad = processor.tokenizer.pad_token_id
     chat = ChatTokenizer(processor)
     losses, norms = [], []
-    metrics_path = out / "metrics.jsonl"
+    metrics = MetricsLog(out, cfg.report_to, cfg.model_dump(mode="json"), rank=rank).start(step)
     bar = tqdm(total=total, initial=step, desc="sft", disable=not progress or rank != 0)
     stopped = None
     with GracefulStop() as stop:
@@ -293,8 +297,7 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
             if rank == 0 and step % cfg.log_every == 0:
                 rec = {"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0], "tokens": int(denom),
                        "grad_norm": grad_norm, "step_time": time.perf_counter() - t0, "epoch": epoch}
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                metrics.log(rec)
             saved = False
             if cfg.save_every and step % cfg.save_every == 0 and step < total:
                 save_checkpoint(out / f"checkpoint-{step}", model, optimizer, scheduler, step)
@@ -313,6 +316,7 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
                 stopped = stop.signal_name
                 break
         bar.close()
+    metrics.close()
     if stopped:
         if rank == 0:
             print(f"stopped by {stopped} after step {step}: {out / f'checkpoint-{step}'} holds it; run again with "

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
-from paravt_agent.policy.base import Policy, Sampling, text_of
+from paravt_agent.policy.base import Policy, Sampling
 from paravt_agent.policy.scripted import ScriptedPolicy
 
 
@@ -44,10 +44,9 @@ def _text(content) -> str:
     return "".join(p.get("text", "") for p in content if p.get("type") == "text")
 
 
-def planner_reply(k: int, mode: str, messages: list[dict]) -> str:
+def planner_reply(k: int, mode: str, messages: list[dict], role: str = "planner") -> str:
     """What a model would answer at this point of the conversation."""
-    system = _text(messages[0]["content"])
-    if system.startswith("You are a video inspection sub-agent"):
+    if role == "subagent":
         head = _text(messages[1]["content"])
         return "The window shows a red square moving right. " + head.split(",")[0]
     done = sum(_text(m["content"]).startswith("<tool_response>") for m in messages if m["role"] == "user")
@@ -170,14 +169,14 @@ class Counting(Policy):
     """Scripted replies; counts each planner request's prompt with a real processor."""
 
     def __init__(self, k: int, mode: str, counter: Policy):
-        self.inner = ScriptedPolicy(lambda role, msgs: planner_reply(k, mode, msgs))
+        self.inner = ScriptedPolicy(lambda role, msgs: planner_reply(k, mode, msgs, role))
         self.counter = counter
         self.planner_tokens: list[int] = []
 
-    async def generate(self, messages, sampling, prefix="", continuation=None):
-        if not text_of(messages[0]["content"]).startswith("You are a video inspection sub-agent"):
+    async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
+        if role == "planner":
             self.planner_tokens.append(self.counter.count_tokens(messages))
-        return await self.inner.generate(messages, sampling, prefix)
+        return await self.inner.generate(messages, sampling, prefix, role=role)
 
 
 def bench_context(video: str, model_dir: str) -> None:

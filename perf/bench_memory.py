@@ -44,7 +44,8 @@ from paravt_train.data import write_parquet
 from paravt_train.grpo_config import GRPOConfig
 from paravt_train.grpo_trainer import GRPOTrainer
 from paravt_train.toy.quickstart import REPO_CHECKPOINT
-from paravt_train.toy.world import make_worlds, rl_rows
+from paravt_train.toy.rows import rl_rows
+from paravt_train.toy.world import make_worlds
 from paravt_agent.video import POOL
 tmp = Path(tempfile.mkdtemp())
 worlds = make_worlds(range(960_000, 960_004), tmp / "videos")

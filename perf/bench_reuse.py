@@ -27,7 +27,8 @@ def rollout_bench(repeats: int) -> None:
     from paravt_train.grpo_config import GRPOConfig
     from paravt_train.grpo_trainer import GRPOTrainer
     from paravt_train.toy.quickstart import REPO_CHECKPOINT
-    from paravt_train.toy.world import make_worlds, rl_rows
+    from paravt_train.toy.rows import rl_rows
+    from paravt_train.toy.world import make_worlds
 
     tmp = Path(tempfile.mkdtemp())
     worlds = make_worlds(range(960_000, 960_002), tmp / "videos", mcq=1, oe=0, tvg=0)

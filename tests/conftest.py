@@ -58,7 +58,8 @@ def toy_policy_dir():
 def toy_rl(tmp_path_factory):
     """Four toy worlds (real mp4s) and their RL Parquet file."""
     from paravt_train.data import write_parquet
-    from paravt_train.toy.world import make_worlds, rl_rows
+    from paravt_train.toy.rows import rl_rows
+    from paravt_train.toy.world import make_worlds
 
     d = tmp_path_factory.mktemp("toyrl")
     worlds = make_worlds(range(910_000, 910_004), d / "videos")

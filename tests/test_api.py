@@ -17,7 +17,7 @@ import pytest
 from paravt_agent.agent import Agent
 from paravt_agent.api import ApiSettings, create_app
 from paravt_agent.policy.base import Policy, text_of
-from paravt_agent.policy.scripted import ScriptedPolicy, role_of
+from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.types import Generation
 from tests.conftest import free_port
@@ -298,8 +298,8 @@ class SlowSubAgents(Policy):
     def __init__(self):
         self.started = self.cancelled = self.finished = 0
 
-    async def generate(self, messages, sampling, prefix="", continuation=None):
-        if role_of(messages) == "planner":
+    async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
+        if role == "planner":
             calls = "".join(f'<tool_call>{{"name": "crop_video", "arguments": {{"start_time": {s}, '
                             f'"end_time": {s + 5}}}}}</tool_call>' for s in (0, 10, 20, 30))
             return Generation(text=prefix + "look</think>" + calls)

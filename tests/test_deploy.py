@@ -142,12 +142,14 @@ def test_langgraph_dev_serves_the_paravt_graph(toy_policy_dir, toy_rl, tmp_path)
                 elif part.event == "values":
                     values = part.data
             state = await client.threads.get_state(thread["thread_id"])
+            history.extend(await client.threads.get_history(thread["thread_id"], limit=50))
             bad = await client.runs.wait(None, "paravt", input={**inp, "video": "../../etc/passwd"},
                                         raise_error=False)
             return events, values, state, bad
 
         import asyncio
 
+        history: list[dict] = []
         events, values, state, bad = asyncio.run(run())
         kinds = [e["event"] for e in events]
         assert kinds[0] == "overview" and kinds.count("planner") >= 2 and "subagent" in kinds
@@ -157,6 +159,16 @@ def test_langgraph_dev_serves_the_paravt_graph(toy_policy_dir, toy_rl, tmp_path)
         assert values["answer"] == direct.text
         assert values["trace"]["question"] == q.question and values["trace_id"] == values["trace"]["id"]
         assert state["values"]["trace_id"] == values["trace_id"]  # the thread keeps the run's result
+        # the server runs the agent's own graph: its thread state is the agent's (plain data, frames by key)
+        st = state["values"]
+        assert len(st["turns"]) >= 2 and st["results"] and all(":" in k for k in st["results"])
+        assert [r["summary"] for r in st["results"].values()] == [c["summary"] for t in values["trace"]["turns"]
+                                                                  for c in t["calls"]]
+        images = [p for m in st["messages"] if isinstance(m["content"], list) for p in m["content"]
+                  if p["type"] == "image"]
+        assert len(images) >= 8 and all(set(p) == {"type", "ref", "timestamp"} for p in images)
+        assert {"overview", "planner", "subagent", "aggregate", "finish"} <= {
+            n for h in history for n in (h.get("next") or [])} | {"finish"}
         assert "VideoError" in json.dumps(bad)  # PARAVT_VIDEO_ROOT is enforced
         assert "outside the server's video root" in log.read_text()
     finally:

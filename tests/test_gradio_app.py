@@ -38,14 +38,32 @@ def test_handler_streams_windows_and_stores_feedback(demo):
     assert question.startswith("When is the segment of colour") and options == ""
     truth = info.split("Ground truth: ")[1].split(".")[0]
     outs = collect(demo.ask(video, question, options, "embedded", "", "", 8, "parallel"))
-    status, think, timeline, gallery, summaries, answer, stats, trace_id = outs[-1]
-    assert status == "done." and answer and trace_id
+    status, think, timeline, gallery, summaries, answer, stats, trace_id, windows, pending = outs[-1]
+    assert status == "done." and answer and trace_id and not windows and not pending
     # the scan: one window per 16 s of the video, in parallel, and the shipped policy finds the segment
     assert timeline.count('class="pvt-window') >= 4 and len(gallery) >= 4
     assert "<think>" in think and "tool calls" in stats and truth in answer
     assert len(outs) >= 4  # updates arrived while sub-agents finished, not only at the end
     assert demo.feedback(trace_id, truth, "up").startswith("Thanks")
     assert demo.store.feedback_since(0)[-1]["thumbs"] == 1
+
+
+def test_approve_windows_pauses_and_runs_the_edited_windows(demo):
+    """The page's "approve windows" toggle: the run stops after the planner with its windows in an editable box;
+    "Run sub-agents" runs exactly the edited windows and the planner answers from them."""
+    video, question, options, _ = demo.toy_video()
+    outs = collect(demo.ask(video, question, options, "embedded", "", "", 8, "parallel", True))
+    status, think, *_, answer, stats, trace_id, windows, pending = outs[-1]
+    planned = windows.splitlines()
+    assert len(planned) >= 4 and all("-" in w for w in planned) and pending and not answer
+    assert "windows planned" in status and "<tool_call>" in think
+    outs = collect(demo.resume("0-15\n16-31", pending))
+    status, _, timeline, _, summaries, answer, stats, trace_id, windows, pending = outs[-1]
+    assert status == "done." and answer and trace_id and not pending
+    assert timeline.count('class="pvt-window') == 2 and summaries.count("**[") == 2
+    assert "00:00-00:15" in summaries and "00:16-00:31" in summaries and "2 tool calls" in stats
+    again = collect(demo.resume("0-15", "no-such-run"))[-1]
+    assert again[0].startswith("**error:** no question is waiting")
 
 
 def test_handler_errors_are_messages(demo, tmp_path):

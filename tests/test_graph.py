@@ -98,9 +98,9 @@ def test_think_prefix_is_pinned(media):
         return "<answer>A</answer>"
 
     class Recording(ScriptedPolicy):
-        async def generate(self, messages, sampling, prefix="", continuation=None):
+        async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
             seen.append(prefix)
-            return await super().generate(messages, sampling, prefix)
+            return await super().generate(messages, sampling, prefix, role=role)
 
     ans = Agent(policy=Recording(script)).answer(media["video"], "q?")
     assert seen == ["<think>\n"] and ans.trace.response.startswith("<think>\n")
@@ -131,8 +131,8 @@ def test_subagent_timeout_and_retry_use_langgraph_policies(media):
     attempts = {"n": 0}
 
     class Flaky(ScriptedPolicy):
-        async def generate(self, messages, sampling, prefix="", continuation=None):
-            if text_of(messages[0]["content"]).startswith("You are a video inspection"):
+        async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
+            if role == "subagent":
                 head = text_of(messages[1]["content"])
                 if head.startswith("Window 2.0"):
                     attempts["n"] += 1
@@ -140,7 +140,7 @@ def test_subagent_timeout_and_retry_use_langgraph_policies(media):
                         raise PolicyError("503 from endpoint", transient=True)
                 if head.startswith("Window 10.0"):
                     await asyncio.sleep(5)
-            return await super().generate(messages, sampling, prefix)
+            return await super().generate(messages, sampling, prefix, role=role)
 
     agent = Agent(policy=Flaky(summary_script(WINDOWS[:2])), config=AgentConfig(subagent_timeout=0.5, retries=1))
     t0 = time.perf_counter()
@@ -200,10 +200,10 @@ def test_a_tool_refusing_the_call_is_the_models_error_not_the_runtimes(media):
 
 def test_every_subagent_timing_out_still_reaches_an_answer(media):
     class Slow(ScriptedPolicy):
-        async def generate(self, messages, sampling, prefix="", continuation=None):
-            if text_of(messages[0]["content"]).startswith("You are a video inspection"):
+        async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
+            if role == "subagent":
                 await asyncio.sleep(5)
-            return await super().generate(messages, sampling, prefix)
+            return await super().generate(messages, sampling, prefix, role=role)
 
     pol = Slow(summary_script(WINDOWS[:3]))
     ans = Agent(policy=pol, config=AgentConfig(subagent_timeout=0.3, retries=0)).answer(media["video"], "q?")

@@ -102,9 +102,9 @@ class Recording(ScriptedPolicy):
         super().__init__(script)
         self.settings = []
 
-    async def generate(self, messages, sampling, prefix="", continuation=None):
+    async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
         self.settings.append((sampling, prefix))
-        return await super().generate(messages, sampling, prefix, continuation)
+        return await super().generate(messages, sampling, prefix, continuation, role=role)
 
 
 def planner_turn(msgs) -> int:

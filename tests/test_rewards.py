@@ -1,8 +1,5 @@
 """Golden tests: every reward term computed by hand from the paper's definitions."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -188,34 +185,16 @@ def test_metrics():
     assert m["accuracy/mcq"] == 0.5 and m["accuracy/oe"] == 0.5
 
 
-class Judge(BaseHTTPRequestHandler):
-    verdict = "0.8"
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers["Content-Length"]))
-        body = json.dumps({"id": "j", "object": "chat.completion", "created": 0, "model": "judge",
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": Judge.verdict}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-def test_llm_judge_and_fallback():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        judge = LLMJudge(f"http://127.0.0.1:{srv.server_address[1]}/v1", "judge")
-        assert accuracy_reward("<answer>thrice</answer>", "three times", "oe", judge=judge) == 0.8
-        Judge.verdict = "no idea"
-        assert accuracy_reward("<answer>three times</answer>", "three times", "oe", judge=judge) == 1.0  # F1
-    finally:
-        srv.shutdown()
+def test_llm_judge_and_fallback(json_server):
+    verdict = ["0.8"]
+    srv = json_server(lambda path, body: (200, {
+        "id": "j", "object": "chat.completion", "created": 0, "model": "judge",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": verdict[0]}}]}))
+    judge = LLMJudge(f"{srv.url}/v1", "judge")
+    assert accuracy_reward("<answer>thrice</answer>", "three times", "oe", judge=judge) == 0.8
+    verdict[0] = "no idea"
+    assert accuracy_reward("<answer>three times</answer>", "three times", "oe", judge=judge) == 1.0  # F1
+    assert srv.paths == ["/v1/chat/completions"] * 2
     dead = LLMJudge("http://127.0.0.1:9/v1", "judge", timeout=1)
     assert accuracy_reward("<answer>three</answer>", "three", "oe", judge=dead) == 1.0
 

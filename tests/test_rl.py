@@ -552,7 +552,6 @@ def test_an_episode_whose_tool_slot_the_runtime_lost_is_failed_not_scored(toy_po
     from paravt_agent.agent import Agent
     from paravt_agent.errors import PolicyError
     from paravt_agent.policy.base import Policy
-    from paravt_agent.policy.scripted import role_of
     from paravt_train.rollout import PromptCache
 
     class SubAgentsDown(Policy):
@@ -562,10 +561,10 @@ def test_an_episode_whose_tool_slot_the_runtime_lost_is_failed_not_scored(toy_po
         def __init__(self, inner):
             self.inner = inner
 
-        async def generate(self, messages, sampling, prefix="", continuation=None):
-            if role_of(messages) == "subagent" and (sampling.seed or 0) % 2:
+        async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
+            if role == "subagent" and (sampling.seed or 0) % 2:
                 raise PolicyError("503 from the rollout server")
-            return await self.inner.generate(messages, sampling, prefix, continuation)
+            return await self.inner.generate(messages, sampling, prefix, continuation, role=role)
 
     tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "down", group_size=6, gating=False), progress=False)
     tr.setup()

@@ -145,7 +145,8 @@ def test_postgres_writer_killed_mid_transaction_loses_and_repeats_nothing(postgr
         writers = [subprocess.Popen([sys.executable, "-c", WRITER, postgres_db, str(w), "100"], stderr=subprocess.PIPE,
                                     text=True) for w in range(2)]
         deadline = time.time() + 120
-        while store.count() < 3 and time.time() < deadline:  # each writer has stored its first trace ...
+        while store.count() < 3:  # each writer has stored its first trace (opening the store waits for nothing) ...
+            assert time.time() < deadline, "a writer could not store its first trace while another held the lock"
             time.sleep(0.05)
         time.sleep(1.0)
         blocked = len(store.feedback_since(0))  # ... and waits for the feedback lock the hanging one holds

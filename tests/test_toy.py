@@ -9,18 +9,16 @@ import pytest
 from paravt_agent.agent import Agent
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.base import Generation, Policy, text_of
-from paravt_agent.policy.scripted import role_of
 from paravt_agent.protocol import extract_answer, parse_tool_calls, split_think
 from paravt_agent.video import VideoReader
 from paravt_train.data import SFTSample, render_messages
 from paravt_train.sft import build_example
 from paravt_train.toy.build import toy_agent_config
 from paravt_train.toy.quickstart import shortcut
+from paravt_train.toy.rows import copy_rows, corpus, sft_rows, subagent_sample
 from paravt_train.toy.world import (
     COLOURS,
     answer_turn,
-    copy_rows,
-    corpus,
     direct_trace,
     make_world,
     make_worlds,
@@ -28,8 +26,6 @@ from paravt_train.toy.world import (
     planner_turn,
     segment_lengths,
     sequential_trace,
-    sft_rows,
-    subagent_sample,
     windows_for,
 )
 from tools import ToolRegistry
@@ -307,8 +303,7 @@ class Replay(Policy):
     def __init__(self, planner_turns, summaries):
         self.planner_turns, self.summaries, self.calls = list(planner_turns), summaries, []
 
-    async def generate(self, messages, sampling, prefix="", continuation=None):
-        role = role_of(messages)
+    async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
         self.calls.append((role, messages))
         if role == "planner":
             return Generation(text=self.planner_turns.pop(0))

@@ -16,23 +16,10 @@ from pydantic import AliasChoices, BaseModel, Field, field_validator
 
 from paravt_agent.errors import ToolError, VideoError
 from paravt_agent.protocol import parse_time
-from paravt_agent.video import FrameConfig, VideoReader
+from paravt_agent.types import ToolContext
 from paravt_agent.video import check_window as _video_window
 
 __all__ = ["Tool", "ToolContext", "ToolResult", "TimeWindowArgs", "check_window", "clean_schema"]
-
-
-@dataclass
-class ToolContext:
-    """The session a call runs in: the one video it may read and the frame protocol (:class:`FrameConfig`)."""
-
-    video: VideoReader
-    frames: FrameConfig = field(default_factory=FrameConfig)
-    strict_video_path: bool = True
-
-    @property
-    def duration(self) -> float:
-        return self.video.info.duration
 
 
 @dataclass
@@ -127,6 +114,13 @@ class Tool(ABC):
 
     @abstractmethod
     async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult: ...
+
+    def window(self, args: BaseModel) -> tuple[float, float] | None:
+        """The time window a call with ``args`` works on, if any (the graph's events and traces show it;
+        a reviewer edits it). Time-window tools have one; override for other argument shapes."""
+        if isinstance(args, TimeWindowArgs):
+            return (float(args.start_time), float(args.end_time))
+        return None
 
     def describe_call(self, args: BaseModel) -> str:
         """A short human label of a call, for traces."""

@@ -132,6 +132,9 @@ class ZoomFrame(Tool):
             raise ToolError("the region needs x1 < x2 and y1 < y2")
         return args
 
+    def window(self, args: ZoomFrameArgs) -> tuple[float, float] | None:
+        return (float(args.time), float(args.time))
+
     async def run(self, args: ZoomFrameArgs, ctx: ToolContext) -> ToolResult:
         from PIL import Image
 
@@ -182,6 +185,9 @@ class SceneChanges(Tool):
         end = ctx.duration if args.end_time is None else args.end_time
         start, end = check_window(args.start_time, end, ctx.duration)
         return args.model_copy(update={"start_time": start, "end_time": end})
+
+    def window(self, args: SceneChangesArgs) -> tuple[float, float] | None:
+        return None if args.end_time is None else (float(args.start_time), float(args.end_time))
 
     async def run(self, args: SceneChangesArgs, ctx: ToolContext) -> ToolResult:
         step = max(1.0, (args.end_time - args.start_time) / self.max_samples)

@@ -14,7 +14,6 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
 from pydantic import BaseModel, ValidationError
 
@@ -69,16 +68,17 @@ class ToolRegistry:
     @classmethod
     def default(cls, entry_points_too: bool = True) -> ToolRegistry:
         """The built-ins plus every tool registered under the ``paravt.tools`` entry-point group."""
+        from paravt_agent.plugins import load_entry_points
         from tools.builtin import BUILTINS
 
         reg = cls(t() for t in BUILTINS)
         if entry_points_too:
-            for ep in entry_points(group=ENTRY_POINT_GROUP):
+            loaded = load_entry_points(ENTRY_POINT_GROUP, {}, "tool", make=lambda o: o() if isinstance(o, type) else o)
+            for name, tool in loaded.items():
                 try:
-                    obj = ep.load()
-                    reg.register(obj() if isinstance(obj, type) else obj)
-                except Exception as exc:  # a broken plugin must not break the agent
-                    log.warning("tool plugin %s could not be loaded: %s", ep.name, exc)
+                    reg.register(tool)
+                except TypeError as exc:  # not a Tool: a warning, as any broken plugin
+                    log.warning("tool plugin %s could not be loaded: %s", name, exc)
         return reg
 
     def register(self, tool: Tool) -> None:

@@ -15,6 +15,8 @@ Backends that tokenise on the client share :mod:`paravt_agent.policy.chat`.
 from __future__ import annotations
 
 import base64
+import functools
+import inspect
 import io
 from abc import ABC, abstractmethod
 
@@ -22,7 +24,8 @@ import numpy as np
 
 from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["Continuation", "Generation", "Policy", "Sampling", "encode_image", "images_of", "map_images", "text_of"]
+__all__ = ["Continuation", "Generation", "Policy", "Sampling", "encode_image", "images_of", "map_images", "takes_role",
+           "text_of"]
 
 
 class Policy(ABC):
@@ -31,7 +34,9 @@ class Policy(ABC):
     ``prefix`` is forced as the start of the response (the paper's think prefix); a backend that cannot
     force it must raise :class:`~paravt_agent.errors.PolicyError` rather than ignore it.
     ``continuation`` (a token backend's business) says which earlier assistant turn the conversation
-    continues token for token.
+    continues token for token. ``role`` says who calls: ``planner``, ``subagent`` (a sub-agent of the same
+    weights) or ``tool:<name>``; a backend may ignore it (one written before it existed may omit the
+    parameter: the graph passes it only to backends whose ``generate`` takes it).
     """
 
     name: str = "policy"
@@ -45,7 +50,16 @@ class Policy(ABC):
 
     @abstractmethod
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
-                       continuation: Continuation | None = None) -> Generation: ...
+                       continuation: Continuation | None = None, role: str = "planner") -> Generation: ...
+
+    @property
+    def placeholder_ids(self) -> tuple[int, ...]:
+        """Token ids that are never sampled (image placeholders), where the backend tokenises here."""
+        return ()
+
+    def prompt_token_bound(self, messages: list[dict]) -> int | None:
+        """An upper bound of the prompt's tokens computed without encoding it, where the backend can."""
+        return None
 
     def count_tokens(self, messages: list[dict]) -> int | None:
         """Prompt length in tokens, where the backend can tell without generating."""
@@ -67,6 +81,42 @@ class Policy(ABC):
 
     async def aclose(self) -> None:
         return None
+
+
+class LoopClients:
+    """One client (and one concurrency semaphore) per event loop: an async HTTP client belongs to the loop it
+    was made in, and an agent may be driven from several (its own loop thread, a caller's ``asyncio.run``)."""
+
+    def __init__(self, make, concurrency: int):
+        self.make, self.concurrency = make, concurrency
+        self._entries: dict[int, tuple] = {}
+
+    def get(self):
+        """``(client, semaphore)`` of the running loop."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        entry = self._entries.get(id(loop))
+        if entry is None or entry[2] is not loop:  # a new loop that reuses a closed one's id gets its own
+            entry = (self.make(), asyncio.Semaphore(self.concurrency), loop)
+            self._entries[id(loop)] = entry
+        return entry[0], entry[1]
+
+    async def aclose(self, close) -> None:
+        """``await close(client)`` for the running loop's client; forget every loop's."""
+        import asyncio
+
+        for client, _, loop in list(self._entries.values()):
+            if loop is asyncio.get_running_loop():
+                await close(client)
+        self._entries.clear()
+
+
+@functools.cache
+def takes_role(cls: type) -> bool:
+    """Whether ``cls.generate`` accepts the ``role`` keyword (policies written before it existed do not)."""
+    params = inspect.signature(cls.generate).parameters
+    return "role" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def map_images(messages: list[dict], image_part) -> list[dict]:

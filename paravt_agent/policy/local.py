@@ -25,17 +25,21 @@ its row stops, and a batch whose rows are all cancelled ends at once.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import Policy
+from paravt_agent.policy.batcher import (
+    QueuedBatcher,
+    RowSampler,
+    batch_key,
+    cancelled_rows,
+    scored_distribution,
+)
 from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt
 from paravt_agent.policy.reuse import PrefixCache, VisionCache, image_keys
 from paravt_agent.types import Continuation, Generation, Sampling
@@ -43,7 +47,7 @@ from paravt_agent.types import Continuation, Generation, Sampling
 __all__ = ["LocalPolicy", "RowSampler", "cache_argument", "cache_of"]
 
 
-class LocalPolicy(Policy):
+class LocalPolicy(QueuedBatcher, Policy):
     """A model directory loaded with ``AutoModelForImageTextToText`` + ``AutoProcessor``."""
 
     name = "local"
@@ -65,7 +69,7 @@ class LocalPolicy(Policy):
         self.long_prompt_tokens = long_prompt_tokens
         self.long_patience = long_patience
         self._cv = threading.Condition()
-        self._pending: list[_Request] = []
+        self._pending: list = []  # QueuedBatcher requests
         self._worker: threading.Thread | None = None
         if model_obj is None and not Path(self.path).is_dir():
             raise PolicyError(
@@ -145,6 +149,10 @@ class LocalPolicy(Policy):
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.encode(messages).ids)
 
+    @property
+    def placeholder_ids(self) -> tuple[int, ...]:
+        return tuple(self.chat.placeholder_ids)
+
     def count_text_tokens(self, text: str) -> int:
         self._load()
         return len(self.chat.tokens(text))
@@ -184,7 +192,7 @@ class LocalPolicy(Policy):
         if not requests:
             return []
         requests = [(*r, None) if len(r) == 3 else tuple(r) for r in requests]
-        keys = {_batch_key(r[1]) for r in requests}
+        keys = {batch_key(r[1]) for r in requests}
         if len(keys) > 1:
             raise ValueError("requests in one batch must share max_new_tokens and stop strings")
         results: list = [None] * len(requests)
@@ -237,14 +245,14 @@ class LocalPolicy(Policy):
         if first.stop:
             kw.update(stop_strings=list(first.stop), tokenizer=proc.tokenizer)
         if cancelled:
-            kw["stopping_criteria"] = StoppingCriteriaList([_Cancelled(cancelled)])
+            kw["stopping_criteria"] = StoppingCriteriaList([cancelled_rows(cancelled)])
         reuse = self.reuse and self._reusable(model)
         with self._lock, torch.inference_mode():
             t_gen = time.perf_counter()
             if reuse:
                 self.prefix_cache.check_version(model)
                 inputs = self._shared_work(model, rows, keys, inputs)
-            with _scored_distribution(model):
+            with scored_distribution(model):
                 out = model.generate(**inputs, **kw)
             t_end = time.perf_counter()
             if reuse:
@@ -390,110 +398,6 @@ class LocalPolicy(Policy):
             row_delta = deltas[i:i + 1] if deltas.shape[0] == len(rows) else deltas[:1]
             self.prefix_cache.put(seq[:n], keys[i], layers, row_delta.clone())
 
-    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
-                       continuation: Continuation | None = None) -> Generation:
-        """Queued: concurrent calls that arrive together run as one batch (up to ``max_batch`` rows and
-        ``max_batch_tokens`` padded prompt tokens). Cancelling the call stops its row at the next step."""
-        req = _Request(messages, sampling, prefix, continuation, concurrent.futures.Future())
-        with self._cv:
-            self._pending.append(req)
-            self._cv.notify()
-        self._ensure_worker()
-        try:
-            return await asyncio.wrap_future(req.future)
-        except asyncio.CancelledError:
-            req.cancelled.set()  # a running row stops at its next step; a queued one never starts
-            raise
-
-    def _ensure_worker(self) -> None:
-        with self._cv:
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._serve, name="paravt-local-batcher", daemon=True)
-                self._worker.start()
-
-    def _take_batch(self) -> list[_Request]:
-        """The next batch (called with the lock held): requests of the oldest one's kind whose prompt lengths
-        are within ``length_ratio`` of each other, at most ``max_batch`` rows and ``max_batch_tokens`` padded
-        tokens. A long oldest prompt (``long_prompt_tokens`` or more) lets the short ones waiting beside it go
-        first, for at most ``long_patience`` batches."""
-        ready = [r for r in self._pending if r.encoded]  # what arrived during the encoding waits a round
-        key = _batch_key(ready[0].sampling)
-        same = [r for r in ready if _batch_key(r.sampling) == key]
-        head = same[0]
-        if head.tokens >= self.long_prompt_tokens and head.passed < self.long_patience:
-            shorts = [r for r in same if r.tokens * self.length_ratio <= head.tokens]
-            if shorts:
-                head.passed += 1
-                same = shorts
-        batch: list[_Request] = []
-        lo = hi = 0
-        for r in same:
-            if len(batch) == self.max_batch:
-                break
-            low, high = (min(lo, r.tokens), max(hi, r.tokens)) if batch else (r.tokens, r.tokens)
-            if batch and (high > self.length_ratio * low or (len(batch) + 1) * high > self.max_batch_tokens):
-                continue  # it would pad the others (or the batch past its budget): a later batch
-            batch.append(r)
-            lo, hi = low, high
-        return batch
-
-    def _serve(self) -> None:
-        """The batcher: encode what arrived, take a batch (:meth:`_take_batch`), run it, repeat. A fault of its
-        own fails the requests waiting (never leaves their callers hanging) and the batcher goes on."""
-        while True:
-            try:
-                self._serve_once()
-            except BaseException as exc:  # noqa: BLE001 (a bug here must not strand every caller)
-                with self._cv:
-                    stranded, self._pending = self._pending, []
-                for r in stranded:
-                    if not r.future.done() and (r.future.running() or r.future.set_running_or_notify_cancel()):
-                        r.future.set_exception(PolicyError(f"the local batcher failed: {exc!r}"))
-
-    def _serve_once(self) -> None:
-        """One round: wait for requests, encode the new ones, run one batch."""
-        with self._cv:
-            while not self._pending:
-                self._cv.wait()
-            t0 = time.monotonic()
-            cap = max(1, self.max_batch)
-            while len(self._pending) < cap and (left := self.batch_wait - (time.monotonic() - t0)) > 0:
-                self._cv.wait(left)
-            fresh = [r for r in self._pending if r.encoded is None]
-        for r in fresh:  # encoded here, one at a time: the processor is not shared across threads
-            if r.cancelled.is_set() or r.future.cancelled():
-                r.encoded = False
-                continue
-            try:
-                r.encoded = self.encode(r.messages, r.prefix, r.continuation)
-                r.tokens = len(r.encoded.ids)
-            except Exception as exc:  # noqa: BLE001 (handed to that request's caller)
-                r.encoded = False
-                if r.future.set_running_or_notify_cancel():
-                    r.future.set_exception(exc)
-        with self._cv:
-            self._pending = [r for r in self._pending if r.encoded is not False]
-            if not any(r.encoded for r in self._pending):
-                return
-            batch = self._take_batch() if self.max_batch > 1 else [next(r for r in self._pending if r.encoded)]
-            for r in batch:
-                self._pending.remove(r)
-        live = [r for r in batch if not r.cancelled.is_set() and r.future.set_running_or_notify_cancel()]
-        if not live:
-            return
-        try:
-            gens = self._run_rows([(r.encoded, r.sampling, r.prefix) for r in live], [r.cancelled for r in live])
-        except BaseException as exc:  # the model call itself failed: every waiting caller gets the error
-            for r in live:
-                r.future.set_exception(exc)
-        else:
-            for r, g in zip(live, gens, strict=True):
-                if isinstance(g, BaseException):
-                    r.future.set_exception(g)
-                else:
-                    r.future.set_result(g)
-
-
 def cache_argument(model) -> str:
     """The name the installed transformers gives the KV-cache argument of ``forward`` and ``generate``:
     ``cache`` (5.24+, where ``past_key_values`` is deprecated for removal) or ``past_key_values`` (before)."""
@@ -511,27 +415,6 @@ def cache_of(output):
     return None
 
 
-class _scored_distribution:  # noqa: N801 (a context manager used like a function)
-    """``generate`` without the model's ``generation_config.json``: a repetition penalty, ``min_new_tokens``,
-    bad words … there would change the scores :class:`RowSampler` samples from, while the logprobs recorded
-    (and the trainer) use the raw model. ``generate`` fills every setting a call leaves unset from the model's
-    config, so the config itself is swapped for a bare one for the call."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __enter__(self):
-        from transformers import GenerationConfig
-
-        self.saved = self.model.generation_config
-        self.model.generation_config = GenerationConfig()
-        return self
-
-    def __exit__(self, *exc):
-        self.model.generation_config = self.saved
-        return False
-
-
 def _images(mm: dict, start: int, count: int) -> dict:
     """Images ``start`` .. ``start + count`` of precomputed vision features (one prompt's)."""
     out = {}
@@ -541,83 +424,3 @@ def _images(mm: dict, start: int, count: int) -> dict:
             kw["deepstack_features"] = [layer[start:start + count] for layer in o.deepstack_features]
         out[name] = type(o)(**kw)
     return out
-
-
-@dataclass(eq=False)  # compared by identity (the list of pending requests removes them one by one)
-class _Request:
-    messages: list[dict]
-    sampling: Sampling
-    prefix: str
-    continuation: Continuation | None
-    future: concurrent.futures.Future
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    encoded: EncodedPrompt | bool | None = None  # None: not yet; False: dropped (cancelled or unencodable)
-    tokens: int = 0
-    passed: int = 0  # batches of short prompts that went ahead of this (long) one
-
-
-class _Cancelled:
-    """A stopping criterion: rows whose event is set are done (the others go on)."""
-
-    def __init__(self, events: list[threading.Event]):
-        self.events = events
-
-    def __call__(self, input_ids, scores, **kwargs):
-        import torch
-
-        return torch.tensor([e.is_set() for e in self.events], dtype=torch.bool, device=input_ids.device)
-
-
-def _batch_key(s: Sampling) -> tuple:
-    return (s.max_new_tokens, tuple(s.stop))
-
-
-class RowSampler:
-    """A logits processor that samples each row with its own settings and generator.
-
-    Returns scores that are 0 at the chosen token and -inf elsewhere, so ``generate`` run greedily
-    takes exactly that token. Temperature 0 is greedy (argmax of the raw scores).
-    """
-
-    def __init__(self, samplings: list[Sampling], banned: list[int] | None = None):
-        import torch
-
-        self.samplings = samplings
-        self.banned = list(banned or [])  # never chosen (vision placeholders)
-        self.first_call: float | None = None  # when the first token's scores arrived (the prefill's end)
-        self.generators = []
-        for s in samplings:
-            g = None
-            if s.temperature > 0:
-                g = torch.Generator()
-                g.manual_seed(s.seed if s.seed is not None else int(torch.randint(0, 2**62, (1,))))
-            self.generators.append(g)
-
-    def __call__(self, input_ids, scores):
-        import torch
-
-        if self.first_call is None:
-            self.first_call = time.perf_counter()
-        chosen = torch.empty(scores.shape[0], dtype=torch.long)
-        for i, s in enumerate(self.samplings):
-            row = scores[i].float()
-            if self.banned:
-                row = row.index_fill(0, torch.tensor(self.banned, device=row.device), float("-inf"))
-            if s.temperature <= 0:
-                chosen[i] = int(row.argmax())
-                continue
-            row = row / s.temperature
-            if s.top_k:
-                kth = torch.topk(row, min(s.top_k, row.numel())).values[-1]
-                row = row.masked_fill(row < kth, float("-inf"))
-            probs = torch.softmax(row, dim=-1)
-            if s.min_p > 0:
-                probs = probs.masked_fill(probs < s.min_p * probs.max(), 0.0)
-            if s.top_p < 1.0:
-                sp, order = probs.sort(descending=True)
-                drop = sp.cumsum(0) - sp > s.top_p  # keep the smallest set whose mass reaches top_p
-                probs = probs.scatter(0, order, sp.masked_fill(drop, 0.0))
-            chosen[i] = int(torch.multinomial(probs.cpu(), 1, generator=self.generators[i]))
-        out = torch.full_like(scores, float("-inf"))
-        out[torch.arange(scores.shape[0]), chosen.to(scores.device)] = 0.0
-        return out

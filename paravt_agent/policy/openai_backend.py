@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Policy, encode_image, map_images
+from paravt_agent.policy.base import LoopClients, Policy, encode_image, map_images
 from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["DEFAULT_ENDPOINT", "OpenAIPolicy", "to_openai_messages"]
@@ -61,20 +61,16 @@ class OpenAIPolicy(Policy):
         self.prefill = prefill
         self.image_format = image_format
         self.extra_body = dict(extra_body or {})
-        self._clients: dict[int, tuple] = {}  # one client + semaphore per event loop
+        self._clients = LoopClients(self._make_client, concurrency)
 
-    def _client(self):
+    def _make_client(self):
         from openai import AsyncOpenAI
 
-        loop = asyncio.get_running_loop()
-        entry = self._clients.get(id(loop))
-        if entry is None or entry[2] is not loop:
-            client = AsyncOpenAI(
-                base_url=self.endpoint, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries
-            )
-            entry = (client, asyncio.Semaphore(self.concurrency), loop)
-            self._clients[id(loop)] = entry
-        return entry[0], entry[1]
+        return AsyncOpenAI(base_url=self.endpoint, api_key=self.api_key, timeout=self.timeout,
+                           max_retries=self.max_retries)
+
+    def _client(self):
+        return self._clients.get()
 
     async def _model_name(self, client) -> str:
         if self.model:
@@ -90,7 +86,7 @@ class OpenAIPolicy(Policy):
         return self.prefill
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
-                       continuation: Continuation | None = None) -> Generation:
+                       continuation: Continuation | None = None, role: str = "planner") -> Generation:
         import openai
         from openai.types.chat import ChatCompletion
 
@@ -154,7 +150,4 @@ class OpenAIPolicy(Policy):
         )
 
     async def aclose(self) -> None:
-        for client, _, loop in list(self._clients.values()):
-            if loop is asyncio.get_running_loop():
-                await client.close()
-        self._clients.clear()
+        await self._clients.aclose(lambda c: c.close())

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from importlib.metadata import entry_points
 
 from paravt_agent.errors import ConfigError
+from paravt_agent.plugins import load_entry_points
 from paravt_agent.policy.base import Policy
 
 __all__ = ["ENTRY_POINT_GROUP", "available_policies", "make_policy", "make_rollout_policy", "register_policy"]
@@ -62,13 +62,7 @@ def register_policy(name: str, factory: Factory) -> None:
 
 
 def _load_entry_points() -> None:
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
-            continue
-        try:
-            _REGISTRY[ep.name] = ep.load()
-        except Exception as exc:  # a broken plugin must not break the built-ins
-            log.warning("policy plugin %s could not be loaded: %s", ep.name, exc)
+    load_entry_points(ENTRY_POINT_GROUP, _REGISTRY, "policy")
 
 
 def available_policies() -> list[str]:

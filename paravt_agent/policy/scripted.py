@@ -12,19 +12,9 @@ from paravt_agent.types import Continuation, Generation, Sampling
 Script = Callable[[str, list[dict]], str]
 
 
-def role_of(messages: list[dict]) -> str:
-    """``planner`` or ``subagent``, from the system prompt (or, for the released RL sub-agent, which has
-    none, from its fixed prompt)."""
-    system = text_of(messages[0]["content"]) if messages and messages[0]["role"] == "system" else ""
-    if system.startswith("You are a video inspection sub-agent"):
-        return "subagent"
-    if not system and len(messages) == 1 and "You are analyzing a video segment from" in text_of(messages[0]["content"]):
-        return "subagent"
-    return "planner"
-
-
 class ScriptedPolicy(Policy):
-    """``script(role, messages) -> text``; optional fixed ``delay`` seconds per call (awaited, not blocking)."""
+    """``script(role, messages) -> text`` (``role`` as the graph states it: ``planner``, ``subagent``, …);
+    optional fixed ``delay`` seconds per call (awaited, not blocking)."""
 
     name = "scripted"
 
@@ -33,9 +23,8 @@ class ScriptedPolicy(Policy):
         self.calls: list[tuple[str, list[dict]]] = []
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
-                       continuation: Continuation | None = None) -> Generation:
+                       continuation: Continuation | None = None, role: str = "planner") -> Generation:
         t0 = time.perf_counter()
-        role = role_of(messages)
         self.calls.append((role, messages))
         if self.delay:
             await asyncio.sleep(self.delay)

@@ -45,7 +45,7 @@ import threading
 import time
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Policy, encode_image
+from paravt_agent.policy.base import LoopClients, Policy, encode_image
 from paravt_agent.policy.chat import ChatTokenizer
 from paravt_agent.types import Continuation, Generation, Sampling
 
@@ -95,7 +95,7 @@ class SGLangPolicy(Policy):
         self._processor = processor
         self._chat: ChatTokenizer | None = None
         self._load_lock = threading.Lock()
-        self._clients: dict[int, tuple] = {}
+        self._clients = LoopClients(self._make_client, concurrency)
         self.round_trips = 0  # turns whose prompt ids came from emulating the old decode -> tokenise round trip
         self.server_ids = 0  # turns whose prompt ids the server reported
         self.requests = 0
@@ -125,18 +125,20 @@ class SGLangPolicy(Policy):
                     self._chat = ChatTokenizer(processor)
         return self._chat
 
+    @property
+    def placeholder_ids(self) -> tuple[int, ...]:
+        return tuple(self.chat.placeholder_ids)
+
     def count_text_tokens(self, text: str) -> int:
         return len(self.chat.tokens(text))
 
-    def _client(self):
+    def _make_client(self):
         import httpx
 
-        loop = asyncio.get_running_loop()
-        entry = self._clients.get(id(loop))
-        if entry is None or entry[2] is not loop:
-            entry = (httpx.AsyncClient(timeout=self.timeout), asyncio.Semaphore(self.concurrency), loop)
-            self._clients[id(loop)] = entry
-        return entry[0], entry[1]
+        return httpx.AsyncClient(timeout=self.timeout)
+
+    def _client(self):
+        return self._clients.get()
 
     def build_request(self, messages: list[dict], sampling: Sampling, prefix: str = "",
                       continuation: Continuation | None = None) -> tuple[dict, dict]:
@@ -249,7 +251,7 @@ class SGLangPolicy(Policy):
         raise AssertionError("unreachable")
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
-                       continuation: Continuation | None = None) -> Generation:
+                       continuation: Continuation | None = None, role: str = "planner") -> Generation:
         t0 = time.perf_counter()
         payload, seen = await asyncio.to_thread(self.build_request, messages, sampling, prefix, continuation)
         data = await self._post(payload)
@@ -261,10 +263,7 @@ class SGLangPolicy(Policy):
         return gen
 
     async def aclose(self) -> None:
-        for client, _, loop in list(self._clients.values()):
-            if loop is asyncio.get_running_loop():
-                await client.aclose()
-        self._clients.clear()
+        await self._clients.aclose(lambda c: c.aclose())
 
 
 def _json(resp, url: str) -> dict:

@@ -10,34 +10,8 @@
 from paravt_agent.errors import VideoError
 from paravt_agent.video.decoders import DECODERS, Decoder, available_backends
 from paravt_agent.video.reader import POOL, DecoderPool, VideoReader, open_video
-from paravt_agent.video.sampling import (
-    BACKENDS,
-    Clip,
-    FrameConfig,
-    VideoInfo,
-    check_window,
-    crop_times,
-    file_identity,
-    fit_size,
-    overview_times,
-)
+from paravt_agent.video.sampling import *  # noqa: F403 (the protocol's names, listed in __all__ below)
+from paravt_agent.video.sampling import __all__ as _sampling
 
-__all__ = [
-    "BACKENDS",
-    "DECODERS",
-    "POOL",
-    "Clip",
-    "Decoder",
-    "DecoderPool",
-    "FrameConfig",
-    "VideoError",
-    "VideoInfo",
-    "VideoReader",
-    "available_backends",
-    "check_window",
-    "crop_times",
-    "file_identity",
-    "fit_size",
-    "open_video",
-    "overview_times",
-]
+__all__ = ["DECODERS", "POOL", "Decoder", "DecoderPool", "VideoError", "VideoReader", "available_backends",
+           "open_video", *_sampling]

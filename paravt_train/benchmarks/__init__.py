@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from paravt_train.benchmarks.base import BenchmarkError, EvalItem
@@ -61,14 +60,9 @@ def folder_of(name: str) -> str:
 
 def available_benchmarks() -> list[str]:
     """The built-in loaders and every ``paravt.benchmarks`` entry point."""
-    for ep in entry_points(group="paravt.benchmarks"):
-        if ep.name in BENCHMARKS:
-            continue
-        try:
-            BENCHMARKS[ep.name] = ep.load()
-        except Exception as exc:  # a broken plugin must not break the built-ins
-            log.warning("benchmark plugin %s could not be loaded: %s", ep.name, exc)
-    return list(BENCHMARKS)
+    from paravt_agent.plugins import load_entry_points
+
+    return list(load_entry_points("paravt.benchmarks", BENCHMARKS, "benchmark"))
 
 
 def load_benchmark(name: str, root: str | Path, check_videos: bool = True) -> list[EvalItem]:

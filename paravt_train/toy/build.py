@@ -46,7 +46,7 @@ class ToyConfig(BaseModel):
     copy_rows: int = Field(10, ge=0, description="Text-only copy rows (random sequences of the tokenizer's "
                                                  "ordinary tokens, repeated) per training video in the SFT mix: "
                                                  "they keep the copy skill the warm-up taught, which the SFT erases "
-                                                 "without them (see world.copy_sample; README, the toy world).")
+                                                 "without them (see rows.copy_sample; README, the toy world).")
     copy_steps: int = Field(1500, ge=0, description="Copy warm-up steps of a fresh tiny model before the SFT (the "
                                                   "stand-in for pretraining; see tiny.copy_warmup; 1500 forms the "
                                                   "skill at the toy size); 0 skips it. Not run for a warm start.")
@@ -61,7 +61,7 @@ class ToyConfig(BaseModel):
                                                        "half that length, then the rest (tiny.copy_warmup). 0 skips "
                                                        "them.")
     copy_listing_steps: int = Field(0, ge=0, description="Warm-up steps, after all others, that copy random "
-                                                         "listings of the toy's colours and seconds (world."
+                                                         "listings of the toy's colours and seconds (rows."
                                                          "random_listing): a copy that must match several tokens "
                                                          "back, which random-token copies do not teach. 0 skips them.")
     number_tokens: bool = Field(True, description="Give the fresh model's tokenizer one token per whole number "
@@ -70,7 +70,7 @@ class ToyConfig(BaseModel):
                                                   "and each copy of it a one-token lookup; off, numbers are digits "
                                                   "(README, the toy world).")
     copy_row_kind: Literal["tokens", "listings"] = Field("tokens", description="What the copy rows repeat: random "
-                                                         "tokens or random listings (world.copy_rows).")
+                                                         "tokens or random listings (rows.copy_rows).")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start.")
@@ -117,15 +117,9 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     from paravt_train.data import write_parquet
     from paravt_train.sft import train
     from paravt_train.sft_config import SFTConfig
+    from paravt_train.toy.rows import check_trace_roundtrip, copy_rows, corpus, rl_rows, sft_rows
     from paravt_train.toy.tiny import build_tiny_model, copy_vocabulary, copy_warmup
-    from paravt_train.toy.world import (
-        check_trace_roundtrip,
-        copy_rows,
-        corpus,
-        make_worlds,
-        rl_rows,
-        sft_rows,
-    )
+    from paravt_train.toy.world import make_worlds
     from tools import ToolRegistry
 
     if cfg.init and not (Path(cfg.init) / "config.json").is_file():

@@ -168,7 +168,7 @@ def build_tiny_model(
 
 
 def copy_vocabulary(tokenizer) -> list[str]:
-    """The pieces copy rows are drawn from (``world.copy_sample``): the text of every ordinary token (no
+    """The pieces copy rows are drawn from (``rows.copy_sample``): the text of every ordinary token (no
     bytes, no special or added tokens) that is printable ASCII, not only spaces, and free of digits and of
     the characters the protocol's tags and JSON use, so a random sequence of them never opens a tag or a
     tool call, and numbers (split into digits by the toy tokenizer) stay the traces' own. A tokenizer with
@@ -199,7 +199,8 @@ def copy_warmup(
     progress: bool = False,
     log=print,
 ) -> dict:
-    """Teach a freshly initialised tiny model to copy, in place: the stand-in for pretraining.
+    """Teach a freshly initialised tiny model to copy, in place: the stand-in for pretraining. (One function
+    on purpose: its phases share the model, optimizer and sample streams, and each reads as one loop.)
 
     Every sample is a random sequence of ordinary token ids followed by the same sequence again, with the
     loss on the repeat only, which can only be predicted by looking the current token up earlier in the
@@ -207,7 +208,7 @@ def copy_warmup(
     pretraining; a tiny model trained from scratch on the toy traces never finds it from their few copies
     (one asked colour per grounding question). It forms in a sudden step, not gradually (``toy`` size,
     seed 0: copy accuracy 0.03 at step 800, 0.97 by step 1050). The toy SFT erases it within 200 steps
-    unless its mix keeps copy rows of arbitrary tokens (``world.copy_sample``). Off by default in ``paravt-train toy``
+    unless its mix keeps copy rows of arbitrary tokens (``rows.copy_sample``). Off by default in ``paravt-train toy``
     (``copy_steps``); README's toy section has what it did and did not fix.
 
     A copy reaches only as far back as the sequences it was learned on (20-80 tokens: 0.04 accuracy on
@@ -218,7 +219,7 @@ def copy_warmup(
 
     Random tokens rarely repeat, so their copy needs a one-token lookup only, and the model it gives copies
     the toy's own listings ("cyan 75; red 12; ...", 8 colours, 10 digits and separators that repeat) at
-    0.01. ``listing_steps`` more steps copy random listings (``world.random_listing``), a copy that must
+    0.01. ``listing_steps`` more steps copy random listings (``rows.random_listing``), a copy that must
     match several tokens back; ``accuracy_listings`` is measured on held-out listings at the end.
     """
 
@@ -235,7 +236,7 @@ def copy_warmup(
         raise ValueError(f"copy_warmup: the tokenizer has too few ordinary tokens ({high - low})")
     rng = random.Random(seed)
 
-    from paravt_train.toy.world import random_listing
+    from paravt_train.toy.rows import random_listing
 
     # with number tokens (NUMBER_TOKENS) a quarter of the pieces are numbers: copying a time is then the same
     # one-token lookup as copying any other token, and the number tokens' embeddings learn it here

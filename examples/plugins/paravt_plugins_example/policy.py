@@ -10,8 +10,8 @@ class EchoPolicy(Policy):
     def __init__(self, model=None, endpoint=None, api_key=None, **options):
         self.model = model
 
-    async def generate(self, messages, sampling, prefix="", continuation=None):
+    async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
         last = text_of(messages[-1]["content"])
-        if last.startswith("Window") or "Summarise this window" in last:
+        if role == "subagent":
             return Generation(text=last.split(",")[0])
         return Generation(text=prefix + "the first option.</think><answer>A</answer>", prefix=prefix)

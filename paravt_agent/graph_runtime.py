@@ -1,0 +1,101 @@
+"""What the agent graph's nodes share: the run context, the event stream, timed phases, per-call seeds and
+the model call itself (:func:`generate`: frames materialised at the policy's door, a ``chat`` span).
+:mod:`paravt_agent.graph` holds the nodes and the wiring."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from langgraph.config import get_config, get_stream_writer
+from langgraph.runtime import Runtime
+
+from paravt_agent import telemetry
+from paravt_agent.context import AgentContext
+from paravt_agent.errors import ConfigError
+from paravt_agent.policy.base import takes_role
+from paravt_agent.trajectory import Phase
+from paravt_agent.types import Generation, OverviewEvent, PlannerEvent, Sampling
+
+__all__ = ["DEFAULT_CONTEXT", "actx", "ctx_of", "emit", "event_json", "generate", "offload", "phase", "seeded",
+           "tool_context"]
+
+
+#: ``config["configurable"]`` key of a zero-argument factory of the run context, for runs started without
+#: one (LangGraph Server's runs that pass no ``context``)
+DEFAULT_CONTEXT = "paravt_default_context"
+
+
+def ctx_of(runtime: Runtime) -> AgentContext:
+    """The run's :class:`AgentContext` (a server's settings resolve to one; routing functions use this)."""
+    context = runtime.context
+    if context is None:
+        factory = get_config().get("configurable", {}).get(DEFAULT_CONTEXT)
+        if factory is None:
+            raise ConfigError("the agent graph runs with context=AgentContext(...) (Agent does this)")
+        context = factory()
+    return context.resolve()
+
+
+async def actx(runtime: Runtime) -> AgentContext:
+    """:func:`ctx_of` for nodes: resolving server settings may load a model, so it runs off the event loop."""
+    if isinstance(runtime.context, AgentContext):
+        return runtime.context
+    return await asyncio.to_thread(ctx_of, runtime)
+
+
+async def tool_context(ctx: AgentContext, path: str):
+    """The run's tool context; opening the video (a resumed run, the server) runs off the event loop."""
+    return ctx.tool_context if ctx.tool_context is not None else await asyncio.to_thread(ctx.video, path)
+
+
+def emit(ctx: AgentContext, event) -> None:
+    get_stream_writer()(event_json(event) if ctx.json_events else event)
+
+
+def event_json(event) -> dict:
+    """A stream event as LangGraph Server's clients get it: ``{"event": kind, ...}`` of JSON values."""
+    if isinstance(event, OverviewEvent):
+        return {"event": "overview", "timestamps": event.timestamps, "duration": event.duration}
+    if isinstance(event, PlannerEvent):
+        return {"event": "planner", "turn": event.turn, "text": event.text, "forced_final": event.forced_final,
+                "calls": [{"index": c.index, "label": c.label, "window": c.window, "error": c.error}
+                          for c in event.calls]}
+    r = event.record
+    return {"event": "subagent", "turn": event.turn, "index": r.index, "tool": r.name, "window": r.window,
+            "summary": r.summary, "error": r.error, "latency": r.latency}
+
+
+def phase(name: str, t0: float, turn: int | None = None, index: int | None = None,
+           detail: dict | None = None) -> Phase:
+    """A timed step from ``t0`` (``time.perf_counter()``) to now."""
+    return Phase(name=name, start=t0, seconds=time.perf_counter() - t0, turn=turn, index=index,
+                 detail=dict(detail or {}))
+
+
+def seeded(sampling: Sampling, seed: int | None, turn: int, slot: int = 0) -> Sampling:
+    """The sampling settings of one call: a rollout seed gives every call its own reproducible seed."""
+    if seed is None:
+        return sampling
+    return sampling.model_copy(update={"seed": (seed * 1_000_003 + turn * 1009 + slot) % 2**31})
+
+
+async def generate(ctx: AgentContext, role: str, messages: list[dict], sampling: Sampling, **kw) -> Generation:
+    """One model call: frames materialised from the store at the policy's door, the caller's role stated; a
+    ``chat`` span under the current one when tracing is on."""
+    if takes_role(type(ctx.policy)):
+        kw["role"] = role
+    policy = ctx.policy
+    attrs = telemetry.generation_attributes(policy, sampling) if telemetry.enabled() else None
+    with telemetry.span(f"chat {telemetry.model_name(policy)}", attributes=attrs) as sp:
+        gen = await policy.generate(await offload(ctx, ctx.frames.materialize, messages), sampling, **kw)
+        telemetry.set_attributes(sp, {**telemetry.usage_attributes(gen.prompt_tokens, gen.completion_tokens),
+                                      "paravt.role": role, "paravt.batch_size": gen.batch_size})
+    return gen
+
+
+async def offload(ctx: AgentContext, fn, *args):
+    """``fn(*args)`` off the event loop when the frame store touches disk (a durable run's), else inline."""
+    if ctx.frames.directory is None:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)

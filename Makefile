@@ -10,7 +10,7 @@ else
 TORCH := torch==2.14.1 torchvision==0.29.1
 endif
 
-.PHONY: install test lint demo bench clean browser postgres sglang-contract
+.PHONY: install test lint demo bench clean browser postgres sglang-contract lmms-eval
 
 # The SGLang release whose HTTP contract the test server checks every request and reply against (named here only;
 # the `sglang` extra in pyproject.toml admits the range the client was tested with).
@@ -55,7 +55,24 @@ $(CONTRACT)/VERSION: Makefile
 	rm -rf $(CONTRACT)/wheel
 	echo $(SGLANG_VERSION) > $@
 
-test: install browser postgres sglang-contract
+# lmms-eval for the plugin's test (`lmms-eval --model paravt`), in .venv-lmms layered over .venv: lmms-eval 0.7.3
+# pins av<16 and wandb==0.25, which would change the suite's own decoder. .venv-lmms sees .venv's packages
+# (torch, transformers, paravt) through a .pth file and holds only what lmms-eval adds (~900 MB, ~2 min;
+# pip leaves .venv's own copies of the packages it replaces in place).
+LMMS := .venv-lmms
+LMMS_EVAL_VERSION := 0.7.3
+
+lmms-eval: $(LMMS)/.installed
+
+$(LMMS)/.installed: $(VENV)/.installed Makefile
+	rm -rf $(LMMS) && $(BIN)/python -m venv $(LMMS)
+	( $(BIN)/python -c "import site; print(site.getsitepackages()[0])"; echo $(CURDIR) ) > \
+	  "$$($(LMMS)/bin/python -c 'import site; print(site.getsitepackages()[0])')/paravt_base.pth"
+	# filelock 4 (.venv's) dropped filelock._api, which lmms-eval 0.7.3's evaluator imports
+	$(LMMS)/bin/python -m pip install -q lmms-eval==$(LMMS_EVAL_VERSION) "filelock<4" && touch $@ || \
+	  echo "warning: could not install lmms-eval; the lmms-eval plugin test will be skipped"
+
+test: install browser postgres sglang-contract lmms-eval
 	$(BIN)/python -m ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 

@@ -26,7 +26,8 @@ __all__ = ["Agent", "Answer", "make_policy"]
 class Agent:
     """A planner and K parallel sub-agents over one policy.
 
-    >>> agent = Agent(model="runs/toy/model")                       # local transformers model
+    >>> agent = Agent()                                             # the shipped toy policy (local)
+    >>> agent = Agent(model="runs/toy/model")                       # a local transformers model directory
     >>> agent = Agent(backend="openai", endpoint="http://127.0.0.1:30000/v1", model="ParaVT-8B")
     >>> ans = agent.answer("talk.mp4", "When does the speaker pick up the cup?")
     >>> print(ans.text); print(ans.trace.render())
@@ -58,8 +59,11 @@ class Agent:
         checkpointer: Any = None,
         frames_dir: str | os.PathLike | None = None,
     ):
+        from paravt_agent.defaults import resolve_model
         from paravt_agent.plugins import tool_registry
 
+        if policy is None:  # Agent() and Agent(model="toy"): the shipped toy policy, from any directory
+            model = resolve_model(backend, model)
         if config is None and policy is None:
             config = AgentConfig.for_model(model)  # a model directory's protocol (local, sglang); None otherwise
         self.config = config or AgentConfig()

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LETTERS", "TAGS", "TagStat", "extract_answer", "extract_choice", "is_degenerate", "labelled_options",
+__all__ = ["LETTERS", "TAGS", "TagStat", "extract_answer", "extract_choice", "is_degenerate", "labelled_options", "split_options",
            "option_body", "parse_span", "split_think", "strip_tool_blocks", "subagent_report", "tag_stats"]
 
 
@@ -228,3 +228,29 @@ def parse_span(text: str) -> tuple[float, float] | None:
             if b > a >= 0:
                 return a, b
     return None
+
+
+_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])[\)\.:]\s*(.+?)\s*$")
+_OPTIONS_HEADER = re.compile(r"^\s*(options|choices)\s*:?\s*$", re.IGNORECASE)
+
+
+def split_options(text: str, anywhere: bool = False) -> tuple[str, list[str] | None]:
+    """MCQ options written into a question: lines ``A. ...``, ``(B) ...``, ``C: ...`` lettered A, B, C, ... in
+    order (at least two) become the options, and leave the text. ``anywhere=False`` takes only trailing lines
+    (the API's rule: a question that merely mentions "A." keeps its text); ``anywhere=True`` takes the first
+    such block wherever it is (a benchmark prompt with an instruction after its options), with an
+    ``Options:`` line just above it. Without such a block: ``(text, None)``."""
+    lines = text.rstrip().splitlines()
+    starts = [i for i, ln in enumerate(lines) if (m := _OPTION_LINE.match(ln)) and m.group(1) == "A"]
+    if not anywhere:
+        starts = starts[-1:]
+    for i in starts:
+        opts, j = [], i
+        while j < len(lines) and (m := _OPTION_LINE.match(lines[j])) and m.group(1) == chr(ord("A") + len(opts)):
+            opts.append(m.group(2))
+            j += 1
+        if len(opts) < 2 or (not anywhere and j != len(lines)):
+            continue
+        head = i - 1 if i > 0 and _OPTIONS_HEADER.match(lines[i - 1]) else i
+        return "\n".join([*lines[:head], *lines[j:]]).strip(), opts
+    return text.strip(), None

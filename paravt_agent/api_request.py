@@ -3,15 +3,15 @@ about one video (:func:`parse_request`, :func:`resolve_video`). See :mod:`paravt
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paravt_agent.answers import split_options
+
 __all__ = ["MODES", "ApiError", "ApiSettings", "Question", "parse_request", "resolve_video"]
 
 MODES = ("parallel", "sequential", "none")
-_OPTION_LINE = re.compile(r"^\s*\(?([A-Z])[\)\.:]\s*(.+?)\s*$")
 
 
 @dataclass
@@ -57,23 +57,6 @@ class Question:
     mode: str | None
     stream: bool
     include_usage: bool
-
-
-def _split_options(text: str) -> tuple[str, list[str] | None]:
-    """Trailing ``A. ...`` lines (A, B, C, ... in order, at least two) become the options."""
-    lines = text.rstrip().splitlines()
-    opts: list[str] = []
-    i = len(lines)
-    while i > 0:
-        m = _OPTION_LINE.match(lines[i - 1])
-        if not m:
-            break
-        opts.insert(0, (m.group(1), m.group(2)))
-        i -= 1
-    letters = [k for k, _ in opts]
-    if len(opts) < 2 or letters != [chr(ord("A") + j) for j in range(len(opts))]:
-        return text.strip(), None
-    return "\n".join(lines[:i]).strip(), [v for _, v in opts]
 
 
 def _parts(content) -> list[dict]:
@@ -138,7 +121,7 @@ def parse_request(body: Any, settings: ApiSettings) -> Question:
                 break
     if video is None:
         raise ApiError(400, 'no video: add a {"type": "video_url", "video_url": {"url": ...}} content part')
-    question, options = _split_options("\n".join(t for t in texts if t.strip()))
+    question, options = split_options("\n".join(t for t in texts if t.strip()))
     if body.get("options") is not None:
         opts = body["options"]
         if not isinstance(opts, list) or len(opts) < 2 or not all(isinstance(o, str) and o.strip() for o in opts):

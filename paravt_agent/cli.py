@@ -54,11 +54,9 @@ def _build_agent(backend: str, model: str | None, endpoint: str | None, mode: st
     defaults (the local backend's default model: the shipped toy policy)."""
     from paravt_agent.agent import Agent
     from paravt_agent.config import resolve_agent_config
+    from paravt_agent.defaults import resolve_model
 
-    if backend == "local" and not model:
-        from paravt_agent.defaults import default_model_dir
-
-        model = default_model_dir()
+    model = resolve_model(backend, model)
     overrides = list(set_ or []) + ([f"mode={mode}"] if mode else [])
     notes: list[str] = []
     cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset, notes=notes)

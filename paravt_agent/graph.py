@@ -118,8 +118,13 @@ async def overview(state: AgentState, runtime: Runtime) -> dict:
                             state.get("options") or None, state.get("n_frames"))
         return inp, initial_state(inp, ctx, seed=state.get("seed"))
 
-    with telemetry.span("paravt.overview", attributes={"paravt.n_frames": state.get("n_frames")}):
-        inp, first = await asyncio.to_thread(prepare)
+    # LangGraph Server: the question's span opens here (it cannot stay open across nodes), the rest goes under it
+    with telemetry.span("invoke_agent paravt", state.get("trace_parent"), {
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "paravt"}, current=False) as root:
+        parent = telemetry.traceparent(root) or state.get("trace_parent")
+        with telemetry.span("paravt.overview", parent, {"paravt.n_frames": state.get("n_frames")}, current=False):
+            inp, first = await asyncio.to_thread(prepare)
+    first["trace_parent"] = parent
     ctx.tool_context = inp.context
     emit(ctx, OverviewEvent(list(inp.trace.overview_timestamps), inp.trace.duration))
     return first

@@ -16,7 +16,10 @@ One trace per question::
 Parents travel in the graph's state as W3C ``traceparent`` strings (plain data: a checkpoint keeps them and a
 resumed run goes on in the same trace), so the tree does not depend on which task LangGraph runs a node in.
 A tool call's span is a child of the turn that dispatched it, and starts when the tool runs (after that
-turn's span ended). Latency is each span's duration.
+turn's span ended). Latency is each span's duration. Where no span can stay open for the whole question, the
+question's span covers its first step only and the rest still hangs under it: a LangGraph Server run (the
+``overview`` node opens it), a run resumed after a crash or after a ``review_windows`` pause (its outcome
+attributes, set at the answer, are then missing).
 
 Off by default and free when off: with no tracer provider configured (OpenTelemetry's default, or
 ``opentelemetry-api`` not installed) no span or attribute is built. An application configures its own
@@ -104,7 +107,7 @@ def span(name: str, parent: str | None = None, attributes: dict[str, Any] | None
     sp = tracer.start_span(name, context=_context(parent), attributes=attrs)
     try:
         yield sp
-    except BaseException as exc:
+    except Exception as exc:  # a consumer that stops early or a cancellation is no error (as use_span has it)
         sp.record_exception(exc)
         sp.set_status(Status(StatusCode.ERROR, f"{exc.__class__.__name__}: {exc}"))
         raise
@@ -155,30 +158,29 @@ def configure_from_env() -> bool:
     names = [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
     if enabled() or not names or names == ["none"]:
         return enabled()
+    from paravt_agent.errors import ConfigError
+
+    unknown = [n for n in names if n not in ("otlp", "console")]
+    if unknown:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={','.join(unknown)}: paravt configures otlp or console (another "
+                          "exporter: configure the tracer provider in your application)")
     try:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    except ImportError as exc:
-        from paravt_agent.errors import ConfigError
 
-        raise ConfigError("OTEL_TRACES_EXPORTER is set but the OpenTelemetry SDK is missing: pip install "
-                          "'paravt[telemetry]'") from exc
-    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME",
-                                                                                       "paravt")}))
-    for name in names:
-        if name == "console":
-            exporter = ConsoleSpanExporter()
-        elif name == "otlp":
+        if "otlp" in names:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter()  # reads OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT / _HEADERS itself
-        else:
-            from paravt_agent.errors import ConfigError
-
-            raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r}: paravt configures otlp or console (another "
-                              "exporter: configure the provider in your application)")
+    except ImportError as exc:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={','.join(names)} needs the OpenTelemetry SDK and exporter: pip "
+                          "install 'paravt[telemetry]'") from exc
+    # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES are read by Resource.create; "paravt" only where neither names it
+    named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    provider = TracerProvider(resource=Resource.create({} if named else {"service.name": "paravt"}))
+    for name in names:
+        # OTLP over HTTP reads OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT / _HEADERS itself
+        exporter = ConsoleSpanExporter() if name == "console" else OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return True

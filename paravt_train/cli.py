@@ -143,7 +143,7 @@ def toy_cmd(
 ) -> None:
     """Build the toy world (videos, SFT/RL data, held-out split) and train the tiny policy; cached.
 
-    The defaults train from scratch: a copy warm-up, then 1800 SFT steps (about 45 min on 2 CPU cores).
+    The defaults train from scratch: a copy warm-up, then 1800 SFT steps (~40 min on 2 CPU cores).
     checkpoints/toy/COMMAND.txt gives the commands that trained the shipped policy."""
     from paravt_agent.config import apply_overrides
     from paravt_agent.defaults import paravt_home
@@ -255,6 +255,20 @@ def quickstart_cmd(
     except FileNotFoundError as exc:
         _fail(str(exc))
 
+
+
+@app.command("lmms-task")
+def lmms_task_cmd(
+    out: Path = typer.Option(..., "--out", help="Folder for the videos, test.jsonl and the task YAMLs."),
+    worlds: int = typer.Option(4, min=1, help="Held-out toy videos (3 colour-at-t MCQ questions each)."),
+) -> None:
+    """Write local lmms-eval tasks over toy videos (no hub): paravt_toy (ParaVT's prompt, lmms-eval's MCQ
+    scoring) and paravt_toy_videomme (Video-MME's own prompt, parsing and score). Then:
+    lmms-eval --model paravt --include_path OUT --tasks paravt_toy,paravt_toy_videomme"""
+    from paravt_lmms.toy_task import write_toy_task
+
+    path = write_toy_task(out, worlds=worlds, progress=True)
+    typer.echo(f"wrote {path}: lmms-eval --model paravt --include_path {path} --tasks paravt_toy,paravt_toy_videomme")
 
 
 @app.command("grpo")

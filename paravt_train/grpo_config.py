@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from paravt_agent.config import load_yaml_model
 from paravt_train.rewards import RewardConfig
-from paravt_train.tracking import parse_report_to
+from paravt_train.tracking import ReportTo
 
 __all__ = ["PRESETS", "GRPOConfig", "ReplaySettings"]
 
@@ -70,7 +70,7 @@ class GRPOConfig(BaseModel):
                                       "the agent config's protocol (64 at 1 fps), as `paravt-train eval` uses.")
     eval_limit: int | None = Field(None, ge=1, description="At most this many held-out prompts.")
     output_dir: str = Field("runs/grpo", description="Checkpoints, metrics.jsonl, summary.json and the final model.")
-    report_to: list[str] = Field(default_factory=list, description="Experiment trackers that also receive every "
+    report_to: ReportTo = Field(default_factory=list, description="Experiment trackers that also receive every "
                                  "metric of metrics.jsonl and the run's config (rank 0): tensorboard, mlflow, wandb, "
                                  "trackio, several at once (a list or tensorboard,mlflow); none by default. Where "
                                  "each writes: paravt_train/tracking.py.")
@@ -183,11 +183,6 @@ class GRPOConfig(BaseModel):
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
     bf16: Literal["auto", "true", "false"] = Field("auto", description="Actor and reference in bf16: auto = on GPUs.")
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _trackers(cls, value):
-        return parse_report_to(value)
 
     @model_validator(mode="before")
     @classmethod

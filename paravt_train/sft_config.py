@@ -7,11 +7,11 @@ Every field is documented once; defaults follow the paper where it gives a value
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from paravt_agent.config import load_yaml_model
 from paravt_agent.video import FrameConfig
-from paravt_train.tracking import parse_report_to
+from paravt_train.tracking import ReportTo
 
 __all__ = ["LoraSettings", "SFTConfig"]
 
@@ -56,7 +56,7 @@ class SFTConfig(BaseModel):
                               "as the RL start, as the paper selects one, Section 4.1); 0 = none.")
     keep_checkpoints: int = Field(0, ge=0, description="Newest checkpoints kept; 0 = all.")
     log_every: int = Field(1, ge=1, description="Steps between metrics.jsonl lines.")
-    report_to: list[str] = Field(default_factory=list, description="Experiment trackers that also receive every "
+    report_to: ReportTo = Field(default_factory=list, description="Experiment trackers that also receive every "
                                  "metric of metrics.jsonl and the run's config (rank 0): tensorboard, mlflow, wandb, "
                                  "trackio, several at once (a list or tensorboard,mlflow); none by default. Where "
                                  "each writes: paravt_train/tracking.py.")
@@ -66,11 +66,6 @@ class SFTConfig(BaseModel):
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA instead of full fine-tuning.")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
     save_final: bool = Field(True, description="Write OUTPUT_DIR/final (a plain model directory, LoRA merged).")
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _trackers(cls, value):
-        return parse_report_to(value)
 
     @classmethod
     def from_yaml(cls, path, overrides=None) -> SFTConfig:

@@ -27,10 +27,13 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 from paravt_agent.errors import ConfigError
 
-__all__ = ["TRACKERS", "MetricsLog", "flat_metrics", "parse_report_to"]
+__all__ = ["TRACKERS", "MetricsLog", "ReportTo", "flat_metrics", "parse_report_to"]
 
 TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
 _INSTALL = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny sqlalchemy alembic", "wandb": "wandb",
@@ -49,6 +52,10 @@ def parse_report_to(value) -> list[str]:
     if unknown:
         raise ValueError(f"unknown tracker(s) {unknown}: report_to takes {', '.join(TRACKERS)} (or none / all)")
     return list(dict.fromkeys(names))
+
+
+#: a config field's type for ``report_to``: a list, ``"tensorboard,mlflow"``, ``"none"`` or ``"all"``, checked
+ReportTo = Annotated[list[str], BeforeValidator(parse_report_to)]
 
 
 def flat_metrics(rec: dict, prefix: str = "") -> dict[str, float]:
@@ -77,12 +84,12 @@ def _flat_config(cfg: dict, prefix: str = "") -> dict[str, str]:
 
 
 class _TensorBoard:
-    def __init__(self, out: Path, config: dict, run_name: str, state: dict, step: int):
+    def __init__(self, out: Path, config: dict, run_name: str, state: dict, purge: int | None):
         from torch.utils.tensorboard import SummaryWriter
 
-        # a resumed run's first step and later ones were logged by the attempt that crashed: TensorBoard's
-        # purge_step makes readers drop those old points (the others keep both: see the module's docstring)
-        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=step + 1 if step else None)
+        # ``purge``: the first step this attempt logs; the points an earlier attempt logged from there on (a
+        # crashed run's steps after its checkpoint, or all of them on a fresh start) are dropped by readers
+        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=purge)
         if not state.get("config_logged"):
             self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```", 0)
             state["config_logged"] = True
@@ -97,7 +104,7 @@ class _TensorBoard:
 
 
 class _MLflow:
-    def __init__(self, out: Path, config: dict, run_name: str, state: dict, step: int):
+    def __init__(self, out: Path, config: dict, run_name: str, state: dict, purge: int | None):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -129,7 +136,7 @@ class _MLflow:
 
 
 class _Wandb:
-    def __init__(self, out: Path, config: dict, run_name: str, state: dict, step: int):
+    def __init__(self, out: Path, config: dict, run_name: str, state: dict, purge: int | None):
         import wandb
 
         state.setdefault("run_id", wandb.util.generate_id())
@@ -144,19 +151,28 @@ class _Wandb:
 
 
 class _Trackio:
-    def __init__(self, out: Path, config: dict, run_name: str, state: dict, step: int):
+    def __init__(self, out: Path, config: dict, run_name: str, state: dict, purge: int | None):
         import trackio
 
         self.trackio = trackio
-        state.setdefault("run_name", run_name)
+        resume = "allow" if "run_name" in state else "never"  # a fresh start is a new run, never an old one's
+        state.setdefault("run_name", f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
         trackio.init(project=os.environ.get("TRACKIO_PROJECT", "paravt"), name=state["run_name"], config=config,
-                     resume="allow")
+                     resume=resume)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.trackio.log(metrics, step=step)
 
     def close(self) -> None:
         self.trackio.finish()
+
+
+def _step_of(line: str) -> int | None:
+    """A metrics.jsonl line's step; None for a line a crash cut short."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 _CLASSES = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _Wandb, "trackio": _Trackio}
@@ -177,7 +193,7 @@ class MetricsLog:
         self.config = json.loads(json.dumps(config or {}, default=str))
         self.run_name = run_name or self.out.resolve().name
         self.trackers: dict[str, object] = {}
-        self.step = 0
+        self._purge: int | None = None  # the first step of this attempt, for the trackers opened by start()
 
     def start(self, step: int = 0) -> MetricsLog:
         """Opens the trackers for a run at ``step``: 0 is a fresh start (an earlier attempt's metrics.jsonl
@@ -185,14 +201,15 @@ class MetricsLog:
         and continues the same tracker runs."""
         if self.rank != 0:
             return self
-        self.step = step
         if step == 0:
             self.path.unlink(missing_ok=True)
             (self.out / "trackers.json").unlink(missing_ok=True)
         elif self.path.is_file():
-            keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            keep = [ln for ln in self.path.read_text().splitlines() if _step_of(ln) is not None and _step_of(ln) <= step]
             self.path.write_text("".join(ln + "\n" for ln in keep))
+        self._purge = step + 1
         self._open()
+        self._purge = None  # reopened after close(), the trackers drop nothing
         return self
 
     def _open(self) -> None:
@@ -205,7 +222,7 @@ class MetricsLog:
         for tracker in self.names:
             try:
                 self.trackers[tracker] = _CLASSES[tracker](self.out, self.config, self.run_name,
-                                                           state.setdefault(tracker, {}), self.step)
+                                                           state.setdefault(tracker, {}), self._purge)
             except ImportError as exc:
                 self.close()
                 raise ConfigError(f"report_to {tracker} needs {_INSTALL[tracker]}: pip install {_INSTALL[tracker]} "

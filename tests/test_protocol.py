@@ -246,3 +246,16 @@ def test_degenerate():
     spread = ("<|im_start|>" + "x" * 100) * 5
     assert not is_degenerate(spread)
     assert is_degenerate("normal text " * 50 + "<|im_start|>" * 6)
+
+
+def test_split_options_trailing_or_anywhere():
+    from paravt_agent.answers import split_options
+
+    assert split_options("Which?\nA. red\nB) blue") == ("Which?", ["red", "blue"])
+    assert split_options("Which?\nOptions:\n(A) red\n(B) blue") == ("Which?", ["red", "blue"])
+    prompt = "Select the best answer.\nWhich?\nA. red\nB. blue\nC. green\nAnswer with the option's letter."
+    assert split_options(prompt) == (prompt, None)  # the API's rule: trailing lines only
+    assert split_options(prompt, anywhere=True) == (
+        "Select the best answer.\nWhich?\nAnswer with the option's letter.", ["red", "blue", "green"])
+    assert split_options("Is A. the first?\nA. only one")[1] is None  # one option is no MCQ
+    assert split_options("Which?\nA. red\nC. blue", anywhere=True)[1] is None  # letters out of order

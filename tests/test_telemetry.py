@@ -150,3 +150,20 @@ def test_the_api_reply_names_the_trace_and_continues_the_callers(media, spans):
     assert f"{called.parent.span_id:016x}" == caller_span
     # without the header: a trace of its own (under the server's request span, where the web framework makes one)
     assert plain["paravt"]["otel_trace_id"] in {f"{s.context.trace_id:032x}" for s in roots} - {caller_trace}
+
+
+def test_a_bare_question_run_by_the_graph_itself_is_one_trace(media, spans):
+    """LangGraph Server's path: the graph decodes the overview itself and opens the question's span there."""
+    import asyncio
+
+    from paravt_agent.graph import build_graph
+
+    agent = Agent(policy=ScriptedPolicy(summary_script(WINDOWS)))
+    out = asyncio.run(build_graph().ainvoke({"video": str(media["video"]), "question": "Which colour?"},
+                                            context=agent.context()))
+    got = spans.get_finished_spans()
+    assert len({s.context.trace_id for s in got}) == 1 and len(got) == 2 + 2 + 3 * 3 + 2
+    [root] = [s for s in got if s.parent is None]
+    assert root.name == "invoke_agent paravt" and out["trace"]["otel_trace_id"] == f"{root.context.trace_id:032x}"
+    assert {s.name for s in got if s.parent and s.parent.span_id == root.context.span_id} == {
+        "paravt.overview", "paravt.planner_turn"}

@@ -131,3 +131,23 @@ def test_grpo_reports_every_step_metric_with_nested_names(toy_policy_dir, toy_rl
     assert [r["step"] for r in recs] == [1, 2]
     assert any("/" in name for name in flat_metrics(recs[0]))  # e.g. reward/acc, closure/think
     assert_trackers_hold(out, recs, ("preset", "para-grpo"))
+
+
+def test_tensorboard_after_a_fresh_restart_a_resume_a_reopen_and_a_torn_line(tmp_path):
+    log = MetricsLog(tmp_path, ["tensorboard"], {"lr": 1}).start(0)
+    for s in (1, 2, 3):
+        log.log({"step": s, "loss": 100.0 + s})
+    log.close()
+    log = MetricsLog(tmp_path, ["tensorboard"], {"lr": 1}).start(0)  # a fresh start: the old attempt's points go
+    for s in (1, 2, 3):
+        log.log({"step": s, "loss": float(s)})
+    log.close()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "lo')  # a line a kill -9 cut short
+    log = MetricsLog(tmp_path, ["tensorboard"], {"lr": 1}).start(2)  # resumed at 2: step 3 is redone
+    log.log({"step": 3, "loss": 30.0})
+    log.close()
+    log.log({"step": 4, "loss": 40.0})  # logging after close(): the same run goes on, nothing dropped
+    log.close()
+    assert tensorboard_scalars(tmp_path)["loss"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+    assert [r["step"] for r in jsonl(tmp_path)] == [1, 2, 3, 4]

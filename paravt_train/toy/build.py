@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
+from paravt_train.tracking import ReportTo
 
 __all__ = ["ToyConfig", "build", "toy_agent_config", "TEST_SEED0"]
 
@@ -74,6 +75,8 @@ class ToyConfig(BaseModel):
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start.")
+    report_to: ReportTo = Field(default_factory=list, description="Experiment trackers of the SFT (SFTConfig."
+                                 "report_to: tensorboard, mlflow, wandb, trackio); not part of the build's digest.")
 
     @field_validator("copy_length")
     @classmethod
@@ -86,7 +89,7 @@ class ToyConfig(BaseModel):
         """Settings plus the source of the world and model recipes: a changed trace format rebuilds."""
         from paravt_train.toy import tiny, world
 
-        data = self.model_dump(exclude={"out"})
+        data = self.model_dump(exclude={"out", "report_to"})
         h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
         for mod in (world, tiny):
             h.update(Path(mod.__file__).read_bytes())
@@ -169,7 +172,7 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
         model=str(init), data=str(out / "data" / "sft_train.parquet"), video_root=str(out / "videos"),
         output_dir=str(out / "sft"), frames=agent_cfg.frames, lr=cfg.lr, batch_size=cfg.batch_size,
         micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps, warmup_ratio=cfg.warmup_ratio, save_every=200,
-        seed=cfg.seed,
+        seed=cfg.seed, report_to=cfg.report_to,
     )
     result = train(sft, progress=progress)
     if model_dir.exists():

@@ -1,0 +1,38 @@
+"""A wheel install carries the shipped toy policy: Agent() finds it from any directory, without the repository."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_a_wheel_install_finds_the_toy_policy_anywhere(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+                    "-w", str(tmp_path / "wheel")], check=True, capture_output=True, timeout=300)
+    [wheel] = (tmp_path / "wheel").glob("paravt-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([py, "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    # the new venv sees this one's dependencies (torch, transformers ...) but not the repository
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    Path(site, "deps.pth").write_text("\n".join(deps) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    code = textwrap.dedent("""
+        import paravt_agent, sys
+        from paravt_agent.defaults import default_model_dir
+        assert "site-packages" in paravt_agent.__file__, paravt_agent.__file__   # the wheel, not the clone
+        print(default_model_dir())
+    """)
+    run = subprocess.run([py, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr
+    found = Path(run.stdout.strip())
+    assert found == venv / "share" / "paravt" / "toy" and (found / "model.safetensors").is_file()

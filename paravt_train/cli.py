@@ -282,6 +282,7 @@ def grpo_cmd(
     Metrics per step go to OUTPUT_DIR/metrics.jsonl; `paravt-train plot OUTPUT_DIR` draws them.
     Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
     from paravt_agent.errors import ConfigError, ParaVTError
+    from paravt_train.distributed import shutdown_distributed
     from paravt_train.grpo_config import GRPOConfig
     from paravt_train.grpo_trainer import GRPOTrainer
 
@@ -290,6 +291,8 @@ def grpo_cmd(
         summary = GRPOTrainer(cfg).run()
     except (ConfigError, ParaVTError) as exc:
         _fail(str(exc))
+    finally:
+        shutdown_distributed()
     if summary.get("stopped"):
         raise typer.Exit(stopped_exit_code())
     last = summary.get("last_step") or {}
@@ -329,6 +332,7 @@ def online_cmd(
     the endpoint every sync_every updates. Progress is checkpointed: a restart neither loses nor
     re-trains feedback."""
     from paravt_agent.errors import ConfigError
+    from paravt_train.distributed import shutdown_distributed
     from paravt_train.grpo_config import GRPOConfig
     from paravt_train.online import OnlineLearner
 
@@ -341,6 +345,8 @@ def online_cmd(
         n = learner.run(poll=poll, max_steps=max_steps, once=once)
     except ConfigError as exc:
         _fail(str(exc))
+    finally:
+        shutdown_distributed()
     typer.echo(f"{n} updates; {learner.consumed} feedback rows consumed; checkpoints in {cfg.output_dir}")
     if learner.stopped:
         raise typer.Exit(stopped_exit_code())

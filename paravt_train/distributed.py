@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "shutdown_distributed",
     "all_reduce_sum",
     "on_rank0",
     "raise_everywhere",
@@ -50,6 +51,14 @@ def init_distributed(timeout_minutes: float = 60.0) -> None:
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group at the end of a run, while the interpreter is whole: left to interpreter
+    finalization, Gloo's worker threads may still hold tensors, and freeing them then aborts the process
+    (pytorch/pytorch#179291)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def device() -> torch.device:

@@ -4,6 +4,7 @@ Usage: rl_dist_worker.py CONFIG.yaml ITEMS.pkl OUT.pt  (rank r takes items r, r 
 gathered weights and the update's statistics).
 """
 
+import os
 import pickle
 import sys
 
@@ -35,6 +36,11 @@ def main() -> None:
 
         dist.gather_object(stats, None)
     torch.distributed.destroy_process_group()
+    # no interpreter finalization: a Gloo worker thread may still hold tensors then, and freeing them aborts
+    # the process after its work is done (pytorch/pytorch#179291; seen once in the suite, rank 1, SIGABRT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -22,17 +22,21 @@ def main() -> None:
         out = train(SFTConfig.from_yaml(args.config), progress=False)
         print(json.dumps({"losses": out["losses"]}))
         return
+    from paravt_train.distributed import shutdown_distributed
     from paravt_train.grpo_config import GRPOConfig
 
     cfg = GRPOConfig.from_yaml(args.config)
-    if args.mode == "grpo":
-        from paravt_train.grpo_trainer import GRPOTrainer
+    try:  # as `paravt-train grpo|online` end
+        if args.mode == "grpo":
+            from paravt_train.grpo_trainer import GRPOTrainer
 
-        GRPOTrainer(cfg, progress=False).run()
-    else:
-        from paravt_train.online import OnlineLearner
+            GRPOTrainer(cfg, progress=False).run()
+        else:
+            from paravt_train.online import OnlineLearner
 
-        OnlineLearner(cfg, args.store, progress=False).run(once=True)
+            OnlineLearner(cfg, args.store, progress=False).run(once=True)
+    finally:
+        shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ __all__ = ["doc_to_text", "doc_to_visual", "process_results", "write_toy_task"]
 VIDEOMME_ROW = {"duration": "short", "domain": "Life Record", "sub_category": "Daily Life",
                 "task_type": "Attribute Perception"}
 
-TOY_YAML = """\
-task: paravt_toy
+#: what both tasks share: the rows of test.jsonl, the video by path; {name}, {data} and the task's own lines fill it
+TASK_YAML = """\
+task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -36,28 +37,22 @@ dataset_kwargs:
 test_split: test
 output_type: generate_until
 doc_to_visual: !function paravt_lmms.toy_task.doc_to_visual
-doc_to_text: !function paravt_lmms.toy_task.doc_to_text
 doc_to_target: answer
+{own}metadata:
+  - version: 0.0
+"""
+
+TOY_OWN = """\
+doc_to_text: !function paravt_lmms.toy_task.doc_to_text
 process_results: !function paravt_lmms.toy_task.process_results
 metric_list:
   - metric: accuracy
     aggregation: mean
     higher_is_better: true
-metadata:
-  - version: 0.0
 """
 
-VIDEOMME_YAML = """\
-task: paravt_toy_videomme
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_visual: !function paravt_lmms.toy_task.doc_to_visual
+VIDEOMME_OWN = """\
 doc_to_text: !function lmms_eval.tasks.videomme.utils.videomme_doc_to_text
-doc_to_target: answer
 process_results: !function lmms_eval.tasks.videomme.utils.videomme_process_results
 metric_list:
   - metric: videomme_perception_score
@@ -67,8 +62,6 @@ lmms_eval_specific_kwargs:
   default:
     pre_prompt: ""
     post_prompt: "\\nAnswer with the option's letter from the given choices directly."
-metadata:
-  - version: 0.0
 """
 
 
@@ -108,6 +101,6 @@ def write_toy_task(out: str | Path, worlds: int = 4, seed0: int | None = None, p
     out.mkdir(parents=True, exist_ok=True)
     data = out / "test.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (out / "paravt_toy.yaml").write_text(TOY_YAML.format(data=json.dumps(str(data))))
-    (out / "paravt_toy_videomme.yaml").write_text(VIDEOMME_YAML.format(data=json.dumps(str(data))))
+    for name, own in (("paravt_toy", TOY_OWN), ("paravt_toy_videomme", VIDEOMME_OWN)):
+        (out / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=json.dumps(str(data)), own=own))
     return out

@@ -208,6 +208,13 @@ def main() -> None:
         sender_8b = r["sender_peak_mb"] * (1 if r["mode"] != "disk" else scale)
         print(f"| {r['mode']} | {r['seconds']:.1f} | {r['sender_peak_mb']:.0f} | {r['receiver_peak_mb']:.0f} | "
               f"{r['seconds'] * scale:.0f} | {sender_8b:.0f} |")
+    disk = next((r for r in rows if r["mode"] == "disk"), None)
+    if disk is not None and args.dtype != "float32":
+        # the trainer holds fp32 weights and export_model writes them as they are: a disk sync moves fp32 bytes
+        up = 4 / (disk["gb"] * 1e9 / disk["params"])
+        print(f"\ndisk in the trainer: fp32, not {args.dtype} (paravt_train/checkpoint.py export_model writes the "
+              f"fp32 weights it holds): at 8 B {8e9 * 4 / 1e9:.0f} GB, ~{disk['seconds'] * scale * up:.0f} s and "
+              f"~{disk['sender_peak_mb'] * scale * up / 1000:.0f} GB of sender peak (--dtype float32 measures it)")
 
 
 if __name__ == "__main__":

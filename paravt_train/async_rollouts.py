@@ -27,12 +27,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
 from paravt_agent.errors import ConfigError
 
-__all__ = ["AsyncRollouts"]
+__all__ = ["AsyncRollouts", "require_served_policy", "within_staleness"]
+
+
+def require_served_policy(trainer) -> None:
+    """η > 0 rolls out on a served policy that the trainer updates while it generates: ``backend: sglang``
+    (a backend that generates with the trained parameters in this process has no versions to bound)."""
+    if trainer.syncer is None:
+        raise ConfigError("asynchronous RL (max_staleness > 0) rolls out on a served policy that the trainer "
+                          "updates while it generates: use backend sglang")
+
+
+def within_staleness(groups: list, version: int, eta: int) -> tuple[list, list]:
+    """The groups an update at ``version`` may train, and those it drops: a group whose oldest token was
+    sampled more than η versions before ``version`` (AReaL's bound; groups without reported versions pass)."""
+    fresh, stale = [], []
+    for g in groups:
+        oldest = min((min(e.versions) for e in g if e.versions), default=version)
+        (stale if version - oldest > eta else fresh).append(g)
+    return fresh, stale
 
 
 class AsyncRollouts:
@@ -42,9 +61,7 @@ class AsyncRollouts:
         cfg = trainer.cfg
         if cfg.max_staleness < 1:
             raise ConfigError("max_staleness 0 is the synchronous loop: use GRPOTrainer.train_step")
-        if trainer.syncer is None:
-            raise ConfigError("asynchronous RL (max_staleness > 0) rolls out on a served policy that the trainer "
-                              "updates while it generates: use backend sglang")
+        require_served_policy(trainer)
         if cfg.dynamic_sampling:
             raise ConfigError("dynamic sampling replaces groups after they are rolled out; it is not supported "
                               "with max_staleness > 0")
@@ -108,16 +125,10 @@ class AsyncRollouts:
         tr = self.trainer
         step = tr.step
         groups, rollout_s, wait_s = self._take(step)
-        fresh, dropped = [], 0
-        for g in groups:  # a group whose oldest token is more than η versions behind this update does not train
-            oldest = min((min(e.versions) for e in g if e.versions), default=step)
-            if step - oldest > self.eta:
-                dropped += 1
-            else:
-                fresh.append(g)
+        fresh, stale = within_staleness(groups, step, self.eta)  # more than η versions behind: not trained
         t0 = time.perf_counter()
         rec = tr.learn(fresh, groups, tr.prompts_for(step, self.prompts),
-                       {"rollout_seconds": rollout_s, "wait_seconds": wait_s, "dropped_stale": dropped})
+                       {"rollout_seconds": rollout_s, "wait_seconds": wait_s, "dropped_stale": len(stale)})
         self.timeline.append({"name": "update+sync", "step": step + 1, "start": t0, "end": time.perf_counter()})
         with self.cv:
             self.version = tr.step
@@ -125,15 +136,12 @@ class AsyncRollouts:
         return rec
 
     def unused(self) -> dict[int, tuple[list, float]]:
-        """Finished groups not yet trained, for a checkpoint (the episodes without their full answers)."""
+        """Finished groups not yet trained, for a checkpoint: copies of their episodes without the full answers
+        (the graph's records, not needed to train; the queued episodes themselves keep theirs: this run still
+        trains on them and they are not the checkpoint's to change)."""
         with self.cv:
-            out = {}
-            for step, (groups, seconds) in self.done.items():
-                for g in groups:
-                    for e in g:
-                        e.answer = None
-                out[step] = (groups, seconds)
-            return out
+            return {step: ([[dataclasses.replace(e, answer=None) for e in g] for g in groups], seconds)
+                    for step, (groups, seconds) in self.done.items()}
 
     def stop(self) -> None:
         with self.cv:

@@ -165,7 +165,9 @@ class GRPOConfig(BaseModel):
     max_staleness: int = Field(0, ge=0, description="η, AReaL's max_head_offpolicyness: rollouts run ahead of the "
                                                     "update on the served policy, at most η versions old when they "
                                                     "train (asynchronous PARA-GRPO, the paper's AReaL setup; needs "
-                                                    "backend sglang). 0 = the synchronous loop, exactly.")
+                                                    "backend sglang, sync_every 1 and sync_pause_mode retract; "
+                                                    "`online` takes the same bound and objective). 0 = the "
+                                                    "synchronous loop, exactly.")
     behaviour_weight_cap: float = Field(5.0, gt=1, description="Decoupled PPO (η > 0): each token is weighted by "
                                                                "π_prox / π_behav; tokens above this cap are left "
                                                                "out of the loss (AReaL's behav_imp_weight_cap).")
@@ -204,6 +206,28 @@ class GRPOConfig(BaseModel):
                 data.setdefault(key, value)
         data["reward"] = reward
         return data
+
+    @model_validator(mode="after")
+    def _asynchronous(self):
+        """η > 0 assumes the server holds the trainer's weights after every update, and that a push lets the
+        requests in flight go on (``retract``); the other combinations are refused here, not hours into a run."""
+        if self.max_staleness > 0 and self.sync_every > 1:
+            raise ValueError(
+                f"max_staleness {self.max_staleness} needs sync_every 1 (got {self.sync_every}): the asynchronous "
+                "loop bounds staleness by the trainer's version, assuming every update reaches the server; with "
+                "fewer pushes the server lags, the producer does not throttle to the version it actually serves, "
+                "and whole steps are rolled out only to be dropped as too stale")
+        if self.max_staleness > 0 and self.sync_pause_mode != "retract":
+            why = ("in_place keeps the old weights' prefixes in the server's cache until it is idle, which it never "
+                   "is while rollouts run ahead: tokens tagged with a version would be computed partly with older "
+                   "weights, and each push waits (up to a minute) for an idle server that does not come"
+                   if self.sync_pause_mode == "in_place" else
+                   "abort ends every request in flight at every push (rollouts are always in flight) and the "
+                   "policy retries them from scratch: the work is thrown away, and a turn aborted more often than "
+                   "the policy retries fails its episode")
+            raise ValueError(f"max_staleness {self.max_staleness} needs sync_pause_mode retract (got "
+                             f"{self.sync_pause_mode}): {why}")
+        return self
 
     @classmethod
     def from_yaml(cls, path, overrides=None) -> GRPOConfig:

@@ -39,7 +39,7 @@ import torch
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.chat import ChatTokenizer
-from paravt_train.async_rollouts import AsyncRollouts
+from paravt_train.async_rollouts import AsyncRollouts, require_served_policy, within_staleness
 from paravt_train.checkpoint import (
     export_model,
 )
@@ -90,6 +90,7 @@ class GRPOTrainer(TrainerCheckpoints):
         self.producer = None  # the asynchronous loop's rollout producer (max_staleness > 0)
         self.stopped: str | None = None  # the signal that ended run() early
         self.restored_queue: dict | None = None  # its unused groups, from a checkpoint (stale_queue_on_resume)
+        self.stale_prompts: list[str] = []  # train_step, η > 0: this rank's prompts whose groups were too stale
 
     # ------------------------------------------------------------------ agent configs
 
@@ -282,11 +283,23 @@ class GRPOTrainer(TrainerCheckpoints):
 
     def train_step(self, prompts: list[PromptItem], pool: list[PromptItem] | None = None) -> dict:
         """Rollouts for ``prompts`` (this rank's share), one policy update, a sync; returns the step's
-        metrics, gathered over all ranks. ``pool`` feeds dynamic sampling."""
+        metrics, gathered over all ranks. ``pool`` feeds dynamic sampling.
+
+        With ``max_staleness`` η > 0 (the online learner's asynchronous setting) the update takes the
+        asynchronous loop's bound and objective: groups sampled more than η versions before this update (a
+        served policy that lags the trainer) are dropped, counted in ``dropped_stale`` and their prompts kept
+        in ``stale_prompts`` (this rank's), and the rest train with decoupled PPO."""
         self.setup()
         t0 = time.perf_counter()
         groups, all_groups = self._sample_groups(prompts, pool)
-        return self.learn(groups, all_groups, prompts, {"rollout_seconds": time.perf_counter() - t0})
+        timing = {"rollout_seconds": time.perf_counter() - t0}
+        self.stale_prompts = []
+        if self.cfg.max_staleness > 0:
+            require_served_policy(self)
+            groups, stale = within_staleness(groups, self.step, self.cfg.max_staleness)
+            self.stale_prompts = [g[0].prompt_id for g in stale if g]
+            timing["dropped_stale"] = len(stale)
+        return self.learn(groups, all_groups, prompts, timing)
 
     def learn(self, groups, all_groups, prompts: list[PromptItem], timing: dict) -> dict:
         """The update on rolled-out groups, the sync, the step's line of ``metrics.jsonl`` (``timing`` joins it)."""

@@ -11,7 +11,13 @@ against.
 
 Each update runs fresh on-policy rollouts of up to ``prompts_per_step`` queued
 prompts (plus replayed rollouts when ``replay.enabled``), then pushes the weights
-to the serving endpoint every ``sync_every`` updates. Under ``torchrun`` every
+to the serving endpoint every ``sync_every`` updates. With ``max_staleness`` η > 0
+(``backend: sglang`` only) the updates take the asynchronous loop's objective and
+bound (:meth:`GRPOTrainer.train_step`): decoupled PPO, and a group sampled more
+than η versions before its update (a served policy that lags the trainer, e.g. a
+server restarted on older weights) is dropped, counted in ``dropped_stale``, and
+its prompt queued again, first, for the next update (rolled out on the weights
+that update pushed): no feedback is lost to the bound. Under ``torchrun`` every
 rank reads the same store and queue, takes its share of each update's prompts and
 trains in step with the others (a rank whose share is empty still runs the
 collectives).
@@ -34,6 +40,7 @@ from pathlib import Path
 from paravt_agent.errors import ParaVTError
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
+from paravt_train.async_rollouts import require_served_policy
 from paravt_train.grpo_config import GRPOConfig
 from paravt_train.grpo_trainer import GRPOTrainer
 from paravt_train.interrupt import GracefulStop
@@ -120,6 +127,18 @@ class OnlineLearner:
         dist.broadcast_object_list(box, src=0)
         st.update(box[0])
 
+    def _stale_everywhere(self) -> set[str]:
+        """The prompts of the last update whose groups were dropped as too stale, over every rank."""
+        tr = self.trainer
+        mine = list(tr.stale_prompts)
+        if tr.world == 1:
+            return set(mine)
+        import torch.distributed as dist
+
+        shards: list = [None] * tr.world
+        dist.all_gather_object(shards, mine)
+        return {p for shard in shards for p in shard}
+
     def write_progress(self) -> None:
         """``online_state.json`` (rank 0, atomically): step, cursor, queue length, skipped rows and the prompts
         trained since the start — what the served weights have learned, after every update."""
@@ -140,6 +159,8 @@ class OnlineLearner:
         """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``)."""
         tr = self.trainer
         tr.setup()
+        if tr.cfg.max_staleness > 0:  # refused now, not at the first feedback (which may come hours later)
+            require_served_policy(tr)
         if self.saved_step is None and tr.step:  # resumed: that checkpoint is the newest
             self.saved_step = tr.step
         P = tr.cfg.prompts_per_step
@@ -155,18 +176,21 @@ class OnlineLearner:
                         break
                     stop.sleep(poll)
                     continue
-                batch = [PromptItem(**d) for d in st["queue"][:P]]
+                rows = st["queue"][:P]
+                batch = [PromptItem(**d) for d in rows]
                 mine = batch[tr.rank :: tr.world]
                 rec = tr.train_step(mine)
-                st["queue"] = st["queue"][len(batch):]
-                st["trained"].extend(p.id for p in batch)
+                stale = self._stale_everywhere()  # η > 0: too stale to train; queued again, first
+                st["queue"] = [d for d in rows if d["id"] in stale] + st["queue"][len(batch):]
+                st["trained"].extend(p.id for p in batch if p.id not in stale)
                 if tr.step % tr.cfg.save_every == 0:
                     tr.save()  # weights, optimizer, cursor and queue together
                     self.saved_step = tr.step
                 self.write_progress()
                 steps += 1
                 self.log(f"update {tr.step}: {len(batch)} prompts, reward {rec['reward']:.3f}, "
-                         f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}")
+                         f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}"
+                         + (f"; {len(stale)} too stale, queued again" if stale else ""))
         if steps and tr.step % tr.cfg.save_every:  # a clean stop keeps every update
             tr.save()
             self.saved_step = tr.step

@@ -14,7 +14,10 @@ import torch
 
 from paravt_train.rewards import rollout_metrics
 
-__all__ = ["episode_record", "merge_stats", "staleness", "step_metrics"]
+__all__ = ["episode_record", "merge_stats", "staleness", "step_metrics", "weight_quantiles", "weight_sketch"]
+
+SKETCH_POINTS = 2048  # order statistics a rank keeps of its behaviour weights: quantiles within 1/2048 in rank
+QUANTILES = (0.1, 0.5, 0.9)
 
 
 def episode_record(e) -> dict:
@@ -30,7 +33,10 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
     mine = [episode_record(e) for g in groups for e in g]
     zero = sum(1 for g in all_groups if len({round(e.reward.total, 9) for e in g}) == 1)
     eps = mine
-    shared = {"zero": zero, "groups": len(all_groups), "stats": stats, "prompts": [p.id for p in prompts]}
+    stats = dict(stats)
+    sketch = stats.pop("behaviour_weight_sketch", None)  # decoupled PPO: the weights' distribution
+    shared = {"zero": zero, "groups": len(all_groups), "stats": stats, "prompts": [p.id for p in prompts],
+              "sketches": [sketch] if sketch is not None else []}
     if world > 1:
         import torch.distributed as dist
 
@@ -40,7 +46,8 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
         shards = [s for _, s in gathered]
         shared = {"zero": sum(s["zero"] for s in shards), "groups": sum(s["groups"] for s in shards),
                   "prompts": [p for s in shards for p in s["prompts"]],
-                  "stats": merge_stats([s["stats"] for s in shards])}
+                  "stats": merge_stats([s["stats"] for s in shards]),
+                  "sketches": [k for s in shards for k in s["sketches"]]}
     ok = [e for e in eps if not e["failed"]]  # what the model did; the infrastructure's failures apart
     n = max(len(ok), 1)
     m = rollout_metrics([e["text"] for e in ok], [e["task"] for e in ok], [e["terms"]["acc"] for e in ok], cfg.reward)
@@ -69,6 +76,7 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
         **staleness(ok, step - 1),
         "replayed": replayed,
         **shared["stats"],
+        **(weight_quantiles(shared["sketches"]) if shared["sketches"] else {}),
     }
 
 
@@ -100,3 +108,34 @@ def staleness(eps: list[dict], version: int) -> dict:
         hist[str(g)] = hist.get(str(g), 0) + 1
     return {"staleness": sum(gaps) / len(gaps), "staleness_hist": dict(sorted(hist.items())),
             "partial_rollouts": sum(len(e["versions"]) > 1 for e in eps if e.get("versions"))}
+
+
+def weight_sketch(values: torch.Tensor, points: int = SKETCH_POINTS) -> dict:
+    """What a rank sends of its tokens' behaviour weights (π_prox / π_behav): all of them, sorted, when there are
+    at most ``points``; else ``points`` evenly spaced order statistics (each the middle of an equal share of the
+    tokens). Small to gather, and quantiles of the merged sketches are within 1/``points`` in rank."""
+    v = torch.sort(values.detach().flatten().float().cpu()).values
+    n = len(v)
+    if n > points:
+        v = v[((torch.arange(points, dtype=torch.float64) + 0.5) * n / points).long().clamp(max=n - 1)]
+    return {"values": v.tolist(), "n": n}
+
+
+def weight_quantiles(sketches: list[dict], qs: tuple[float, ...] = QUANTILES) -> dict:
+    """``behaviour_weight_p10``/``p50``/``p90`` of every rank's tokens, from their sketches: the nearest-rank
+    quantile (the smallest weight with at least a share q of the tokens at or below it), each sketched value
+    standing for its share of its rank's tokens. Empty when no token was weighted."""
+    pairs = sorted((x, s["n"] / len(s["values"])) for s in sketches if s["values"] for x in s["values"])
+    total = sum(c for _, c in pairs)
+    if not pairs:
+        return {}
+    out = {}
+    for q in qs:
+        acc, pick = 0.0, pairs[-1][0]
+        for x, c in pairs:
+            acc += c
+            if acc >= q * total - 1e-9 * total:
+                pick = x
+                break
+        out[f"behaviour_weight_p{round(100 * q):02d}"] = pick
+    return out

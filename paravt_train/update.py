@@ -36,6 +36,7 @@ from paravt_agent.policy.chat import ChatTokenizer
 from paravt_train.distributed import all_reduce_max, clip_grad_norm, with_dummy_image, world_scale
 from paravt_train.grpo import policy_loss, temporal_weights, token_scales
 from paravt_train.rollout import RolloutError, TokenSequence
+from paravt_train.step_metrics import weight_sketch
 
 __all__ = ["MicroBatch", "PolicyUpdate", "UpdateItem", "behaviour_weights", "collate", "token_logprobs"]
 
@@ -123,7 +124,8 @@ def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mas
         capped = valid & (w > cap)
         kept = torch.where(capped, torch.zeros_like(w), w)
         stats = {"sum": float((kept * valid).sum()), "n": float(valid.sum()), "capped": float(capped.sum()),
-                 "max": float(w[valid].max()) if bool(valid.any()) else 0.0}
+                 "max": float(w[valid].max()) if bool(valid.any()) else 0.0,
+                 "values": w[valid].float().cpu()}  # every token's weight (capped ones too): the quantiles
         return torch.where(valid, kept, torch.ones_like(w)), stats
 
 
@@ -285,6 +287,9 @@ class PolicyUpdate:
             stats["behaviour_weight"] = sum(x["sum"] for x in bw) / n if bw else 1.0
             stats["behaviour_weight_max"] = max((x["max"] for x in bw), default=1.0)
             stats["capped_tokens"] = sum(x["capped"] for x in bw) / n
+            # the distribution, as a sketch step_metrics merges over the ranks into behaviour_weight_p10/p50/p90
+            stats["behaviour_weight_sketch"] = weight_sketch(torch.cat([x["values"] for x in bw]) if bw else
+                                                             torch.zeros(0))
         stats["sequences"], stats["trained_tokens"] = len(items), int(local_tok)
         return stats
 

@@ -30,7 +30,14 @@ from paravt_agent.config import AgentConfig  # noqa: E402
 from paravt_agent.errors import ParaVTError  # noqa: E402
 from paravt_agent.protocol import format_time  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
-from paravt_agent.types import AnswerEvent, OverviewEvent, PlannerEvent, ReviewEvent, SubAgentEvent  # noqa: E402
+from paravt_agent.types import (  # noqa: E402
+    AnswerEvent,
+    MemoryEvent,
+    OverviewEvent,
+    PlannerEvent,
+    ReviewEvent,
+    SubAgentEvent,
+)
 from paravt_agent.video import VideoReader  # noqa: E402
 
 MAX_UPLOAD_MB = 500
@@ -61,6 +68,32 @@ def timeline_html(duration: float, overview: list[float], windows: list[dict]) -
     parts.append(f'<div style="font-size:12px;color:#555">0:00 – {format_time(duration)}; '
                  f"{len(overview)} overview frames, {len(windows)} windows</div>")
     return "".join(parts)
+
+
+def lanes_html(entries: list, order: list[str] | None = None) -> str:
+    """The collaborative mode's shared memory: one lane per agent (in the pool's ``order``), one card per round
+    (plan, tool outputs, key info; a dashed card is an entry the agent did not share)."""
+    if not entries:
+        return ""
+    agents = list(dict.fromkeys([*(order or []), *(e.agent for e in entries)]))
+    cols = []
+    for name in agents:
+        cards = []
+        for e in (e for e in entries if e.agent == name):
+            body = [f"<b>round {e.round + 1}</b>" + ("" if e.share else " <i>(not shared)</i>")]
+            if e.error:
+                body.append(f"<i>error: {html.escape(e.error)}</i>")
+            if e.plan:
+                body.append(f"plan: {html.escape(e.plan)}")
+            body += [f"{html.escape(c.label or c.name or 'call')}: {html.escape(c.slot_text[:300])}" for c in e.calls]
+            if e.info:
+                body.append(f"key info: {html.escape(e.info)}")
+            style = "border:1px dashed #999" if not e.share else "border:1px solid #2563eb"
+            cards.append(f'<div class="pvt-card" style="{style};border-radius:6px;padding:6px;margin:4px 0;'
+                         f'font-size:12px">' + "<br>".join(body) + "</div>")
+        cols.append(f'<div class="pvt-lane" style="flex:1;min-width:180px"><div style="font-weight:bold">'
+                    f'{html.escape(name)}</div>{"".join(cards)}</div>')
+    return f'<div id="pvt-lanes" style="display:flex;gap:8px">{"".join(cols)}</div>'
 
 
 class Demo:
@@ -114,7 +147,7 @@ class Demo:
                                          f"\"{t.question}\" (answer: {t.colour}).")
 
     OUTPUTS = ("status", "think", "timeline", "gallery", "summaries", "answer", "stats", "trace_id", "windows",
-               "pending")
+               "pending", "lanes")
 
     async def ask(self, video, question, options_text, backend, endpoint, model_name, n_frames, mode,
                   review: bool = False):
@@ -138,6 +171,7 @@ class Demo:
         yield self._emit(view)
         try:
             agent = self.agent(*run["agent"])
+            run["pool"] = [a.name for a in agent.config.collab.agents]
             events = agent.astream(video, question, options, n_frames=int(n_frames) if n_frames else None)
             async for out in self._render(events, view, run):
                 yield out
@@ -202,6 +236,10 @@ class Demo:
                 self._paused[ev.thread_id] = {**run, "view": dict(view)}
             elif isinstance(ev, SubAgentEvent):
                 self._show_subagent(ev, view, run)
+            elif isinstance(ev, MemoryEvent):
+                run.setdefault("memory", []).append(ev.entry)
+                view["lanes"] = lanes_html(sorted(run["memory"], key=lambda e: e.round), run.get("pool"))
+                view["status"] = f"{ev.entry.agent} finished round {ev.round + 1} ..."
             elif isinstance(ev, AnswerEvent):
                 t = ev.answer.trace
                 view["answer"] = ev.answer.choice or ev.answer.text or "(no answer)"
@@ -273,7 +311,8 @@ def build_demo(model_dir: str | None = None, store: str | None = None, max_uploa
                                        label="Backend")
                     endpoint = gr.Textbox(label="Endpoint URL", placeholder="http://127.0.0.1:30000/v1")
                     model_name = gr.Textbox(label="Model name (endpoint)")
-                    mode = gr.Radio(["parallel", "sequential", "none"], value="parallel", label="Dispatch mode")
+                    mode = gr.Radio(["parallel", "sequential", "none", "collaborative"], value="parallel",
+                                    label="Dispatch mode")
                     n_frames = gr.Slider(2, 64, value=8, step=1, label="Overview frames (n)")
                 review = gr.Checkbox(False, label="Approve windows before the sub-agents run", elem_id="pvt-review")
                 ask = gr.Button("Ask", variant="primary", elem_id="pvt-ask")
@@ -287,6 +326,7 @@ def build_demo(model_dir: str | None = None, store: str | None = None, max_uploa
                 timeline = gr.HTML(elem_id="pvt-timeline-box")
                 gallery = gr.Gallery(label="Windows", columns=8, height=140, elem_id="pvt-gallery")
                 summaries = gr.Markdown(label="Sub-agent summaries", elem_id="pvt-summaries")
+                lanes = gr.HTML(elem_id="pvt-lanes-box")  # the collaborative mode: one lane per agent
                 with gr.Accordion("Planner reasoning", open=True):
                     think = gr.Code(label="Planner", language=None, elem_id="pvt-think")
                 stats = gr.Markdown(elem_id="pvt-stats")
@@ -307,7 +347,7 @@ def build_demo(model_dir: str | None = None, store: str | None = None, max_uploa
             async for out in d.resume(windows_text, pending_id):
                 yield out
 
-        shown = [status, think, timeline, gallery, summaries, answer, stats, trace_id, windows, pending]
+        shown = [status, think, timeline, gallery, summaries, answer, stats, trace_id, windows, pending, lanes]
         ask.click(run, inputs=[video, question, options, backend, endpoint, model_name, n_frames, mode, review],
                   outputs=shown)
         approve.click(go_on, inputs=[windows, pending], outputs=shown)

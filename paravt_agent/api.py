@@ -58,8 +58,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from paravt_agent.agent import Agent
 from paravt_agent.api_request import ApiError, ApiSettings, Question, parse_request, resolve_video
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong, VideoError
+from paravt_agent.graph_runtime import event_json
 from paravt_agent.trajectory import Trace
-from paravt_agent.types import AnswerEvent, PlannerEvent, SubAgentEvent
+from paravt_agent.types import AnswerEvent, MemoryEvent, PlannerEvent, SubAgentEvent
 
 __all__ = ["ApiError", "ApiSettings", "create_app", "parse_request", "resolve_video"]
 
@@ -309,6 +310,8 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
                                  paravt={"event": "subagent", "turn": ev.turn, "index": r.index, "tool": r.name,
                                          "window": r.window, "summary": r.summary, "error": r.error,
                                          "latency": round(r.latency, 4)}, **usage_null)
+                elif isinstance(ev, MemoryEvent):  # the collaborative mode: an agent's round, as it finishes
+                    yield _chunk(cid, created, name, {}, paravt=event_json(ev), **usage_null)
                 elif isinstance(ev, AnswerEvent):
                     tr = ev.answer.trace
                     svc.latencies.append(tr.latency)

@@ -11,7 +11,7 @@ from paravt_agent.answers import split_options
 
 __all__ = ["MODES", "ApiError", "ApiSettings", "Question", "parse_request", "resolve_video"]
 
-MODES = ("parallel", "sequential", "none")
+MODES = ("parallel", "sequential", "none", "collaborative")
 
 
 @dataclass

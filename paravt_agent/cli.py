@@ -39,7 +39,10 @@ def tools_cmd(
             f"{name}{'' if name in required else '?'}: {spec.get('type', 'any')}"
             for name, spec in params["properties"].items()
         )
-        kind = "visual, summarised by a sub-agent" if tool.visual else "text"
+        kind = ("visual, frames to the planner" if tool.evidence == "frames" else
+                "visual, summarised by a sub-agent" if tool.visual else "text")
+        if tool.uses_model:
+            kind += "; asks a model (tool:" + tool.name + ")"
         typer.echo(f"{tool.name}({args})  [{kind}]\n    {tool.description}")
 
 
@@ -76,7 +79,7 @@ def answer_cmd(
     backend: str = typer.Option("local", help="local (a model directory), openai (any endpoint) or sglang."),
     model: str = typer.Option(None, help="Model directory (local/sglang) or served model name (openai)."),
     endpoint: str = typer.Option(None, help="Endpoint URL for openai/sglang (default http://127.0.0.1:30000/v1)."),
-    mode: str = typer.Option(None, help="Dispatch mode: parallel, sequential or none."),
+    mode: str = typer.Option(None, help="Dispatch mode: parallel, sequential, none or collaborative."),
     n_frames: int = typer.Option(None, "--n-frames", help="Exactly this many overview frames."),
     preset: str = typer.Option(None, help="Protocol preset: paravt, paravt-rl, paravt-eval, longvt (default: the "
                                           "model directory's own, else paravt)."),

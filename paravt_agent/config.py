@@ -12,7 +12,7 @@ from paravt_agent.errors import ConfigError
 from paravt_agent.types import Sampling
 from paravt_agent.video.sampling import FrameConfig
 
-__all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "FrameConfig", "Layout", "apply_overrides", "load_yaml_model",
+__all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "CollabAgent", "CollabConfig", "FrameConfig", "Layout", "ModelSpec", "apply_overrides", "load_yaml_model",
            "protocol_differences", "resolve_agent_config"]
 
 #: The file a trained model directory carries: the agent settings (frame protocol, limits) it was trained with.
@@ -72,6 +72,55 @@ class Layout(BaseModel):
         "sentence to find); None = the benchmark's own wording.")
 
 
+class ModelSpec(BaseModel):
+    """Another model than the agent's policy: a backend (``openai``, ``sglang``, ``local`` or a plugin's), the
+    model and its endpoint. The API key, where one is needed, is read from the environment variable
+    ``api_key_env`` (never written in a config file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field("openai", description="Policy backend of this model (as the CLIs' --backend).")
+    model: str | None = Field(None, description="Model name or directory (the backend's `model`).")
+    endpoint: str | None = Field(None, description="Its OpenAI-compatible or SGLang endpoint URL.")
+    api_key_env: str | None = Field(None, description="Environment variable holding its API key.")
+
+
+class CollabAgent(BaseModel):
+    """One agent of the collaborative mode's pool: its name (the key of its shared-memory entry) and, optionally,
+    its own model (None: the agent's policy, so its calls are records of the policy RL trains)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$", description="The agent's name (its memory key).")
+    model: ModelSpec | None = Field(None, description="Its own model; None = the agent's policy.")
+    focus: str = Field("", description="A line added to its instructions (e.g. 'look for people and actions').")
+
+
+class CollabConfig(BaseModel):
+    """The collaborative mode (VideoChat-M1): a pool of agents plan and use tools, share what they found in a
+    memory buffer each turn, and a synthesizer (the agent's policy) answers from the memory alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agents: list[CollabAgent] = Field(
+        default_factory=lambda: [CollabAgent(name="scout"), CollabAgent(name="checker")],
+        description="The pool (1-8 agents); names are unique.")
+    turns: int = Field(2, ge=1, le=8, description="Rounds: each agent plans, calls tools and writes memory once per "
+                       "round, reading every other agent's shared memory from the rounds before.")
+    max_memory_chars: int = Field(4000, ge=200, description="Characters of shared memory an agent or the "
+                                  "synthesizer reads at most (the newest rounds kept).")
+    max_calls_per_agent: int = Field(4, ge=0, description="Tool calls one agent may make in one round.")
+    agent_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=512),
+                                     description="Decoding of the agents' turns.")
+
+    @model_validator(mode="after")
+    def _names(self):
+        names = [a.name for a in self.agents]
+        if not 1 <= len(names) <= 8 or len(set(names)) != len(names):
+            raise ValueError(f"collab.agents needs 1-8 agents with unique names, got {names}")
+        return self
+
+
 class AgentConfig(BaseModel):
     """How the agent sees the video, dispatches, samples and times out. Loadable from YAML, overridable
     from the CLI (``--set key=value``); a model directory's ``agent_config.yaml`` holds the one it was
@@ -85,10 +134,11 @@ class AgentConfig(BaseModel):
         "not given explicitly.")
     frames: FrameConfig = Field(default_factory=FrameConfig, description="The frame protocol (paper, Appendix B).")
     layout: Layout = Field(default_factory=Layout, description="The conversation layout (prompts, tool results).")
-    mode: Literal["parallel", "sequential", "none"] = Field(
+    mode: Literal["parallel", "sequential", "none", "collaborative"] = Field(
         "parallel",
         description="parallel: K calls in one turn (ParaVT); sequential: one call per turn (the paper's "
-        "baseline); none: answer from the overview.",
+        "baseline, and Weaver's tool use); none: answer from the overview; collaborative: a pool of agents "
+        "sharing a memory, answered by a synthesizer (VideoChat-M1; `collab`).",
     )
     max_calls_per_turn: int = Field(8, ge=1, description="K cap: calls beyond it get an error slot.")
     max_turns: int = Field(4, ge=0, description="Tool turns before the planner is asked for a final answer.")
@@ -109,6 +159,13 @@ class AgentConfig(BaseModel):
                                        description="Decoding of planner turns (greedy by default).")
     subagent_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=256),
                                         description="Decoding of sub-agent summaries (greedy by default).")
+    tool_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=128),
+                                    description="Decoding of model-backed tools' model calls (greedy by default).")
+    tool_models: dict[str, ModelSpec] = Field(
+        default_factory=dict, description="Model-backed tools that ask another model than the agent's policy: tool "
+        "name -> backend/model/endpoint. Unnamed tools ask the agent's policy (and RL may train those calls).")
+    collab: CollabConfig = Field(default_factory=CollabConfig, description="The collaborative mode's pool and "
+                                 "limits (mode: collaborative).")
     planner_timeout: float = Field(300.0, gt=0, description="Seconds per planner attempt.")
     subagent_timeout: float = Field(60.0, gt=0, description="Seconds per sub-agent attempt (its crop and summary).")
     retries: int = Field(1, ge=0, description="Retries per node on transient failures (timeouts, endpoint errors).")

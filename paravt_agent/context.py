@@ -45,12 +45,31 @@ class AgentContext:
     #: turns a video named by the input into one this process may open (LangGraph Server's PARAVT_VIDEO_ROOT)
     video_resolver: Callable[[str], str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: policies of other models the config names (tools' ``tool_models``, collaborating agents'), made once
+    _others: dict = field(default_factory=dict, repr=False)
 
     def resolve(self) -> AgentContext:
         return self
 
     def check_input(self, question: str, options: Sequence[str] | None = None) -> None:
         check_input(self.config, self.policy, question, options)
+
+    def policy_for(self, spec) -> Policy:
+        """The policy of another model (a :class:`~paravt_agent.config.ModelSpec`), made on first use."""
+        key = spec.model_dump_json()
+        with self._lock:
+            if key not in self._others:
+                from paravt_agent.policy.registry import make_policy
+
+                api_key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+                self._others[key] = make_policy(spec.backend, model=spec.model, endpoint=spec.endpoint,
+                                                api_key=api_key)
+            return self._others[key]
+
+    def tool_policy(self, tool: str) -> tuple[Policy, bool]:
+        """The model a model-backed tool asks, and whether its calls are the trained policy's."""
+        spec = self.config.tool_models.get(tool)
+        return (self.policy, True) if spec is None else (self.policy_for(spec), False)
 
     def resolve_video(self, video: str) -> str:
         return self.video_resolver(video) if self.video_resolver is not None else video

@@ -33,7 +33,9 @@ in (a prepared question → state) and :func:`final_answer` the one way out (sta
 * ``aggregate`` writes the turn's results in call order, laid out by the config's layout: by default ONE
   ``<tool_response>`` user turn holding every slot. ``finish`` extracts the answer and writes the output keys.
 
-Dispatch modes: ``parallel`` (all valid calls of a turn), ``sequential`` (one per turn), ``none`` (no tools).
+Dispatch modes: ``parallel`` (all valid calls of a turn), ``sequential`` (one per turn), ``none`` (no tools),
+``collaborative`` (a pool of agents sharing a memory, a synthesizer answering from it:
+:mod:`paravt_agent.collab`; the nodes ``collab_agent`` → ``collab_merge`` → … → ``synthesize`` → ``finish``).
 ``max_turns`` bounds tool turns; past it ``layout.final_turn`` says what happens: ``ask`` (a response that still
 calls tools is followed by the final prompt), ``after_tools`` (the final prompt follows the last tool turn's
 results) or ``none`` (the episode ends with that response).
@@ -52,6 +54,8 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, RetryPolicy, Send, interrupt
 
 from paravt_agent import telemetry
+from paravt_agent.calls import plan_calls, run_call, slot_record
+from paravt_agent.collab import collab_agent, collab_failed, collab_merge, route_collab, synthesize
 from paravt_agent.context import AgentContext, prepare_input
 from paravt_agent.errors import ConfigError, PolicyError, ToolError
 from paravt_agent.frames import refs_of
@@ -68,16 +72,13 @@ from paravt_agent.graph_runtime import (
     tool_context,
 )
 from paravt_agent.prompts import (
-    SUBAGENT_SYSTEM_PROMPT,
     error_slot_text,
     final_prompt,
-    layout_subagent_messages,
     tool_response_messages,
 )
 from paravt_agent.protocol import (
     parse_tool_calls,
     split_think,
-    subagent_report,
 )
 from paravt_agent.state import (
     STATE_TYPES,
@@ -88,7 +89,7 @@ from paravt_agent.state import (
     slot_order,
     trace_of,
 )
-from paravt_agent.trajectory import Phase, PlannerTurn, SubAgentRecord
+from paravt_agent.trajectory import Phase, PlannerTurn
 from paravt_agent.types import (
     CallInfo,
     Continuation,
@@ -197,33 +198,12 @@ async def _planner_turn(ctx: AgentContext, state: AgentState) -> dict:
     if not calls or bound == "end":
         emit(ctx, PlannerEvent(turn, rec.text, forced_final=forced and not calls))
         return {**update, "response": rec.text, "phases": [_answered(phase)]}
-    planned = _plan(ctx, calls, await tool_context(ctx, state["video"]))
+    planned = plan_calls(ctx, calls, await tool_context(ctx, state["video"]))
     emit(ctx, PlannerEvent(turn, rec.text, [CallInfo(c.index, c.label, c.window, c.error) for c in planned]))
-    errors = {slot_key(turn, c.index): _slot(c, error=c.error) for c in planned if not c.ok}
+    errors = {slot_key(turn, c.index): slot_record(c, error=c.error) for c in planned if not c.ok}
     for r in errors.values():
         emit(ctx, SubAgentEvent(turn, r))
     return {**update, "calls": planned, "results": errors}
-
-
-def _plan(ctx: AgentContext, calls: list, tool_context) -> list[PlannedCall]:
-    """Validate one turn's calls in the registry; each becomes a :class:`PlannedCall` (plain data)."""
-    cfg = ctx.config
-    cap = 1 if cfg.mode == "sequential" else cfg.max_calls_per_turn
-    prepared = ctx.tools.prepare(calls, tool_context, max_calls=cap,
-                                 drop_extra=cfg.layout.extra_calls == "drop")
-    out = []
-    for p in prepared:
-        ok = p.ok
-        out.append(PlannedCall(
-            index=p.index, raw=p.call.raw, name=getattr(p.call, "name", None),
-            arguments=dict(getattr(p.call, "arguments", {}) or {}), run_args=p.args.model_dump() if ok else None,
-            label=p.label, window=p.tool.window(p.args) if ok else None, error=p.error))
-    return out
-
-
-def _slot(call: PlannedCall, **kw) -> SubAgentRecord:
-    return SubAgentRecord(index=call.index, raw=call.raw, name=call.name, arguments=dict(call.arguments),
-                          label=call.label, **kw)
 
 
 def _answered(phase: Phase) -> Phase:
@@ -251,9 +231,9 @@ async def review(state: AgentState, runtime: Runtime) -> dict:
             raise ConfigError("a reviewed call needs its tool's name: {'name': ..., 'arguments': {...}}")
         args = item.pop("arguments", None) or item
         edited.append(ToolCall(name, dict(args), raw=f"(reviewed) {name}({args})"))
-    planned = _plan(ctx, edited, await tool_context(ctx, state["video"]))
+    planned = plan_calls(ctx, edited, await tool_context(ctx, state["video"]))
     stale = {k: None for k in state.get("results", {}) if slot_order(k)[0] == turn}
-    errors = {slot_key(turn, c.index): _slot(c, error=c.error) for c in planned if not c.ok}
+    errors = {slot_key(turn, c.index): slot_record(c, error=c.error) for c in planned if not c.ok}
     return {"calls": planned, "results": {**stale, **errors}}
 
 
@@ -271,48 +251,7 @@ async def subagent(payload: dict, runtime: Runtime) -> dict:
              "gen_ai.tool.call.id": slot_key(payload["turn"], call.index),
              "paravt.window": list(call.window) if call.window else None}
     with telemetry.span(f"execute_tool {call.name}", payload.get("span"), attrs):
-        return await _run_call(ctx, payload, call)
-
-
-async def _run_call(ctx: AgentContext, payload: dict, call: PlannedCall) -> dict:
-    turn = payload["turn"]
-    tool = ctx.tools.get(call.name)
-    t0 = time.perf_counter()
-    result = await tool.run(tool.Args.model_validate(call.run_args), await tool_context(ctx, payload["video"]))
-    phases = [phase("crop", t0, turn, call.index)]
-    rec = _slot(call, window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings))
-    update: dict[str, Any] = {}
-    layout = ctx.config.layout
-    if result.is_visual:
-        window = result.window or (result.timestamps[0], result.timestamps[-1])
-        frames = await offload(ctx, lambda: [ctx.frames.put(f) for f in result.frames])
-    if result.is_visual and layout.evidence == "frames":
-        rec.evidence = "frames"
-        rec.summary = layout.evidence_text.format(n=len(result.timestamps), start=window[0], end=window[1])
-        update["evidence"] = {slot_key(turn, call.index): {"refs": frames, "timestamps": list(result.timestamps)}}
-    elif result.is_visual:
-        cfg = ctx.config
-        question = payload["question"] if cfg.question_to_subagents else None
-        msgs = await offload(ctx, lambda: ctx.frames.to_refs(layout_subagent_messages(
-            layout, result.frames, result.timestamps, window, question, system=cfg.subagent_prompt
-            or SUBAGENT_SYSTEM_PROMPT)))
-        t_gen = time.perf_counter()
-        with telemetry.span("invoke_agent paravt.subagent", attributes={
-                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "paravt.subagent"}):
-            gen = await generate(ctx, "subagent", msgs,
-                                  seeded(cfg.subagent_sampling, payload.get("seed"), turn, call.index + 1))
-        phases.append(phase("subagent", t_gen, turn, call.index, detail=gen.timings))
-        rec.summary = subagent_report(gen.text, cfg.subagent_report)
-        if rec.summary != gen.text.strip():
-            rec.reply = gen.text.strip()
-        rec.prompt_tokens, rec.completion_tokens, rec.batch_size = gen.prompt_tokens, gen.completion_tokens, \
-            gen.batch_size
-        update["records"] = [GenerationRecord("subagent", turn, call.index, gen, image_refs=refs_of(msgs))]
-    else:
-        rec.evidence, rec.summary = "text", result.text
-    rec.latency = time.perf_counter() - t0
-    emit(ctx, SubAgentEvent(turn, rec))
-    return {**update, "results": {slot_key(turn, call.index): rec}, "phases": phases}
+        return await run_call(ctx, payload, call)
 
 
 def subagent_failed(payload: dict, error: NodeError) -> Command:
@@ -321,7 +260,7 @@ def subagent_failed(payload: dict, error: NodeError) -> Command:
     failed would never be aggregated)."""
     call: PlannedCall = payload["call"]
     exc = error.error
-    rec = _slot(call, window=call.window, error=str(exc) or exc.__class__.__name__,
+    rec = slot_record(call, window=call.window, error=str(exc) or exc.__class__.__name__,
                 runtime_error=not isinstance(exc, ToolError))
     writer = get_stream_writer()
     json_events = payload.get("json_events", False)
@@ -363,9 +302,15 @@ async def finish(state: AgentState, runtime: Runtime) -> dict:
 # --------------------------------------------------------------------------- routing and wiring
 
 
-def route_start(state: AgentState) -> str:
-    """A prepared question starts at the planner; a bare one (LangGraph Server) decodes its overview first."""
-    return "planner" if state.get("messages") else "overview"
+def route_start(state: AgentState, runtime: Runtime):
+    """A prepared question starts at the planner (the agents' first round in the collaborative mode); a bare
+    one (LangGraph Server) decodes its overview first."""
+    return route_begin(state, runtime) if state.get("messages") else "overview"
+
+
+def route_begin(state: AgentState, runtime: Runtime):
+    """After the overview: the planner, or the collaborating agents' first round."""
+    return route_collab(state, runtime) if ctx_of(runtime).config.mode == "collaborative" else "planner"
 
 
 def route_after_planner(state: AgentState, runtime: Runtime):
@@ -408,8 +353,14 @@ def build_graph(retries: int = 2, planner_timeout: float | None = None, subagent
     g.add_node("subagent", subagent, retry_policy=retry, timeout=subagent_timeout, error_handler=subagent_failed)
     g.add_node("aggregate", aggregate)
     g.add_node("finish", finish)
-    g.add_conditional_edges(START, route_start, ["overview", "planner"])
-    g.add_edge("overview", "planner")
+    g.add_node("collab_agent", collab_agent, retry_policy=retry, timeout=planner_timeout, error_handler=collab_failed)
+    g.add_node("collab_merge", collab_merge)
+    g.add_node("synthesize", synthesize, retry_policy=retry, timeout=planner_timeout)
+    g.add_conditional_edges(START, route_start, ["overview", "planner", "collab_agent"])
+    g.add_conditional_edges("overview", route_begin, ["planner", "collab_agent"])
+    g.add_edge("collab_agent", "collab_merge")
+    g.add_conditional_edges("collab_merge", route_collab, ["collab_agent", "synthesize"])
+    g.add_edge("synthesize", "finish")
     g.add_conditional_edges("planner", route_after_planner, ["review", "subagent", "aggregate", "finish"])
     g.add_conditional_edges("review", route_calls, ["subagent", "aggregate"])
     g.add_edge("subagent", "aggregate")

@@ -13,11 +13,20 @@ from langgraph.runtime import Runtime
 from paravt_agent import telemetry
 from paravt_agent.context import AgentContext
 from paravt_agent.errors import ConfigError
+from paravt_agent.frames import refs_of
 from paravt_agent.policy.base import takes_role
 from paravt_agent.trajectory import Phase
-from paravt_agent.types import Generation, OverviewEvent, PlannerEvent, Sampling
+from paravt_agent.types import (
+    Generation,
+    GenerationRecord,
+    MemoryEvent,
+    OverviewEvent,
+    PlannerEvent,
+    Sampling,
+    ToolModel,
+)
 
-__all__ = ["DEFAULT_CONTEXT", "actx", "ctx_of", "emit", "event_json", "generate", "offload", "phase", "seeded",
+__all__ = ["DEFAULT_CONTEXT", "ToolSession", "actx", "ctx_of", "emit", "event_json", "generate", "offload", "phase", "seeded",
            "tool_context"]
 
 
@@ -61,6 +70,8 @@ def event_json(event) -> dict:
         return {"event": "planner", "turn": event.turn, "text": event.text, "forced_final": event.forced_final,
                 "calls": [{"index": c.index, "label": c.label, "window": c.window, "error": c.error}
                           for c in event.calls]}
+    if isinstance(event, MemoryEvent):
+        return {"event": "memory", "round": event.round, **event.entry.model_dump(mode="json")}
     r = event.record
     return {"event": "subagent", "turn": event.turn, "index": r.index, "tool": r.name, "window": r.window,
             "summary": r.summary, "error": r.error, "latency": r.latency}
@@ -80,12 +91,14 @@ def seeded(sampling: Sampling, seed: int | None, turn: int, slot: int = 0) -> Sa
     return sampling.model_copy(update={"seed": (seed * 1_000_003 + turn * 1009 + slot) % 2**31})
 
 
-async def generate(ctx: AgentContext, role: str, messages: list[dict], sampling: Sampling, **kw) -> Generation:
+async def generate(ctx: AgentContext, role: str, messages: list[dict], sampling: Sampling, policy=None,
+                   **kw) -> Generation:
     """One model call: frames materialised from the store at the policy's door, the caller's role stated; a
-    ``chat`` span under the current one when tracing is on."""
-    if takes_role(type(ctx.policy)):
+    ``chat`` span under the current one when tracing is on. ``policy``: another model than the run's (a tool's
+    or a collaborating agent's own endpoint)."""
+    policy = policy or ctx.policy
+    if takes_role(type(policy)):
         kw["role"] = role
-    policy = ctx.policy
     attrs = telemetry.generation_attributes(policy, sampling) if telemetry.enabled() else None
     with telemetry.span(f"chat {telemetry.model_name(policy)}", attributes=attrs) as sp:
         gen = await policy.generate(await offload(ctx, ctx.frames.materialize, messages), sampling, **kw)
@@ -99,3 +112,31 @@ async def offload(ctx: AgentContext, fn, *args):
     if ctx.frames.directory is None:
         return fn(*args)
     return await asyncio.to_thread(fn, *args)
+
+
+class ToolSession(ToolModel):
+    """The model a model-backed tool's call asks (:class:`~paravt_agent.types.ToolModel`): the endpoint the
+    agent config names for the tool (``tool_models``), else the run's policy. Every call is kept as a
+    :class:`GenerationRecord` of role ``tool:<name>`` (the call's turn and slot; ``trainable`` only when the
+    run's own policy answered) and as a ``tool_model`` phase."""
+
+    def __init__(self, ctx: AgentContext, tool: str, turn: int, index: int, seed: int | None):
+        self.ctx, self.tool, self.turn, self.index, self.seed = ctx, tool, turn, index, seed
+        self.records: list[GenerationRecord] = []
+        self.phases: list[Phase] = []
+
+    async def ask(self, messages: list[dict], max_new_tokens: int | None = None) -> str:
+        ctx = self.ctx
+        policy, trainable = ctx.tool_policy(self.tool)
+        sampling = ctx.config.tool_sampling
+        if max_new_tokens:
+            sampling = sampling.model_copy(update={"max_new_tokens": min(max_new_tokens, sampling.max_new_tokens)})
+        # each call of the slot its own seed: slot 1000 + k keeps clear of the sub-agents' (index + 1)
+        sampling = seeded(sampling, self.seed, self.turn, 1000 * (self.index + 1) + len(self.records))
+        msgs = await offload(ctx, ctx.frames.to_refs, messages)
+        t0 = time.perf_counter()
+        gen = await generate(ctx, f"tool:{self.tool}", msgs, sampling, policy=policy)
+        self.phases.append(phase("tool_model", t0, self.turn, self.index, detail=gen.timings))
+        self.records.append(GenerationRecord(f"tool:{self.tool}", self.turn, self.index, gen,
+                                             image_refs=refs_of(msgs), trainable=trainable))
+        return gen.text

@@ -16,7 +16,7 @@ from typing import Annotated, TypedDict
 from paravt_agent.context import AgentContext
 from paravt_agent.protocol import extract_answer, extract_choice, is_degenerate, parse_span
 from paravt_agent.telemetry import trace_id
-from paravt_agent.trajectory import Phase, PlannerTurn, SubAgentRecord, Trace
+from paravt_agent.trajectory import MemoryEntry, Phase, PlannerTurn, SubAgentRecord, Trace
 from paravt_agent.types import (
     Answer,
     Continuation,
@@ -71,10 +71,13 @@ class AgentState(TypedDict, total=False):
     ok: bool
     trace_id: str
     trace: dict
+    round: int  # collaborative mode: rounds completed
+    memory: Annotated[dict[str, MemoryEntry], _merge]  # collaborative mode: "round:agent index" -> the entry
 
 
 #: the classes a checkpoint of :class:`AgentState` holds (what a strict serializer may rebuild)
-STATE_TYPES = (PlannedCall, Generation, Continuation, GenerationRecord, PlannerTurn, SubAgentRecord, Phase)
+STATE_TYPES = (PlannedCall, Generation, Continuation, GenerationRecord, PlannerTurn, SubAgentRecord, Phase,
+               MemoryEntry)
 
 
 def slot_key(turn: int, index: int) -> str:
@@ -114,6 +117,8 @@ def trace_of(state: AgentState, base: Trace | None = None, errors: list[str] = (
         t.calls = [] if t.forced_final else [results[k] for k in sorted(results, key=slot_order)
                                              if slot_order(k)[0] == t.turn]
     trace.turns = turns
+    memory = state.get("memory", {}) or {}
+    trace.memory = [memory[k] for k in sorted(memory, key=slot_order)]
     response = state.get("response")
     if response is None:
         if not trace.errors:
@@ -140,6 +145,7 @@ def slot_order(key: str) -> tuple[int, int]:
 def final_answer(state: AgentState, ctx: AgentContext, trace: Trace) -> Answer:
     """The one way out: an :class:`Answer` with the frames of its records and messages materialised."""
     records = [GenerationRecord(r.role, r.turn, r.index, r.generation, images=ctx.frames.frames(r.image_refs),
-                                image_refs=list(r.image_refs)) for r in state.get("records", []) or []]
+                                image_refs=list(r.image_refs), trainable=r.trainable)
+               for r in state.get("records", []) or []]
     return Answer(text=trace.answer, trace=trace, choice=trace.choice, span=trace.span, records=records,
                   messages=ctx.frames.materialize(list(state.get("messages", []))))

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from paravt_agent.protocol import format_time
 
-__all__ = ["MODEL_OUTPUT_ERRORS", "Phase", "PlannerTurn", "SubAgentRecord", "Trace"]
+__all__ = ["MODEL_OUTPUT_ERRORS", "MemoryEntry", "Phase", "PlannerTurn", "SubAgentRecord", "Trace"]
 
 #: How the errors about what the model wrote begin (see :meth:`Trace.run_errors`).
 MODEL_OUTPUT_ERRORS = ("degenerate output:", "empty answer:")
@@ -57,6 +57,38 @@ class SubAgentRecord(BaseModel):
         return f"error: {self.error}" if self.error else self.summary
 
 
+class MemoryEntry(BaseModel):
+    """What one collaborating agent wrote to the shared memory in one round (the collaborative mode): its plan,
+    its tool calls and their outputs, the key information it took from them, and whether it shares the entry
+    with the other agents (the synthesizer reads every entry)."""
+
+    agent: str
+    round: int
+    plan: str = ""
+    calls: list[SubAgentRecord] = Field(default_factory=list)
+    info: str = ""
+    share: bool = True
+    text: str = ""  # the agent's whole response
+    latency: float = 0.0
+    error: str | None = None  # the agent's model call failed after its retries (the round goes on without it)
+
+    def render(self, limit: int = 600) -> str:
+        """The entry as the agents and the synthesizer read it."""
+        def clip(s: str) -> str:
+            s = " ".join(s.split())
+            return s if len(s) <= limit else s[: limit - 3] + "..."
+
+        lines = [f"[{self.agent}, round {self.round + 1}]"]
+        if self.error:
+            lines.append(f"  (no entry: {clip(self.error)})")
+        if self.plan:
+            lines.append(f"  plan: {clip(self.plan)}")
+        lines += [f"  {c.label or c.name}: {clip(c.slot_text)}" for c in self.calls]
+        if self.info:
+            lines.append(f"  key info: {clip(self.info)}")
+        return "\n".join(lines)
+
+
 class PlannerTurn(BaseModel):
     """One planner response and the calls it dispatched."""
 
@@ -84,7 +116,7 @@ class Trace(BaseModel):
     video: str = Field("", description="The video as the caller named it (a path or a URL).")
     question: str = Field("", description="The question as asked.")
     options: list[str] | None = Field(None, description="The answer options of a multiple-choice question.")
-    mode: str = Field("parallel", description="The dispatch mode the run used (parallel, sequential or none).")
+    mode: str = Field("parallel", description="The dispatch mode the run used (parallel, sequential, none or collaborative).")
     duration: float = Field(0.0, description="The video's length in seconds.")
     overview_timestamps: list[float] = Field(default_factory=list,
                                              description="The times (seconds) of the planner's overview frames.")
@@ -105,6 +137,8 @@ class Trace(BaseModel):
                                     "from a prepared input).")
     phases: list[Phase] = Field(default_factory=list, description="The run's timed steps (overview, planner, crop, "
                                 "subagent, aggregate, answer), relative to its start.")
+    memory: list[MemoryEntry] = Field(default_factory=list, description="The collaborative mode's shared memory: "
+                                      "every agent's entry per round, in round then pool order.")
 
     @property
     def ok(self) -> bool:
@@ -123,19 +157,26 @@ class Trace(BaseModel):
         """Tool-call slots the runtime could not fill (a tool or a sub-agent's model call failed after its
         retries, or timed out), as ``turn N call M: error``; invalid calls the model wrote are not among them."""
         return [f"turn {t.turn + 1} call {c.index + 1}: {c.error}" for t in self.turns for c in t.calls
-                if c.error and c.runtime_error]
+                if c.error and c.runtime_error] + [
+            f"{m.agent} round {m.round + 1} call {c.index + 1}: {c.error}" for m in self.memory for c in m.calls
+            if c.error and c.runtime_error] + [f"{m.agent} round {m.round + 1}: {m.error}" for m in self.memory
+                                               if m.error]
+
+    def all_calls(self) -> list[SubAgentRecord]:
+        """Every tool call of the run: the planner turns' and the collaborating agents'."""
+        return [c for t in self.turns for c in t.calls] + [c for m in self.memory for c in m.calls]
 
     @property
     def tool_calls(self) -> int:
-        return sum(len(t.calls) for t in self.turns)
+        return len(self.all_calls())
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(t.prompt_tokens + sum(c.prompt_tokens for c in t.calls) for t in self.turns)
+        return sum(t.prompt_tokens for t in self.turns) + sum(c.prompt_tokens for c in self.all_calls())
 
     @property
     def completion_tokens(self) -> int:
-        return sum(t.completion_tokens + sum(c.completion_tokens for c in t.calls) for t in self.turns)
+        return sum(t.completion_tokens for t in self.turns) + sum(c.completion_tokens for c in self.all_calls())
 
     def breakdown(self) -> dict[str, float]:
         """Where this question's wall time went, in seconds: phases on the critical path (they add up to
@@ -211,6 +252,9 @@ class Trace(BaseModel):
                 lines.append(f"       ->{via} {clip(c.slot_text)}")
                 for w in c.warnings:
                     lines.append(f"       warning: {clip(w)}")
+        if self.memory:
+            lines.append("-- shared memory (collaborating agents)")
+            lines += ["   " + line for m in self.memory for line in m.render(width * 4).splitlines()]
         lines.append(f"Answer: {self.answer}" + (f"  (choice {self.choice})" if self.choice else "")
                      + (f"  (span {self.span[0]:g}-{self.span[1]:g}s)" if self.span else ""))
         if self.warnings:

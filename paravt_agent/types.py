@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from paravt_agent.video import FrameConfig, VideoReader
 
 if TYPE_CHECKING:
-    from paravt_agent.trajectory import SubAgentRecord, Trace
+    from paravt_agent.trajectory import MemoryEntry, SubAgentRecord, Trace
 
 __all__ = [
     "Answer",
@@ -40,6 +40,7 @@ __all__ = [
     "Continuation",
     "Generation",
     "GenerationRecord",
+    "MemoryEvent",
     "OverviewEvent",
     "PlannedCall",
     "PlannerEvent",
@@ -136,12 +137,26 @@ class GenerationRecord:
     forward pass needs besides the ids). In the graph's state a record holds its frames' content keys
     (``image_refs``, :mod:`paravt_agent.frames`); the :class:`Answer` has the pixels in ``images``."""
 
-    role: Literal["planner", "subagent"]
+    role: str  # "planner", "subagent", "tool:<name>" (a model-backed tool's call) or "agent:<name>" (collaborative)
     turn: int
     index: int | None
     generation: Generation
     images: list[np.ndarray] = field(default_factory=list)
     image_refs: list[str] = field(default_factory=list)
+    #: the call went to the served policy (the weights RL trains); False: another model an operator named
+    #: (a tool's or a collaborating agent's own endpoint), recorded but never trained
+    trainable: bool = True
+
+
+@dataclass
+class ToolModel:
+    """The model a model-backed tool calls (the served policy, or the endpoint the agent config names for the
+    tool). ``await model.ask(messages, max_new_tokens=...)`` returns the reply's text; every call is recorded
+    as a :class:`GenerationRecord` with role ``tool:<name>`` (token ids and logprobs where the backend gives
+    them), so RL can train it or leave it frozen."""
+
+    async def ask(self, messages: list[dict], max_new_tokens: int | None = None) -> str:  # pragma: no cover
+        raise NotImplementedError
 
 
 @dataclass
@@ -152,6 +167,8 @@ class ToolContext:
     video: VideoReader
     frames: FrameConfig = field(default_factory=FrameConfig)
     strict_video_path: bool = True
+    #: what a model-backed tool asks its model through (:class:`ToolModel`); the graph gives each call its own
+    model: ToolModel | None = None
 
     @property
     def duration(self) -> float:
@@ -247,7 +264,17 @@ class ReviewEvent:
     thread_id: str
 
 
-StreamEvent = OverviewEvent | PlannerEvent | SubAgentEvent | ReviewEvent | AnswerEvent
+@dataclass(frozen=True)
+class MemoryEvent:
+    """A collaborating agent finished its round (the collaborative mode): ``entry`` is what it wrote to the shared
+    memory (a :class:`~paravt_agent.trajectory.MemoryEntry`: plan, tool outputs, key info, share decision)."""
+
+    kind: ClassVar[str] = "memory"
+    round: int
+    entry: MemoryEntry
+
+
+StreamEvent = OverviewEvent | PlannerEvent | SubAgentEvent | MemoryEvent | ReviewEvent | AnswerEvent
 
 
 # --------------------------------------------------------------------------- inputs and results
@@ -293,3 +320,8 @@ class Answer:
 
     def subagent_records(self) -> list[GenerationRecord]:
         return [r for r in self.records if r.role == "subagent"]
+
+    def other_records(self) -> list[GenerationRecord]:
+        """Model calls besides the planner's and the sub-agents': model-backed tools (``tool:<name>``) and
+        collaborating agents (``agent:<name>``)."""
+        return [r for r in self.records if r.role not in ("planner", "subagent")]

@@ -17,7 +17,7 @@ __all__ = ["MODELS", "render", "undocumented"]
 
 
 def _models() -> list[tuple[str, type[BaseModel], str]]:
-    from paravt_agent.config import AgentConfig, Layout
+    from paravt_agent.config import AgentConfig, CollabAgent, CollabConfig, Layout, ModelSpec
     from paravt_agent.types import Sampling
     from paravt_agent.video import FrameConfig
     from paravt_train.grpo_config import GRPOConfig, ReplaySettings
@@ -30,7 +30,12 @@ def _models() -> list[tuple[str, type[BaseModel], str]]:
                                      "`agent_config.yaml`)"),
         ("Layout", Layout, "`AgentConfig.layout`: prompts and tool-result layout (set by `preset`, docs/presets.md)"),
         ("FrameConfig", FrameConfig, "`AgentConfig.frames`, `SFTConfig.frames`: the frame protocol"),
-        ("Sampling", Sampling, "`AgentConfig.planner_sampling` / `subagent_sampling`"),
+        ("Sampling", Sampling, "`AgentConfig.planner_sampling` / `subagent_sampling` / `tool_sampling`, "
+                               "`CollabConfig.agent_sampling`"),
+        ("CollabConfig", CollabConfig, "`AgentConfig.collab`: the collaborative mode (VideoChat-M1)"),
+        ("CollabAgent", CollabAgent, "`CollabConfig.agents[]`: one agent of the pool"),
+        ("ModelSpec", ModelSpec, "`AgentConfig.tool_models[tool]`, `CollabAgent.model`: another model than the "
+                                 "agent's policy"),
         ("SFTConfig", SFTConfig, "`paravt-train sft --config/--set`"),
         ("LoraSettings", LoraSettings, "`SFTConfig.lora`"),
         ("GRPOConfig", GRPOConfig, "`paravt-train grpo` and `paravt-train online` (`--config/--set`)"),

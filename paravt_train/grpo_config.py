@@ -126,6 +126,10 @@ class GRPOConfig(BaseModel):
                                       description="The overview sizes gating draws from (paper: {4, 8, 16, 32, 64}).")
     train_subagents: bool = Field(True, description="Sub-agent summaries share the episode's advantage and "
                                                     "enter the loss (end-to-end, as in the paper).")
+    tool_model_calls: Literal["train", "freeze"] = Field(
+        "train", description="Model-backed tools' calls to the policy (temporal_grounding, frame_selection, "
+        "spatial_grounding; role tool:<name>): train them with the episode's advantage, or leave them frozen "
+        "(recorded, never in the loss). Calls to another endpoint (agent config tool_models) are never trained.")
     failed_episodes: Literal["drop", "keep"] = Field(
         "drop", description="Episodes whose graph raised (their trace has errors): drop them from the group "
                             "and the loss, or keep them with their reward. Counted either way.")

@@ -117,6 +117,11 @@ class GRPOTrainer(TrainerCheckpoints):
             "subagent_sampling": base.subagent_sampling.model_copy(update={
                 "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0,
                 "max_new_tokens": cfg.subagent_max_new_tokens}),
+            # model-backed tools and collaborating agents sample as the sub-agents do (their calls are trained too)
+            "tool_sampling": base.tool_sampling.model_copy(update={
+                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0}),
+            "collab": base.collab.model_copy(update={"agent_sampling": base.collab.agent_sampling.model_copy(update={
+                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0})}),
         })
 
     def eval_agent_config(self) -> AgentConfig:
@@ -255,6 +260,7 @@ class GRPOTrainer(TrainerCheckpoints):
             settings = RolloutSettings(group=cfg.group_size, n_frames=self.n_frames_for(p), reward=cfg.reward,
                                        seed=cfg.seed * 1_000_003 + step * 101 + salt,
                                        subagents=cfg.train_subagents, judge=self.judge,
+                                       tool_models=cfg.tool_model_calls == "train",
                                        tag=f"s{step}r{self.rank}x{salt}")
             async with sem:
                 return await run_group(self.agent, self.cache, p, settings, self.eos_id)

@@ -418,3 +418,25 @@ def rollout_metrics(
             out[f"accuracy/{task}"] = sum(vals) / len(vals)
         out["accuracy"] = sum(accs) / n
     return out
+
+
+# --------------------------------------------------------------------------- Weaver's tool-success term
+
+_SLOT_ERROR_RE = re.compile(r"^\[\d+\][^\n]*?: error: |\[Error: ", re.M)
+
+
+@reward_term("tool_success")
+def tool_success(text: str, sample: RewardSample, cfg: RewardConfig) -> float:
+    """Weaver's tool-success reward (``weaver.txt``, Sec. 3.3, after DeepEyes): the final answer's accuracy when the
+    episode called a tool that worked (a ``<tool_call>`` whose slot came back without an error), else 0. With
+    ``extra_terms: {tool_success: 0.1}`` it rewards tool use that led to a right answer, never tool use alone.
+    The final answer is what follows the last ``</tool_response>`` (what eval reads)."""
+    calls = len(re.findall(r"<tool_call>", text))
+    if not calls:
+        return 0.0
+    responses = re.findall(r"<tool_response>(.*?)</tool_response>", text, re.S)
+    errors = sum(len(_SLOT_ERROR_RE.findall(r)) for r in responses)
+    if not responses or errors >= calls:
+        return 0.0
+    final = text[text.rindex("</tool_response>") + len("</tool_response>"):]
+    return accuracy_reward(final, sample.answer, sample.task, sample.options, None, sample.question)

@@ -148,7 +148,7 @@ class TokenSequence:
     """One trainable sequence: ids, which of them were sampled, their behaviour logprobs, its images, and
     the episode (rollout) it belongs to."""
 
-    role: str  # "planner" or "subagent"
+    role: str  # "planner", "subagent", "tool:<name>" or "agent:<name>"
     input_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]  # behaviour logprobs on sampled positions, 0.0 elsewhere
@@ -200,6 +200,7 @@ class RolloutSettings:
     reward: RewardConfig = field(default_factory=RewardConfig)
     seed: int = 0
     subagents: bool = True
+    tool_models: bool = True  # model-backed tools' calls to the policy enter the loss (False: frozen)
     judge: object | None = None
     tag: str = ""  # names the episodes' origin in their ids (the trainer: step, rank and sampling round)
 
@@ -229,10 +230,13 @@ def sampled_any(answer: Answer, ids: Sequence[int]) -> bool:
     return bool(bad) and any(bad.intersection(r.generation.output_ids or []) for r in answer.records)
 
 
-def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str = "") -> tuple[list[TokenSequence], int]:
+def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str = "",
+             tool_models: bool = True) -> tuple[list[TokenSequence], int]:
     """Token sequences of one episode (see the module docstring) and the number of planner turns whose
-    prompt did not hold the earlier turns verbatim. Raises :class:`RolloutError` when the backend gave no
-    token ids."""
+    prompt did not hold the earlier turns verbatim. Besides the planner's: the sub-agents' (``subagents``), the
+    model-backed tools' calls (``tool:<name>``; ``tool_models``) and the collaborating agents' turns
+    (``agent:<name>``), each only where the policy being trained made it (``trainable``). Raises
+    :class:`RolloutError` when the backend gave no token ids."""
     planner = answer.planner_records()
     if not planner:
         raise RolloutError("the episode has no planner generation")
@@ -265,19 +269,20 @@ def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str =
             seqs.append(TokenSequence("planner", head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
                                       [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, episode=episode,
                                       image_grid_thw=g.image_grid_thw))
-    if subagents:
-        for r in answer.subagent_records():
-            g = r.generation
-            if not g.output_ids:
-                continue
-            if not g.has_tokens:
-                raise RolloutError("a sub-agent generation has no token ids / logprobs")
-            head = [*g.prompt_ids, *(g.prefix_ids or [])]
-            seqs.append(TokenSequence(
-                "subagent", head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
-                [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, index=r.index, episode=episode,
-                image_grid_thw=g.image_grid_thw,
-            ))
+    others = [r for r in answer.records if r.role != "planner" and r.trainable and (
+        subagents if r.role == "subagent" else tool_models if r.role.startswith("tool:") else True)]
+    for r in others:
+        g = r.generation
+        if not g.output_ids:
+            continue
+        if not g.has_tokens:
+            raise RolloutError(f"a {r.role} generation has no token ids / logprobs")
+        head = [*g.prompt_ids, *(g.prefix_ids or [])]
+        seqs.append(TokenSequence(
+            r.role, head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
+            [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, index=r.index, episode=episode,
+            image_grid_thw=g.image_grid_thw,
+        ))
     return seqs, split
 
 
@@ -316,7 +321,8 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         if sampled_any(ans, banned):  # a server sampled a vision placeholder: counted as failed, not trained on
             ep.failed = "a turn sampled a vision placeholder token"
         else:
-            ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id)
+            ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id,
+                                                          settings.tool_models)
         ep.reward = await asyncio.to_thread(score, ep.text, prompt.answer, prompt.task, prompt.options,
                                             settings.reward, settings.judge, prompt.question, ans.trace.response)
         ep.seconds = time.perf_counter() - t0

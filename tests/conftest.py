@@ -38,6 +38,14 @@ def media(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def red_video(tmp_path_factory):
+    """40 s at 10 fps, 64x48: blue, red on [17, 20), blue (model-backed tools, collaborating agents)."""
+    blue, red = (20, 40, 200), (220, 30, 30)
+    return write_segments(tmp_path_factory.mktemp("red") / "red.mp4", [(blue, 17.0), (red, 3.0), (blue, 20.0)],
+                          fps=10, width=64, height=48, gop=10)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A tiny random Qwen3-VL-architecture model directory built offline."""
     from paravt_train.toy.tiny import build_tiny_model

@@ -38,8 +38,8 @@ def test_handler_streams_windows_and_stores_feedback(demo):
     assert question.startswith("When is the segment of colour") and options == ""
     truth = info.split("Ground truth: ")[1].split(".")[0]
     outs = collect(demo.ask(video, question, options, "embedded", "", "", 8, "parallel"))
-    status, think, timeline, gallery, summaries, answer, stats, trace_id, windows, pending = outs[-1]
-    assert status == "done." and answer and trace_id and not windows and not pending
+    status, think, timeline, gallery, summaries, answer, stats, trace_id, windows, pending, lanes = outs[-1]
+    assert status == "done." and answer and trace_id and not windows and not pending and not lanes
     # the scan: one window per 16 s of the video, in parallel, and the shipped policy finds the segment
     assert timeline.count('class="pvt-window') >= 4 and len(gallery) >= 4
     assert "<think>" in think and "tool calls" in stats and truth in answer
@@ -53,17 +53,44 @@ def test_approve_windows_pauses_and_runs_the_edited_windows(demo):
     "Run sub-agents" runs exactly the edited windows and the planner answers from them."""
     video, question, options, _ = demo.toy_video()
     outs = collect(demo.ask(video, question, options, "embedded", "", "", 8, "parallel", True))
-    status, think, *_, answer, stats, trace_id, windows, pending = outs[-1]
+    status, think, *_, answer, stats, trace_id, windows, pending, _ = outs[-1]
     planned = windows.splitlines()
     assert len(planned) >= 4 and all("-" in w for w in planned) and pending and not answer
     assert "windows planned" in status and "<tool_call>" in think
     outs = collect(demo.resume("0-15\n16-31", pending))
-    status, _, timeline, _, summaries, answer, stats, trace_id, windows, pending = outs[-1]
+    status, _, timeline, _, summaries, answer, stats, trace_id, windows, pending, _ = outs[-1]
     assert status == "done." and answer and trace_id and not pending
     assert timeline.count('class="pvt-window') == 2 and summaries.count("**[") == 2
     assert "00:00-00:15" in summaries and "00:16-00:31" in summaries and "2 tool calls" in stats
     again = collect(demo.resume("0-15", "no-such-run"))[-1]
     assert again[0].startswith("**error:** no question is waiting")
+
+
+def test_collaborative_mode_shows_one_lane_per_agent(demo, red_video):
+    """The page in the collaborative mode: each agent's memory per round in its own lane, as the rounds finish."""
+    from paravt_agent.agent import Agent
+    from paravt_agent.config import AgentConfig
+    from paravt_agent.policy.scripted import ScriptedPolicy
+
+    def script(role, msgs):
+        if role.startswith("agent:"):
+            name = role.split(":")[1]
+            a = 0 if name == "left" else 20
+            call = f'<tool_call>{{"name": "crop_video", "arguments": {{"start_time": {a}, "end_time": {a + 20}}}}}'
+            return f"<think>\nscan</think><plan>scan {a}-{a + 20}</plan>{call}</tool_call><info>{name} info</info>" \
+                   f"<share>{'no' if name == 'right' else 'yes'}</share>"
+        return "looked" if role == "subagent" else "<think>\nfrom memory</think><answer>red</answer>"
+
+    cfg = AgentConfig(mode="collaborative", collab={"agents": [{"name": "left"}, {"name": "right"}], "turns": 2})
+    demo._agents[("embedded", "", "", "collaborative", False)] = Agent(policy=ScriptedPolicy(script), config=cfg)
+    outs = collect(demo.ask(red_video, "Which colour?", "", "embedded", "", "", 8, "collaborative"))
+    status, *_, answer, stats, trace_id, windows, pending, lanes = outs[-1]
+    assert status == "done." and answer == "red" and "4 tool calls" in stats
+    assert lanes.count('class="pvt-lane"') == 2 and lanes.count('class="pvt-card"') == 4
+    left, right = lanes.split('class="pvt-lane"')[1:]
+    assert left.count("round ") == 2 and "plan: scan 0-20" in left and "key info: left info" in left
+    assert "plan: scan 20-40" in right and right.count("(not shared)") == 2
+    assert any(o[-1].count('class="pvt-card"') == 2 for o in outs)  # lanes filled as the rounds finished
 
 
 def test_handler_errors_are_messages(demo, tmp_path):

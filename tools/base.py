@@ -93,6 +93,12 @@ class Tool(ABC):
     positional: ClassVar[list[str]] = []
     #: True when ``run`` returns frames a sub-agent summarises.
     visual: ClassVar[bool] = False
+    #: True when ``run`` asks a model (``ctx.model``, a :class:`~paravt_agent.types.ToolModel`): the graph gives
+    #: the call its model session and records every model call it makes (role ``tool:<name>``)
+    uses_model: ClassVar[bool] = False
+    #: ``frames``: the result's frames go to the planner as they are, whatever the layout's ``evidence``
+    #: (``trim``); None: the layout decides (a sub-agent's summary, or frames)
+    evidence: ClassVar[str | None] = None
 
     def schema(self) -> dict:
         """The tool as an OpenAI-style function: ``{"type": "function", "function": {...}}``."""

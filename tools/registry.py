@@ -10,6 +10,7 @@ subclass or instance)::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -70,8 +71,9 @@ class ToolRegistry:
         """The built-ins plus every tool registered under the ``paravt.tools`` entry-point group."""
         from paravt_agent.plugins import load_entry_points
         from tools.builtin import BUILTINS
+        from tools.perception import PERCEPTION
 
-        reg = cls(t() for t in BUILTINS)
+        reg = cls(t() for t in [*BUILTINS, *PERCEPTION])
         if entry_points_too:
             loaded = load_entry_points(ENTRY_POINT_GROUP, {}, "tool", make=lambda o: o() if isinstance(o, type) else o)
             for name, tool in loaded.items():
@@ -157,7 +159,7 @@ class ToolRegistry:
             except ToolError as exc:
                 p.error = f"invalid call of {call.name}: {exc}"
                 continue
-            key = (tool.name, tuple(sorted(args.model_dump().items())))
+            key = (tool.name, json.dumps(args.model_dump(mode="json"), sort_keys=True))  # lists (objects) too
             if key in seen:
                 p.error = f"duplicate of call {seen[key] + 1} in this turn; not run again"
                 continue

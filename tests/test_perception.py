@@ -1,0 +1,236 @@
+"""Model-backed tools (Weaver's set) end to end on generated mp4s: a policy that reads the pixels it is shown
+(scripted perception: right span, frame and box), the tiny local model (its calls recorded as trainable token
+sequences, or frozen), another endpoint for a tool, and the tool-success reward term."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from paravt_agent.agent import Agent
+from paravt_agent.config import AgentConfig
+from paravt_agent.policy.base import text_of
+from paravt_agent.policy.scripted import ScriptedPolicy
+from paravt_train.toy.render import write_video
+
+
+@pytest.fixture(scope="module")
+def square_video(tmp_path_factory):
+    """10 s at 5 fps, 160x120 black, a white square at x 96-128, y 24-56 from second 4 on."""
+    d = tmp_path_factory.mktemp("square")
+
+    def frame(i):
+        img = np.zeros((120, 160, 3), np.uint8)
+        if i >= 20:
+            img[24:56, 96:128] = 255
+        return img
+
+    return write_video(d / "square.mp4", 50, frame, fps=5, width=160, height=120, gop=5)
+
+
+def images_of(msgs):
+    """(timestamp, pixels) of every image the messages show."""
+    return [(p.get("timestamp"), p["image"]) for m in msgs if not isinstance(m["content"], str)
+            for p in m["content"] if p.get("type") == "image"]
+
+
+def iou(p, q) -> float:
+    inter = max(0.0, min(p[1], q[1]) - max(p[0], q[0]))
+    return inter / (max(p[1], q[1]) - min(p[0], q[0]))
+
+
+def is_red(img) -> bool:
+    r, g, b = img.reshape(-1, 3).mean(0)
+    return r > 150 and b < 100
+
+
+def perceiving(call: str, answer: str = "<think>done</think><answer>{slot}</answer>"):
+    """Planner: ``call``, then an answer quoting the tool response. Tools' model calls and sub-agents: read the
+    pixels they are shown (what a perception model does, with a rule)."""
+
+    def script(role, msgs):
+        if role == "tool:temporal_grounding":
+            shown = images_of(msgs)
+            red = [t for t, im in shown if is_red(im)]
+            step = shown[1][0] - shown[0][0]
+            return f"[{red[0]:g}, {red[-1] + step:g}]" if red else "none"
+        if role == "tool:frame_selection":
+            (_, im), = images_of(msgs)
+            return f"{float(im[..., 0].mean() / 255):.2f}"
+        if role == "tool:spatial_grounding":
+            (_, im), = images_of(msgs)
+            ys, xs = np.nonzero(im.mean(-1) > 200)
+            if not len(xs):
+                return "[]"
+            return "```json\n" + json.dumps([{"bbox_2d": [int(xs.min()), int(ys.min()), int(xs.max()) + 1,
+                                                          int(ys.max()) + 1], "label": "square"}]) + "\n```"
+        if role == "subagent":
+            shown = images_of(msgs)
+            return f"{len(shown)} frames, red: {sum(is_red(im) for _, im in shown)}"
+        last = text_of(msgs[-1]["content"])
+        if "<tool_response>" in last:
+            return answer.format(slot=last.split("</tool_response>")[0].split("\n", 1)[1].strip())
+        return f"<think>look closer</think>\n<tool_call>{call}</tool_call>"
+
+    return script
+
+
+def run(video, call, tools, question="When is the screen red?", **cfg):
+    pol = ScriptedPolicy(perceiving(call))
+    agent = Agent(policy=pol, config=AgentConfig(tools=tools, **cfg))
+    return agent.answer(video, question), pol
+
+
+def test_temporal_grounding_finds_the_span(red_video):
+    call = json.dumps({"name": "temporal_grounding", "arguments": {"query": "the screen turns red",
+                                                                  "start_time": 12, "end_time": 28}})
+    ans, pol = run(red_video, call, ["temporal_grounding"])
+    (slot,) = ans.trace.turns[0].calls
+    assert slot.error is None and slot.window == (12.0, 28.0) and slot.evidence == "text"
+    a, b = (float(v) for v in re.search(r"\(\[([\d.]+), ([\d.]+)\]\)", slot.summary).groups())
+    assert iou((a, b), (17.0, 20.0)) > 0.7  # frames sampled inside the window's seconds: within a second
+    assert ans.span == (a, b)  # the planner copied the tool's span into its answer
+    (rec,) = [r for r in ans.records if r.role.startswith("tool:")]
+    assert (rec.role, rec.turn, rec.index, rec.trainable) == ("tool:temporal_grounding", 0, 0, True)
+    assert len(rec.images) == 16  # the window's frames at 1 fps, what the model was shown
+    assert [r for r, _ in pol.calls].count("subagent") == 0  # a text result needs no sub-agent
+
+
+def test_temporal_grounding_defaults_to_the_whole_video_and_says_when_nothing_is_found(red_video):
+    call = json.dumps({"name": "temporal_grounding", "arguments": {"query": "red"}})
+    ans, _ = run(red_video, call, ["temporal_grounding"])
+    (slot,) = ans.trace.turns[0].calls
+    assert slot.window == (0.0, 40.0)
+    span = re.search(r"\[([\d.]+), ([\d.]+)\]", slot.summary)
+    a, b = float(span.group(1)), float(span.group(2))
+    assert 14.0 <= a <= 19.0 and 19.5 <= b <= 23.5  # 16 frames over 40 s: 2.5 s apart
+    call = json.dumps({"name": "temporal_grounding", "arguments": {"query": "red", "start_time": 0, "end_time": 12}})
+    ans, _ = run(red_video, call, ["temporal_grounding"])
+    assert "not found between 00:00 and 00:12" in ans.trace.turns[0].calls[0].summary
+
+
+def test_frame_selection_keeps_the_best_scored_frame(red_video):
+    call = json.dumps({"name": "frame_selection", "arguments": {"query": "a red screen", "start_time": "00:10",
+                                                                "end_time": "00:26"}})
+    ans, pol = run(red_video, call, ["frame_selection"])
+    (slot,) = ans.trace.turns[0].calls
+    recs = [r for r in ans.records if r.role == "tool:frame_selection"]
+    assert len(recs) == 16 and all(len(r.images) == 1 for r in recs)  # one scored call per frame
+    (t,) = slot.frame_timestamps
+    assert 17.0 <= t < 20.0 and slot.window == (t, t)  # a red frame
+    m = re.match(r"Best frame for 'a red screen': ([\d.]+) seconds \(00:1\d\), confidence 0\.8\d", slot.summary)
+    assert m and float(m.group(1)) == t
+    shown = sorted(float(re.search(r"<([\d.]+) seconds>", text_of(r_msgs[0]["content"])).group(1))
+                   for r, r_msgs in pol.calls if r == "tool:frame_selection")
+    assert t == min(x for x in shown if x >= 17.0)  # the earliest of the equally red frames
+    assert slot.summary.endswith("1 frames, red: 1")  # the sub-agent saw that one frame
+
+
+def test_spatial_grounding_boxes_the_object_in_video_pixels_and_returns_its_crop(square_video):
+    call = json.dumps({"name": "spatial_grounding", "arguments": {"objects": "white square", "time": 6}})
+    ans, pol = run(square_video, call, ["spatial_grounding"], question="Where is the square?",
+                   frames={"max_pixels": 80 * 60})
+    (slot,) = ans.trace.turns[0].calls
+    (shown,) = images_of(next(m for r, m in pol.calls if r == "tool:spatial_grounding"))
+    assert shown[1].shape[:2] != (120, 160)  # the model saw a smaller frame; the box is mapped back
+    box = [int(v) for v in re.search(r"square: \[(\d+), (\d+), (\d+), (\d+)\]", slot.summary).groups()]
+    assert max(abs(a - b) for a, b in zip(box, [96, 24, 128, 56], strict=True)) <= 4
+    sub = next(m for r, m in pol.calls if r == "subagent")
+    (_, crop), = images_of(sub)
+    assert crop.mean() > 200  # the crop the sub-agent looked at is the white square
+    # before second 4 nothing is there
+    call = json.dumps({"name": "spatial_grounding", "arguments": {"objects": ["white square"], "time": 1}})
+    ans, _ = run(square_video, call, ["spatial_grounding"])
+    assert ans.trace.turns[0].calls[0].summary.startswith("No box for white square at 1 seconds (160x120 frame)")
+
+
+def test_trim_returns_its_frames_to_the_planner_whatever_the_layout(red_video):
+    call = json.dumps({"name": "trim", "arguments": {"start_time": 16, "end_time": 20}})
+    ans, pol = run(red_video, call, ["trim"])
+    (slot,) = ans.trace.turns[0].calls
+    ts = slot.frame_timestamps
+    assert slot.evidence == "frames" and len(ts) >= 4 and all(16.0 <= t <= 20.0 for t in ts)
+    assert [r for r, _ in pol.calls].count("subagent") == 0
+    second = pol.calls[-1][1]  # the planner's second turn shows the window's frames themselves
+    shown = images_of(second[-1:])
+    assert [t for t, _ in shown] == ts
+    assert [is_red(im) for _, im in shown] == [17.0 <= t < 20.0 for t in ts]
+
+
+def test_invalid_tool_arguments_are_the_registrys_errors(red_video):
+    call = json.dumps({"name": "spatial_grounding", "arguments": {"objects": [], "time": 99}})
+    ans, pol = run(red_video, call, ["spatial_grounding"])
+    (slot,) = ans.trace.turns[0].calls
+    assert slot.error.startswith("invalid arguments for spatial_grounding")
+    assert not any(r.startswith("tool:") for r, _ in pol.calls)
+
+
+def test_a_tool_may_ask_another_endpoint_recorded_but_never_trained(red_video, json_server):
+    """``tool_models`` sends one tool's model calls to another OpenAI-compatible endpoint (a real HTTP server)."""
+    done = {"id": "c1", "object": "chat.completion", "created": 0, "model": "grounder",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "[17, 20]"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+    srv = json_server(lambda path, body: (200, done))
+    call = json.dumps({"name": "temporal_grounding", "arguments": {"query": "red", "start_time": 12, "end_time": 28}})
+    spec = {"backend": "openai", "model": "grounder", "endpoint": srv.url + "/v1"}
+    ans, pol = run(red_video, call, ["temporal_grounding"], tool_models={"temporal_grounding": spec})
+    assert not any(r.startswith("tool:") for r, _ in pol.calls)  # the agent's own policy was not asked
+    (req,) = srv.bodies
+    assert srv.paths == ["/v1/chat/completions"] and req["model"] == "grounder"
+    assert sum(p.get("type") == "image_url" for m in req["messages"] for p in m["content"]
+               if isinstance(m["content"], list)) == 16
+    (rec,) = [r for r in ans.records if r.role == "tool:temporal_grounding"]
+    assert rec.trainable is False and "[17, 20]" in ans.trace.turns[0].calls[0].summary
+
+
+@pytest.mark.parametrize("tool,args", [
+    ("temporal_grounding", {"query": "red", "start_time": 12, "end_time": 20}),
+    ("frame_selection", {"query": "red", "start_time": 12, "end_time": 16}),
+    ("spatial_grounding", {"objects": ["square"], "time": 3}),
+])
+def test_the_tiny_model_runs_each_tool_and_rl_trains_or_freezes_its_calls(tiny_model, red_video, tool, args):
+    """The local backend with the tiny (untrained) model: the planner's call is pinned through the think prefix
+    (its tokens are a forced prefix, never trained), the tool asks the model, and every one of its calls comes
+    back as a token sequence RL trains (``tool_model_calls: train``) or leaves out (``freeze``)."""
+    from paravt_agent.policy.registry import make_policy
+    from paravt_train.rollout import assemble
+
+    call = json.dumps({"name": tool, "arguments": args})
+    cfg = AgentConfig(tools=[tool], think_prefix=f"<think>\nlook</think>\n<tool_call>{call}</tool_call>",
+                      max_turns=1, layout={"final_turn": "none"}, frames={"n_frames": 4, "max_pixels": 32 * 32},
+                      planner_sampling={"max_new_tokens": 2}, subagent_sampling={"max_new_tokens": 3},
+                      tool_sampling={"max_new_tokens": 3})
+    agent = Agent(policy=make_policy("local", model=tiny_model), config=cfg)
+    ans = agent.answer(red_video, "When is it red?")
+    (slot,) = ans.trace.turns[0].calls
+    assert slot.error is None, slot.error
+    recs = [r for r in ans.records if r.role == f"tool:{tool}"]
+    assert recs and all(r.generation.has_tokens and r.trainable for r in recs)
+    assert len(recs) > 1 if tool == "frame_selection" else len(recs) == 1  # one call per frame scored
+    eos = agent.policy.eos_id
+    seqs, _ = assemble(ans, eos, tool_models=True)
+    tool_seqs = [s for s in seqs if s.role == f"tool:{tool}"]
+    assert len(tool_seqs) == len(recs)
+    for s, r in zip(tool_seqs, recs, strict=True):
+        assert s.n_trained == len(r.generation.output_ids) and len(s.images) == len(r.images) >= 1
+        assert s.input_ids[-len(r.generation.output_ids):] == r.generation.output_ids
+    frozen, _ = assemble(ans, eos, tool_models=False)
+    assert [s.role for s in frozen] == [s.role for s in seqs if not s.role.startswith("tool:")]
+
+
+def test_tool_success_reward_term():
+    from paravt_train.rewards import RewardConfig, score
+
+    cfg = RewardConfig(extra_terms={"tool_success": 0.1})
+    call = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 5}}</tool_call>'
+    ok = f"<think>\nlook closer</think>{call}<tool_response>\n[1] crop: red\n</tool_response><think>\nred it is" \
+         "</think><answer>A</answer>"
+    failed = ok.replace("[1] crop: red", "[1] crop: error: window outside the video")
+    wrong = ok.replace("<answer>A</answer>", "<answer>B</answer>")
+    no_tool = "<think>\nno need to look</think><answer>A</answer>"
+    terms = {name: score(t, "A", "mcq", ["red", "blue"], cfg).extra["tool_success"]
+             for name, t in [("ok", ok), ("failed", failed), ("wrong", wrong), ("no_tool", no_tool)]}
+    assert terms == {"ok": 1.0, "failed": 0.0, "wrong": 0.0, "no_tool": 0.0}
+    assert score(ok, "A", "mcq", ["red", "blue"], cfg).total == pytest.approx(
+        score(ok, "A", "mcq", ["red", "blue"], RewardConfig()).total + 0.1)

@@ -222,8 +222,8 @@ class Demo:
                 view["think"] = ev.text
                 for c in ev.calls:
                     if c.window:
-                        windows[(ev.turn, c.index)] = {"index": c.index, "window": c.window, "error": c.error,
-                                                       "summary": ""}
+                        windows[(ev.turn, "", c.index)] = {"index": c.index, "window": c.window, "error": c.error,
+                                                           "summary": ""}
                 n = sum(1 for c in ev.calls if not c.error)
                 view["status"] = f"{n} sub-agents dispatched ..." if ev.calls else "answering ..."
             elif isinstance(ev, ReviewEvent):
@@ -254,15 +254,17 @@ class Demo:
 
     def _show_subagent(self, ev: SubAgentEvent, view: dict, run: dict) -> None:
         rec, windows, thumbs = ev.record, run["windows"], run["thumbs"]
-        key = (ev.turn, rec.index)
-        w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": ""})
+        key = (ev.turn, rec.agent or "", rec.index)  # a collaborating agent's calls: their own slots
+        w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": "",
+                                     "agent": rec.agent})
         w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"], frames=rec.evidence == "frames")
         if rec.frame_timestamps and run["reader"] is not None and key not in thumbs:
             mid = rec.frame_timestamps[len(rec.frame_timestamps) // 2]
             img = run["reader"].sample([mid], max_pixels=96 * 96, factor=8).frames[0]
             thumbs[key] = (img, f"[{rec.index + 1}] {rec.label}")
         view["summaries"] = "\n\n".join(
-            f"**[{v['index'] + 1}]** {format_time(v['window'][0])}-{format_time(v['window'][1])}: "
+            f"**[{(v['agent'] + ' ') if v.get('agent') else ''}{v['index'] + 1}]** "
+            f"{format_time(v['window'][0])}-{format_time(v['window'][1])}: "
             + (f"*error: {html.escape(v['error'])}*" if v["error"] else
                ("*frames to the planner:* " if v.get("frames") else "") + html.escape(v["summary"] or "…"))
             for _, v in sorted(windows.items()) if v.get("window"))

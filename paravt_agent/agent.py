@@ -79,6 +79,7 @@ class Agent:
         self.registry = registry.subset(self.config.tools if self.config.mode != "none" else [])
         self.store = store
         self.frames = FrameStore(frames_dir)
+        self._others: dict = {}  # other models the config names (tool_models, collab agents), made once per agent
         self.checkpointer = checkpointer if checkpointer is not None or not self.config.review_windows else "memory"
         self._savers: dict[int, Any] = {}
         self._graph = None
@@ -116,7 +117,7 @@ class Agent:
 
     def context(self, tool_context=None) -> AgentContext:
         """A run's context: this agent's policy, tools, config and frame store."""
-        return AgentContext(self.policy, self.registry, self.config, self.frames, tool_context)
+        return AgentContext(self.policy, self.registry, self.config, self.frames, tool_context, others=self._others)
 
     def tool_schemas(self) -> list[dict]:
         """The tools as the planner's prompt describes them (:func:`paravt_agent.context.tool_schemas`)."""
@@ -289,10 +290,10 @@ class Agent:
             if not expired:
                 raise
             trace.errors.append(f"the question took longer than request_timeout ({self.config.request_timeout:g}s)")
-            if not last.get("turns"):
+            if not (last.get("turns") or last.get("memory")):
                 raise PolicyError(trace.errors[-1], transient=True) from None
         except Exception as exc:  # keep everything done so far
-            if not last.get("turns"):
+            if not (last.get("turns") or last.get("memory")):
                 raise  # nothing to keep: the planner never answered
             trace.errors.append(f"{exc.__class__.__name__}: {exc}")
         finally:
@@ -399,6 +400,9 @@ class Agent:
 
     async def aclose(self) -> None:
         await self.policy.aclose()
+        for other in list(self._others.values()):  # the tools' and agents' own models (tool_models, collab)
+            await other.aclose()
+        self._others.clear()
 
 
 class _LoopThread:

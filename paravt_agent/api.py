@@ -307,7 +307,8 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
                 elif isinstance(ev, SubAgentEvent):
                     r = ev.record
                     yield _chunk(cid, created, name, {},
-                                 paravt={"event": "subagent", "turn": ev.turn, "index": r.index, "tool": r.name,
+                                 paravt={"event": "subagent", "turn": ev.turn, "index": r.index, "agent": r.agent,
+                                         "tool": r.name,
                                          "window": r.window, "summary": r.summary, "error": r.error,
                                          "latency": round(r.latency, 4)}, **usage_null)
                 elif isinstance(ev, MemoryEvent):  # the collaborative mode: an agent's round, as it finishes

@@ -9,8 +9,11 @@ import dataclasses
 import time
 from typing import Any
 
+from langgraph.errors import NodeTimeoutError
+
 from paravt_agent import telemetry
 from paravt_agent.context import AgentContext
+from paravt_agent.errors import PolicyError
 from paravt_agent.frames import refs_of
 from paravt_agent.graph_runtime import ToolSession, emit, generate, offload, phase, seeded, tool_context
 from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, layout_subagent_messages
@@ -19,7 +22,7 @@ from paravt_agent.state import slot_key
 from paravt_agent.trajectory import SubAgentRecord
 from paravt_agent.types import GenerationRecord, PlannedCall, SubAgentEvent
 
-__all__ = ["plan_calls", "run_call", "slot_record"]
+__all__ = ["ToolCallError", "plan_calls", "run_call", "slot_record", "transient_error"]
 
 
 def plan_calls(ctx: AgentContext, calls: list, tool_context, cap: int | None = None) -> list[PlannedCall]:
@@ -40,15 +43,35 @@ def plan_calls(ctx: AgentContext, calls: list, tool_context, cap: int | None = N
     return out
 
 
+def transient_error(exc: BaseException) -> bool:
+    """Retry timeouts and endpoint failures; never bad input."""
+    if isinstance(exc, ToolCallError):
+        exc = exc.error
+    return isinstance(exc, NodeTimeoutError | TimeoutError | ConnectionError) or (
+        isinstance(exc, PolicyError) and exc.transient
+    )
+
+
 def slot_record(call: PlannedCall, **kw) -> SubAgentRecord:
     return SubAgentRecord(index=call.index, raw=call.raw, name=call.name, arguments=dict(call.arguments),
                           label=call.label, **kw)
 
 
-async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall) -> dict:
-    """Run one valid call (``payload``: ``turn``, ``video``, ``question``, ``seed``): the tool, its model session
-    (a model-backed tool), and a sub-agent's summary of visual evidence (or the frames themselves); the state
-    update: ``results`` (the slot's record), ``records`` (every model call), ``phases``, ``evidence``."""
+class ToolCallError(Exception):
+    """A tool raised after its model session made calls: ``records`` keeps them (the slot gets the error, the
+    trace and RL still see every model call made); ``error`` is what the tool raised."""
+
+    def __init__(self, error: BaseException, records: list[GenerationRecord]):
+        super().__init__(str(error))
+        self.error, self.records = error, records
+
+
+async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall, summarise: bool = False) -> dict:
+    """Run one valid call (``payload``: ``turn``, ``video``, ``question``, ``seed``, and ``agent``: the collaborating
+    agent that made it): the tool, its model session (a model-backed tool), and a sub-agent's summary of visual
+    evidence, or the frames themselves for the planner (the layout's ``evidence: frames`` or a frames tool, unless
+    ``summarise``: a reader of text only, the collaborative mode's memory); the state update: ``results`` (the
+    slot's record), ``records`` (every model call), ``phases``, ``evidence``."""
     turn = payload["turn"]
     tool = ctx.tools.get(call.name)
     t0 = time.perf_counter()
@@ -56,17 +79,25 @@ async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall) -> dict:
     if tool.uses_model:  # the call's own model session: its model calls are recorded under the call's slot
         session = ToolSession(ctx, tool.name, turn, call.index, payload.get("seed"))
         tctx = dataclasses.replace(tctx, model=session)
-    result = await tool.run(tool.Args.model_validate(call.run_args), tctx)
+    try:
+        result = await tool.run(tool.Args.model_validate(call.run_args), tctx)
+    except Exception as exc:
+        if session is not None and session.records:
+            raise ToolCallError(exc, session.records) from exc
+        raise
     phases = [phase("crop", t0, turn, call.index)]
-    rec = slot_record(call, window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings))
+    rec = slot_record(call, window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings),
+                      agent=payload.get("agent"))
     update: dict[str, Any] = {"records": list(session.records)} if session is not None else {}
     if session is not None:
         phases.extend(session.phases)
+        rec.prompt_tokens = sum(r.generation.prompt_tokens for r in session.records)
+        rec.completion_tokens = sum(r.generation.completion_tokens for r in session.records)
     layout = ctx.config.layout
     if result.is_visual:
         window = result.window or (result.timestamps[0], result.timestamps[-1])
         frames = await offload(ctx, lambda: [ctx.frames.put(f) for f in result.frames])
-    if result.is_visual and (layout.evidence == "frames" or tool.evidence == "frames"):
+    if result.is_visual and not summarise and (layout.evidence == "frames" or tool.evidence == "frames"):
         rec.evidence = "frames"
         rec.summary = _with_text(result.text, layout.evidence_text.format(n=len(result.timestamps), start=window[0],
                                                                           end=window[1]))
@@ -86,8 +117,9 @@ async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall) -> dict:
         rec.summary = _with_text(result.text, subagent_report(gen.text, cfg.subagent_report))
         if rec.summary != gen.text.strip():
             rec.reply = gen.text.strip()
-        rec.prompt_tokens, rec.completion_tokens, rec.batch_size = gen.prompt_tokens, gen.completion_tokens, \
-            gen.batch_size
+        rec.prompt_tokens += gen.prompt_tokens
+        rec.completion_tokens += gen.completion_tokens
+        rec.batch_size = gen.batch_size
         update["records"] = [*update.get("records", []),
                              GenerationRecord("subagent", turn, call.index, gen, image_refs=refs_of(msgs))]
     else:

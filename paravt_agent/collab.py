@@ -27,10 +27,11 @@ from langgraph.errors import NodeError
 from langgraph.runtime import Runtime
 from langgraph.types import Command, Send
 
-from paravt_agent.calls import plan_calls, run_call, slot_record
+from paravt_agent.calls import ToolCallError, plan_calls, run_call, slot_record, transient_error
 from paravt_agent.context import tool_schemas
+from paravt_agent.errors import ToolError
 from paravt_agent.frames import refs_of
-from paravt_agent.graph_runtime import actx, ctx_of, emit, generate, phase, seeded, tool_context
+from paravt_agent.graph_runtime import actx, ctx_of, emit, event_json, generate, phase, seeded, tool_context
 from paravt_agent.prompts import question_text
 from paravt_agent.protocol import parse_tool_calls, split_think
 from paravt_agent.state import AgentState, slot_order
@@ -91,9 +92,10 @@ def route_collab(state: AgentState, runtime: Runtime):
     c, rnd = ctx.config.collab, state.get("round", 0)
     if rnd >= c.turns:
         return "synthesize"
-    return [Send("collab_agent", {"round": rnd, "agent": i, "name": a.name, "video": state["video"], "question": state["question"],
-                                  "seed": state.get("seed"), "memory": _visible(state, a.name, rnd),
-                                  "view": _overview(state)})
+    return [Send("collab_agent", {"round": rnd, "agent": i, "name": a.name, "video": state["video"],
+                                  "question": state["question"], "seed": state.get("seed"),
+                                  "memory": _visible(state, a.name, rnd), "view": _overview(state),
+                                  "json_events": ctx.json_events})
             for i, a in enumerate(c.agents)]
 
 
@@ -110,8 +112,8 @@ async def collab_agent(payload: dict, runtime: Runtime) -> dict:
     cfg, c = ctx.config, ctx.config.collab
     rnd, idx = payload["round"], payload["agent"]
     spec = c.agents[idx]
-    own = spec.model is not None
-    actx_ = dataclasses.replace(ctx, policy=ctx.policy_for(spec.model)) if own else ctx
+    own = spec.model is not None  # its turns and its crops' summaries go to its own model
+    actx_ = dataclasses.replace(ctx, policy=await ctx.apolicy_for(spec.model)) if own else ctx
     t0 = time.perf_counter()
     schemas = "\n".join(json.dumps(s, ensure_ascii=False) for s in tool_schemas(cfg, ctx.tools))
     system = AGENT_PROMPT.format(name=spec.name, n=len(c.agents), k=c.max_calls_per_agent, tools=schemas,
@@ -131,18 +133,9 @@ async def collab_agent(payload: dict, runtime: Runtime) -> dict:
     planned = plan_calls(ctx, calls, await tool_context(ctx, payload["video"]), cap=c.max_calls_per_agent) \
         if calls else []
     call_seed = None if seed is None else seed * 31 + idx + 1
-    call_payload = {"turn": rnd, "video": payload["video"], "question": payload["question"], "seed": call_seed}
-
-    async def one(call):
-        if not call.ok:
-            return {"results": {"x": slot_record(call, error=call.error)}}
-        try:
-            return await run_call(actx_, call_payload, call)
-        except Exception as exc:  # one failing call never loses the round: its slot says why
-            return {"results": {"x": slot_record(call, window=call.window, error=str(exc) or type(exc).__name__,
-                                                 runtime_error=True)}}
-
-    outs = await asyncio.gather(*(one(call) for call in planned))
+    call_payload = {"turn": rnd, "video": payload["video"], "question": payload["question"], "seed": call_seed,
+                    "agent": spec.name}
+    outs = await asyncio.gather(*(_one_call(actx_, call_payload, call) for call in planned))
     slots = []
     for out in outs:
         slots.extend(out["results"].values())
@@ -150,9 +143,35 @@ async def collab_agent(payload: dict, runtime: Runtime) -> dict:
         phases += out.get("phases", [])
     share = _tag(text, "share").lower()
     entry = MemoryEntry(agent=spec.name, round=rnd, plan=_tag(text, "plan"), calls=slots, info=_tag(text, "info"),
-                        share=not share.startswith("no"), text=text, latency=time.perf_counter() - t0)
+                        share=not share.startswith("no"), text=text, latency=time.perf_counter() - t0,
+                        prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens)
     emit(ctx, MemoryEvent(rnd, entry))
     return {"memory": {f"{rnd}:{idx}": entry}, "records": records, "phases": phases}
+
+
+async def _one_call(ctx, payload: dict, call) -> dict:
+    """One of an agent's calls, as a planner's sub-agent runs it: an invalid call is its error slot; the
+    runtime's failures are retried (``retries``, transient ones only) within ``subagent_timeout`` per attempt;
+    a tool refusing the call is the model's error, anything else the runtime's. The round goes on either way."""
+    if not call.ok:
+        return {"results": {"x": slot_record(call, error=call.error, agent=payload["agent"])}}
+    cfg = ctx.config
+    for attempt in range(cfg.retries + 1):
+        try:
+            return await asyncio.wait_for(run_call(ctx, payload, call, summarise=True), cfg.subagent_timeout)
+        except Exception as exc:
+            if attempt < cfg.retries and transient_error(exc):
+                await asyncio.sleep(0.5 * 2 ** attempt)
+                continue
+            records = exc.records if isinstance(exc, ToolCallError) else []
+            cause = exc.error if isinstance(exc, ToolCallError) else exc
+            msg = str(cause) or type(cause).__name__
+            if isinstance(cause, TimeoutError):
+                msg = f"timed out after {cfg.subagent_timeout:g}s"
+            rec = slot_record(call, window=call.window, error=msg, runtime_error=not isinstance(cause, ToolError),
+                              agent=payload["agent"])
+            return {"results": {"x": rec}, "records": records}
+    raise AssertionError("unreachable")
 
 
 def collab_failed(payload: dict, error: NodeError) -> Command:
@@ -162,7 +181,8 @@ def collab_failed(payload: dict, error: NodeError) -> Command:
     rnd, idx = payload["round"], payload["agent"]
     exc = error.error
     entry = MemoryEntry(agent=payload.get("name", str(idx)), round=rnd, error=str(exc) or exc.__class__.__name__)
-    get_stream_writer()(MemoryEvent(rnd, entry))
+    event = MemoryEvent(rnd, entry)
+    get_stream_writer()(event_json(event) if payload.get("json_events") else event)
     return Command(update={"memory": {f"{rnd}:{idx}": entry}}, goto="collab_merge")
 
 

@@ -83,6 +83,8 @@ class ModelSpec(BaseModel):
     model: str | None = Field(None, description="Model name or directory (the backend's `model`).")
     endpoint: str | None = Field(None, description="Its OpenAI-compatible or SGLang endpoint URL.")
     api_key_env: str | None = Field(None, description="Environment variable holding its API key.")
+    box_coordinates: Literal["pixels", "relative-1000"] | None = Field(
+        None, description="How this model writes boxes (spatial_grounding); None = AgentConfig.box_coordinates.")
 
 
 class CollabAgent(BaseModel):
@@ -161,6 +163,9 @@ class AgentConfig(BaseModel):
                                         description="Decoding of sub-agent summaries (greedy by default).")
     tool_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=128),
                                     description="Decoding of model-backed tools' model calls (greedy by default).")
+    box_coordinates: Literal["pixels", "relative-1000"] = Field(
+        "pixels", description="How the policy writes a box's bbox_2d (spatial_grounding): pixels of the image it was "
+        "shown (Qwen2.5-VL) or 0-1000 relative to its sides (Qwen3-VL). <|box_start|> boxes are always 0-1000.")
     tool_models: dict[str, ModelSpec] = Field(
         default_factory=dict, description="Model-backed tools that ask another model than the agent's policy: tool "
         "name -> backend/model/endpoint. Unnamed tools ask the agent's policy (and RL may train those calls).")
@@ -191,6 +196,13 @@ class AgentConfig(BaseModel):
         from paravt_agent.presets import preset_settings
 
         return _deep_merge(preset_settings(data.get("preset", "paravt")), data)
+
+    @model_validator(mode="after")
+    def _collaborative(self):
+        if self.mode == "collaborative" and self.review_windows:
+            raise ValueError("review_windows pauses a planner's turn; the collaborative mode has no planner turns to "
+                             "review (turn one of them off)")
+        return self
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> AgentConfig:

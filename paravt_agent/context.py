@@ -8,6 +8,7 @@ the planner's first messages; ``Agent.prepare`` and the graph's ``overview`` nod
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -23,6 +24,8 @@ from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, layout_planner_messages,
 from paravt_agent.trajectory import Trace
 from paravt_agent.types import RolloutInput, ToolContext
 from paravt_agent.video import VideoReader
+
+_OTHERS_LOCK = threading.Lock()
 
 __all__ = ["AgentContext", "check_input", "check_prompt", "prepare_input", "system_prompt", "tool_schemas"]
 
@@ -45,8 +48,9 @@ class AgentContext:
     #: turns a video named by the input into one this process may open (LangGraph Server's PARAVT_VIDEO_ROOT)
     video_resolver: Callable[[str], str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    #: policies of other models the config names (tools' ``tool_models``, collaborating agents'), made once
-    _others: dict = field(default_factory=dict, repr=False)
+    #: policies of other models the config names (tools' ``tool_models``, collaborating agents'): the Agent's
+    #: cache, so each is made once per agent (and closed by ``Agent.aclose``)
+    others: dict = field(default_factory=dict, repr=False)
 
     def resolve(self) -> AgentContext:
         return self
@@ -55,21 +59,27 @@ class AgentContext:
         check_input(self.config, self.policy, question, options)
 
     def policy_for(self, spec) -> Policy:
-        """The policy of another model (a :class:`~paravt_agent.config.ModelSpec`), made on first use."""
-        key = spec.model_dump_json()
-        with self._lock:
-            if key not in self._others:
+        """The policy of another model (a :class:`~paravt_agent.config.ModelSpec`), made on first use (it may load
+        a model: async callers use :meth:`apolicy_for`)."""
+        key = spec.model_dump_json(exclude={"box_coordinates"})
+        with _OTHERS_LOCK:
+            if key not in self.others:
                 from paravt_agent.policy.registry import make_policy
 
                 api_key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
-                self._others[key] = make_policy(spec.backend, model=spec.model, endpoint=spec.endpoint,
-                                                api_key=api_key)
-            return self._others[key]
+                self.others[key] = make_policy(spec.backend, model=spec.model, endpoint=spec.endpoint,
+                                               api_key=api_key)
+            return self.others[key]
 
-    def tool_policy(self, tool: str) -> tuple[Policy, bool]:
+    async def apolicy_for(self, spec) -> Policy:
+        key = spec.model_dump_json(exclude={"box_coordinates"})
+        known = self.others.get(key)
+        return known if known is not None else await asyncio.to_thread(self.policy_for, spec)
+
+    async def tool_policy(self, tool: str) -> tuple[Policy, bool]:
         """The model a model-backed tool asks, and whether its calls are the trained policy's."""
         spec = self.config.tool_models.get(tool)
-        return (self.policy, True) if spec is None else (self.policy_for(spec), False)
+        return (self.policy, True) if spec is None else (await self.apolicy_for(spec), False)
 
     def resolve_video(self, video: str) -> str:
         return self.video_resolver(video) if self.video_resolver is not None else video

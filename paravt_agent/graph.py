@@ -48,16 +48,16 @@ import time
 from typing import Any
 
 from langgraph.config import get_stream_writer
-from langgraph.errors import NodeError, NodeTimeoutError
+from langgraph.errors import NodeError
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, RetryPolicy, Send, interrupt
 
 from paravt_agent import telemetry
-from paravt_agent.calls import plan_calls, run_call, slot_record
+from paravt_agent.calls import ToolCallError, plan_calls, run_call, slot_record, transient_error
 from paravt_agent.collab import collab_agent, collab_failed, collab_merge, route_collab, synthesize
 from paravt_agent.context import AgentContext, prepare_input
-from paravt_agent.errors import ConfigError, PolicyError, ToolError
+from paravt_agent.errors import ConfigError, ToolError
 from paravt_agent.frames import refs_of
 from paravt_agent.graph_runtime import (
     DEFAULT_CONTEXT,
@@ -259,13 +259,16 @@ def subagent_failed(payload: dict, error: NodeError) -> Command:
     run goes on to ``aggregate`` (the handler is its own node: without a destination a turn whose every call
     failed would never be aggregated)."""
     call: PlannedCall = payload["call"]
-    exc = error.error
+    exc, records = error.error, []
+    if isinstance(exc, ToolCallError):  # the tool's model calls before it failed are kept
+        exc, records = exc.error, exc.records
     rec = slot_record(call, window=call.window, error=str(exc) or exc.__class__.__name__,
-                runtime_error=not isinstance(exc, ToolError))
+                      runtime_error=not isinstance(exc, ToolError))
     writer = get_stream_writer()
     json_events = payload.get("json_events", False)
     writer(event_json(SubAgentEvent(payload["turn"], rec)) if json_events else SubAgentEvent(payload["turn"], rec))
-    return Command(update={"results": {slot_key(payload["turn"], call.index): rec}}, goto="aggregate")
+    return Command(update={"results": {slot_key(payload["turn"], call.index): rec}, "records": records},
+                   goto="aggregate")
 
 
 async def aggregate(state: AgentState, runtime: Runtime) -> dict:
@@ -332,19 +335,12 @@ def route_calls(state: AgentState, runtime: Runtime):
     return sends or "aggregate"
 
 
-def _transient(exc: BaseException) -> bool:
-    """Retry timeouts and endpoint failures; never bad input."""
-    return isinstance(exc, NodeTimeoutError | TimeoutError | ConnectionError) or (
-        isinstance(exc, PolicyError) and exc.transient
-    )
-
-
 def build_graph(retries: int = 2, planner_timeout: float | None = None, subagent_timeout: float | None = None,
                 *, checkpointer=None, context_schema=AgentContext, input_schema=None, output_schema=None,
                 name: str = "paravt"):
     """Compile the agent graph. Only the retry policy and timeouts (LangGraph's per-node settings) are fixed at
     compile time; everything else a run needs comes from its context."""
-    retry = RetryPolicy(max_attempts=retries + 1, initial_interval=0.5, retry_on=_transient)
+    retry = RetryPolicy(max_attempts=retries + 1, initial_interval=0.5, retry_on=transient_error)
     g = StateGraph(AgentState, context_schema=context_schema, input_schema=input_schema or AgentState,
                    output_schema=output_schema or AgentState)
     g.add_node("overview", overview)

@@ -73,7 +73,7 @@ def event_json(event) -> dict:
     if isinstance(event, MemoryEvent):
         return {"event": "memory", "round": event.round, **event.entry.model_dump(mode="json")}
     r = event.record
-    return {"event": "subagent", "turn": event.turn, "index": r.index, "tool": r.name, "window": r.window,
+    return {"event": "subagent", "turn": event.turn, "index": r.index, "agent": r.agent, "tool": r.name, "window": r.window,
             "summary": r.summary, "error": r.error, "latency": r.latency}
 
 
@@ -118,25 +118,36 @@ class ToolSession(ToolModel):
     """The model a model-backed tool's call asks (:class:`~paravt_agent.types.ToolModel`): the endpoint the
     agent config names for the tool (``tool_models``), else the run's policy. Every call is kept as a
     :class:`GenerationRecord` of role ``tool:<name>`` (the call's turn and slot; ``trainable`` only when the
-    run's own policy answered) and as a ``tool_model`` phase."""
+    run's own policy answered), in the order the tool asked, and as a ``tool_model`` phase."""
+
+    #: the seed slot of a tool's k-th model call: far from the planner's (0) and sub-agents' (index + 1) slots
+    SEED_SLOT = 10_000_000
 
     def __init__(self, ctx: AgentContext, tool: str, turn: int, index: int, seed: int | None):
         self.ctx, self.tool, self.turn, self.index, self.seed = ctx, tool, turn, index, seed
-        self.records: list[GenerationRecord] = []
+        self._done: list[tuple[int, GenerationRecord]] = []
+        self._next = 0
         self.phases: list[Phase] = []
+        spec = ctx.config.tool_models.get(tool)
+        self.box_coordinates = (spec.box_coordinates if spec is not None and spec.box_coordinates
+                                else ctx.config.box_coordinates)
+
+    @property
+    def records(self) -> list[GenerationRecord]:
+        return [r for _, r in sorted(self._done, key=lambda kr: kr[0])]
 
     async def ask(self, messages: list[dict], max_new_tokens: int | None = None) -> str:
+        k, self._next = self._next, self._next + 1  # reserved before any await: concurrent asks differ
         ctx = self.ctx
-        policy, trainable = ctx.tool_policy(self.tool)
+        policy, trainable = await ctx.tool_policy(self.tool)
         sampling = ctx.config.tool_sampling
-        if max_new_tokens:
-            sampling = sampling.model_copy(update={"max_new_tokens": min(max_new_tokens, sampling.max_new_tokens)})
-        # each call of the slot its own seed: slot 1000 + k keeps clear of the sub-agents' (index + 1)
-        sampling = seeded(sampling, self.seed, self.turn, 1000 * (self.index + 1) + len(self.records))
+        if max_new_tokens:  # the tool knows what its answer needs (a box per object)
+            sampling = sampling.model_copy(update={"max_new_tokens": max_new_tokens})
+        sampling = seeded(sampling, self.seed, self.turn, self.SEED_SLOT + 10_000 * self.index + k)
         msgs = await offload(ctx, ctx.frames.to_refs, messages)
         t0 = time.perf_counter()
         gen = await generate(ctx, f"tool:{self.tool}", msgs, sampling, policy=policy)
         self.phases.append(phase("tool_model", t0, self.turn, self.index, detail=gen.timings))
-        self.records.append(GenerationRecord(f"tool:{self.tool}", self.turn, self.index, gen,
-                                             image_refs=refs_of(msgs), trainable=trainable))
+        self._done.append((k, GenerationRecord(f"tool:{self.tool}", self.turn, self.index, gen,
+                                               image_refs=refs_of(msgs), trainable=trainable)))
         return gen.text

@@ -31,9 +31,10 @@ class Phase(BaseModel):
 
 
 class SubAgentRecord(BaseModel):
-    """One tool call of a planner turn and what came back in its slot."""
+    """One tool call of a planner turn (or of a collaborating agent's round) and what came back in its slot."""
 
     index: int
+    agent: str | None = None  # the collaborating agent that made the call (collaborative mode)
     raw: str = ""
     name: str | None = None
     arguments: dict = Field(default_factory=dict)
@@ -70,12 +71,17 @@ class MemoryEntry(BaseModel):
     share: bool = True
     text: str = ""  # the agent's whole response
     latency: float = 0.0
+    prompt_tokens: int = 0  # the agent's own model call (its calls' are on their records)
+    completion_tokens: int = 0
     error: str | None = None  # the agent's model call failed after its retries (the round goes on without it)
 
     def render(self, limit: int = 600) -> str:
-        """The entry as the agents and the synthesizer read it."""
+        """The entry as the agents and the synthesizer read it: every text neutralised (a tool's output or an
+        agent's note cannot forge a tag or a turn in another agent's prompt)."""
+        from paravt_agent.prompts import neutralize
+
         def clip(s: str) -> str:
-            s = " ".join(s.split())
+            s = neutralize(" ".join(s.split()))
             return s if len(s) <= limit else s[: limit - 3] + "..."
 
         lines = [f"[{self.agent}, round {self.round + 1}]"]
@@ -172,11 +178,13 @@ class Trace(BaseModel):
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(t.prompt_tokens for t in self.turns) + sum(c.prompt_tokens for c in self.all_calls())
+        return (sum(t.prompt_tokens for t in self.turns) + sum(m.prompt_tokens for m in self.memory)
+                + sum(c.prompt_tokens for c in self.all_calls()))
 
     @property
     def completion_tokens(self) -> int:
-        return sum(t.completion_tokens for t in self.turns) + sum(c.completion_tokens for c in self.all_calls())
+        return (sum(t.completion_tokens for t in self.turns) + sum(m.completion_tokens for m in self.memory)
+                + sum(c.completion_tokens for c in self.all_calls()))
 
     def breakdown(self) -> dict[str, float]:
         """Where this question's wall time went, in seconds: phases on the critical path (they add up to

@@ -297,6 +297,8 @@ class RewardSample:
     task: str
     options: Sequence[str] | None = None
     question: str = ""
+    final: str | None = None  # the episode's final response (what eval reads); None: the transcript is one response
+    tools_worked: int | None = None  # tool calls whose slot came back without an error (the trace's count)
 
 
 TermFn = Callable[[str, RewardSample, RewardConfig], float]
@@ -351,6 +353,7 @@ def score(
     judge=None,
     question: str = "",
     final: str | None = None,
+    tools_worked: int | None = None,
 ) -> RewardBreakdown:
     """The composite reward of one rollout transcript (pinned prefix included).
 
@@ -366,7 +369,7 @@ def score(
     anc = anchor_reward(text, cfg) if cfg.anchor else 0.0
     fmt = base + cfg.lambda_anchor * anc
     tool = tool_reward(text, cfg)
-    sample = RewardSample(answer, task, options, question)
+    sample = RewardSample(answer, task, options, question, final, tools_worked)
     extra = {name: _term(name)(text, sample, cfg) for name, w in cfg.extra_terms.items() if w}
     total = acc + cfg.lambda_fmt * fmt + tool + sum(cfg.extra_terms[k] * v for k, v in extra.items()) + cfg.reward_bias
     return RewardBreakdown(total, acc, fmt, base, anc, tool, extra=extra)
@@ -422,21 +425,25 @@ def rollout_metrics(
 
 # --------------------------------------------------------------------------- Weaver's tool-success term
 
-_SLOT_ERROR_RE = re.compile(r"^\[\d+\][^\n]*?: error: |\[Error: ", re.M)
+_SLOT_ERROR_RE = re.compile(r"^\[\d+\][^\n]*?: error: |\[Error[: ]|^Error: ", re.M)
 
 
 @reward_term("tool_success")
 def tool_success(text: str, sample: RewardSample, cfg: RewardConfig) -> float:
     """Weaver's tool-success reward (``weaver.txt``, Sec. 3.3, after DeepEyes): the final answer's accuracy when the
-    episode called a tool that worked (a ``<tool_call>`` whose slot came back without an error), else 0. With
-    ``extra_terms: {tool_success: 0.1}`` it rewards tool use that led to a right answer, never tool use alone.
-    The final answer is what follows the last ``</tool_response>`` (what eval reads)."""
-    calls = len(re.findall(r"<tool_call>", text))
-    if not calls:
+    episode made a tool call that worked, else 0. With ``extra_terms: {tool_success: 0.1}`` it rewards tool use that
+    led to a right answer, never tool use alone. Whether a call worked comes from the episode's trace
+    (``sample.tools_worked``: any dispatch mode, the collaborating agents' calls included); without it, from the
+    transcript's tool responses (a slot that is not an error, in any preset's layout)."""
+    worked = sample.tools_worked
+    if worked is None:
+        responses = re.findall(r"<tool_response>(.*?)</tool_response>", text, re.S)
+        slots = sum(max(1, len(re.findall(r"^\[\d+\] ", r, re.M))) for r in responses)
+        worked = slots - sum(len(_SLOT_ERROR_RE.findall(r)) for r in responses)
+    if worked <= 0:
         return 0.0
-    responses = re.findall(r"<tool_response>(.*?)</tool_response>", text, re.S)
-    errors = sum(len(_SLOT_ERROR_RE.findall(r)) for r in responses)
-    if not responses or errors >= calls:
-        return 0.0
-    final = text[text.rindex("</tool_response>") + len("</tool_response>"):]
+    final = sample.final
+    if final is None:
+        final = text[text.rindex("</tool_response>") + len("</tool_response>"):] if "</tool_response>" in text \
+            else text
     return accuracy_reward(final, sample.answer, sample.task, sample.options, None, sample.question)

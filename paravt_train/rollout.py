@@ -227,7 +227,7 @@ def sampled_any(answer: Answer, ids: Sequence[int]) -> bool:
     """Whether some turn of the episode sampled one of ``ids`` (e.g. a vision placeholder, which the
     trainer would read as an image position: such an episode cannot be trained on)."""
     bad = set(ids)
-    return bool(bad) and any(bad.intersection(r.generation.output_ids or []) for r in answer.records)
+    return bool(bad) and any(bad.intersection(r.generation.output_ids or []) for r in answer.records if r.trainable)
 
 
 def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str = "",
@@ -323,8 +323,10 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         else:
             ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id,
                                                           settings.tool_models)
+        worked = sum(1 for c in ans.trace.all_calls() if not c.error)
         ep.reward = await asyncio.to_thread(score, ep.text, prompt.answer, prompt.task, prompt.options,
-                                            settings.reward, settings.judge, prompt.question, ans.trace.response)
+                                            settings.reward, settings.judge, prompt.question, ans.trace.response,
+                                            worked)
         ep.seconds = time.perf_counter() - t0
         return ep
 
@@ -373,6 +375,8 @@ def policy_versions(answer: Answer) -> list[int]:
     none (the local backend samples with the trained model itself)."""
     found: set[int] = set()
     for r in answer.records:
+        if not r.trainable:  # another model's versions are not the trained policy's
+            continue
         g = r.generation
         for v in [v for v, _, _ in g.weight_versions] or ([g.weight_version] if g.weight_version else []):
             if v == "default":

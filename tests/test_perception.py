@@ -234,3 +234,80 @@ def test_tool_success_reward_term():
     assert terms == {"ok": 1.0, "failed": 0.0, "wrong": 0.0, "no_tool": 0.0}
     assert score(ok, "A", "mcq", ["red", "blue"], cfg).total == pytest.approx(
         score(ok, "A", "mcq", ["red", "blue"], RewardConfig()).total + 0.1)
+
+
+def test_reply_parsers_take_what_models_write():
+    from tools.perception import parse_boxes, parse_confidence
+
+    assert parse_boxes('```json\n[{"bbox_2d": [1, 2, 30, 40], "label": "cup"}]\n```') == (
+        [("cup", (1.0, 2.0, 30.0, 40.0))], "json")
+    # an empty list before the real one, one bare object, two lists, non-finite values, box tokens (0-1000)
+    assert parse_boxes('none: [] but then [{"bbox_2d": [5, 5, 9, 9]}]')[0] == [("", (5.0, 5.0, 9.0, 9.0))]
+    assert parse_boxes('{"bbox_2d": [1, 1, 4, 4], "label": "a"}')[0] == [("a", (1.0, 1.0, 4.0, 4.0))]
+    assert parse_boxes('[{"bbox_2d": [1, 1, 2, 2]}] and [{"bbox_2d": [3, 3, 4, 4]}]')[0] == [("", (1, 1, 2, 2))]
+    assert parse_boxes('[{"bbox_2d": [NaN, 1, Infinity, 2]}]') == ([], "tokens")
+    assert parse_boxes("<|object_ref_start|>cup<|object_ref_end|><|box_start|>(100,200),(300,400)<|box_end|>") == (
+        [("cup", (100.0, 200.0, 300.0, 400.0))], "tokens")
+    assert [parse_confidence(t) for t in ("0.9", "8", "85%", "yes", "no", "frame at 12.0 seconds: 0.9",
+                                          "#3, confidence: 0.7", "<think>1</think>0.2", "")] == \
+        [0.9, 0.8, 0.85, 1.0, 0.0, 0.9, 0.7, 0.2, 0.0]
+
+
+def test_boxes_in_relative_coordinates_and_spans_outside_the_window(square_video, red_video):
+    """A Qwen3-VL-style model (0-1000 boxes: `box_coordinates: relative-1000`) is asked and read in its own terms;
+    a span outside the searched window is no finding; a frame selection where no frame scores is none."""
+
+    def script(role, msgs):
+        if role == "tool:spatial_grounding":
+            assert "from 0 to 1000" in text_of(msgs[-1]["content"])
+            return '[{"bbox_2d": [600, 200, 800, 467], "label": "square"}]'  # x 96-128, y 24-56 of 160x120
+        if role == "tool:temporal_grounding":
+            return "[30, 35]"
+        if role == "tool:frame_selection":
+            return "0"
+        if role == "subagent":
+            return "seen"
+        last = text_of(msgs[-1]["content"])
+        if "<tool_response>" in last:
+            return "<think>\nok</think><answer>" + last.split("\n", 1)[1].split("</tool_response>")[0] + "</answer>"
+        return "<think>\nlook</think>" + CALL
+
+    cfg = dict(tools=["spatial_grounding", "temporal_grounding", "frame_selection"], box_coordinates="relative-1000")
+    CALL = '<tool_call>{"name": "spatial_grounding", "arguments": {"objects": ["square"], "time": 6}}</tool_call>'
+    ans = Agent(policy=ScriptedPolicy(script), config=AgentConfig(**cfg)).answer(square_video, "Where?")
+    assert "square: [96, 24, 128, 56]" in ans.trace.turns[0].calls[0].summary
+    CALL = ('<tool_call>{"name": "temporal_grounding", "arguments": {"query": "red", "start_time": 10, '
+            '"end_time": 20}}</tool_call><tool_call>{"name": "frame_selection", "arguments": {"query": "red", '
+            '"start_time": 10, "end_time": 14}}</tool_call>')
+    ans = Agent(policy=ScriptedPolicy(script), config=AgentConfig(**cfg)).answer(red_video, "When?")
+    grounding, selection = ans.trace.turns[0].calls
+    assert grounding.summary == "'red': not found between 00:10 and 00:20."
+    assert selection.summary == "No frame shows 'red' between 00:10 and 00:14." and selection.evidence == "text"
+
+
+def test_a_tool_failing_after_its_model_calls_keeps_them(red_video):
+    """A model-backed tool that asked its model and then refused the call: the slot is the model's error (not the
+    runtime's: RL scores the episode) and the model call is still recorded."""
+    from paravt_agent.errors import ToolError
+    from tools import ToolRegistry
+    from tools.perception import QueryWindowArgs, TemporalGrounding
+
+    class Picky(TemporalGrounding):
+        name = "picky"
+
+        async def run(self, args: QueryWindowArgs, ctx):
+            await ctx.model.ask([{"role": "user", "content": "is it there?"}])
+            raise ToolError("the model said the query makes no sense")
+
+    def script(role, msgs):
+        if role == "tool:picky":
+            return "no"
+        if "<tool_response>" in text_of(msgs[-1]["content"]):
+            return "<think>\nfine</think><answer>A</answer>"
+        return '<think>\nlook</think><tool_call>{"name": "picky", "arguments": {"query": "x"}}</tool_call>'
+
+    reg = ToolRegistry([Picky()])
+    ans = Agent(policy=ScriptedPolicy(script), tools=reg, config=AgentConfig(tools=["picky"])).answer(red_video, "Q?")
+    (slot,) = ans.trace.turns[0].calls
+    assert slot.error == "the model said the query makes no sense" and not slot.runtime_error
+    assert [r.role for r in ans.records].count("tool:picky") == 1 and ans.trace.run_errors == []

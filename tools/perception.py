@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 
 import numpy as np
@@ -98,7 +99,12 @@ class TemporalGrounding(_QueryWindowTool):
             return ToolResult(text=f"{args.query!r}: not found between {format_time(window[0])} and "
                                    f"{format_time(window[1])}.", window=window, meta={"span": None, "reply": reply})
         a, b = sorted(span)
-        a, b = min(max(a, window[0]), window[1]), min(max(b, window[0]), window[1])
+        if b <= window[0] or a >= window[1]:  # a span outside the window searched is no finding
+            span = None
+        if span is None:
+            return ToolResult(text=f"{args.query!r}: not found between {format_time(window[0])} and "
+                                   f"{format_time(window[1])}.", window=window, meta={"span": None, "reply": reply})
+        a, b = max(a, window[0]), min(b, window[1])
         return ToolResult(text=f"{args.query!r}: from {a:g} to {b:g} seconds ([{a:g}, {b:g}]).", window=window,
                           meta={"span": (a, b), "reply": reply}, warnings=list(clip.warnings))
 
@@ -106,12 +112,14 @@ class TemporalGrounding(_QueryWindowTool):
 SELECTION_PROMPT = ("Does this frame show: {query}\n"
                     "Answer with your confidence from 0 (not at all) to 1 (certainly), as a number.")
 _NUMBER_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?|\.\d+)(\s*%)?")
+_ANCHORED_RE = re.compile(r"confidence\D{0,12}?(\d{1,3}(?:\.\d+)?|\.\d+)(\s*%)?", re.I)
 
 
 def parse_confidence(text: str) -> float:
-    """A reply's confidence in [0, 1]: the first number (0-1; 0-10 and percentages scaled), else yes/no, else 0."""
+    """A reply's confidence in [0, 1]: the number after "confidence" if there is one, else the reply's last number
+    (0-1; 0-10 and percentages scaled), else yes/no, else 0."""
     body = text.split("</think>")[-1]
-    m = _NUMBER_RE.search(body)
+    m = _ANCHORED_RE.search(body) or next(reversed(list(_NUMBER_RE.finditer(body))), None)
     if m:
         v = float(m.group(1))
         if m.group(2) or v > 10:
@@ -138,6 +146,10 @@ class FrameSelection(_QueryWindowTool):
             for f, t in zip(clip.frames, clip.timestamps, strict=True)))
         scores = [parse_confidence(r) for r in replies]
         best = int(np.argmax(scores))  # the earliest of equal scores
+        if scores[best] <= 0:  # no frame shows it (or no reply said so)
+            return ToolResult(text=f"No frame shows {args.query!r} between {format_time(args.start_time)} and "
+                                   f"{format_time(args.end_time)}.", window=(args.start_time, args.end_time),
+                              meta={"time": None, "scores": dict(zip(clip.timestamps, scores, strict=True))})
         t = float(clip.timestamps[best])
         text = f"Best frame for {args.query!r}: {t:g} seconds ({format_time(t)}), confidence {scores[best]:.2f}."
         return ToolResult(text=text, frames=clip.frames[best:best + 1], timestamps=[t], window=(t, t),
@@ -161,31 +173,47 @@ class SpatialArgs(BaseModel):
 
 
 SPATIAL_PROMPT = ("Locate every {objects} in this image. Output a JSON list "
-                  '[{{"bbox_2d": [x1, y1, x2, y2], "label": "name"}}] in pixel coordinates of this '
-                  "{w}x{h} image, or [] if none is visible.")
+                  '[{{"bbox_2d": [x1, y1, x2, y2], "label": "name"}}] in {coords}, '
+                  "or [] if none is visible.")
 
 
-def parse_boxes(text: str) -> list[tuple[str, tuple[float, float, float, float]]]:
-    """``(label, (x1, y1, x2, y2))`` of a reply in Qwen-VL's box format: a JSON list of
-    ``{"bbox_2d": [...], "label": ...}`` (in a code fence or not), or ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``
-    after an ``<|object_ref_start|>label<|object_ref_end|>``. Malformed entries are skipped."""
-    body = text.split("</think>")[-1]
+def _boxes_of(value) -> list[tuple[str, tuple[float, float, float, float]]]:
+    items = value if isinstance(value, list) else [value]
     out = []
-    m = re.search(r"\[\s*(?:\{.*\}\s*)?\]", body, re.S)
-    if m:
-        try:
-            items = json.loads(m.group(0))
-        except ValueError:
-            items = []
-        for it in items if isinstance(items, list) else []:
-            box = it.get("bbox_2d") if isinstance(it, dict) else None
-            if isinstance(box, list) and len(box) == 4 and all(isinstance(v, int | float) for v in box):
-                out.append((str(it.get("label", "")), tuple(float(v) for v in box)))
-    for label, *xy in re.findall(r"(?:<\|object_ref_start\|>(.*?)<\|object_ref_end\|>)?\s*<\|box_start\|>"
-                                 r"\(\s*([\d.]+)\s*,\s*([\d.]+)\s*\)\s*,\s*\(\s*([\d.]+)\s*,\s*([\d.]+)\s*\)"
-                                 r"<\|box_end\|>", body):
-        out.append((label, tuple(float(v) for v in xy)))
+    for it in items:
+        box = it.get("bbox_2d", it.get("bbox")) if isinstance(it, dict) else None
+        if isinstance(box, list) and len(box) == 4 and all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in box):
+            out.append((str(it.get("label", "")), tuple(float(v) for v in box)))
     return out
+
+
+def parse_boxes(text: str) -> tuple[list[tuple[str, tuple[float, float, float, float]]], str]:
+    """``([(label, (x1, y1, x2, y2)), ...], kind)`` of a reply in Qwen-VL's box formats: JSON (a list of
+    ``{"bbox_2d": [...], "label": ...}`` or one such object, in a code fence or not; ``kind`` ``json``), or
+    ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` after an optional ``<|object_ref_start|>label<|object_ref_end|>``
+    (``kind`` ``tokens``: 0-1000 coordinates). The first JSON value that holds a box wins; malformed and non-finite
+    boxes are skipped."""
+    body = text.split("</think>")[-1]
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"[\[{]", body):
+        try:
+            value, _ = decoder.raw_decode(body, m.start())
+        except ValueError:
+            continue
+        found = _boxes_of(value)
+        if found:
+            return found, "json"
+    tokens = re.findall(r"(?:<\|object_ref_start\|>(.*?)<\|object_ref_end\|>)?\s*<\|box_start\|>"
+                        r"\(\s*([\d.]+)\s*,\s*([\d.]+)\s*\)\s*,\s*\(\s*([\d.]+)\s*,\s*([\d.]+)\s*\)"
+                        r"<\|box_end\|>", body)
+    out = []
+    for label, *xy in tokens:
+        try:
+            out.append((label, tuple(float(v) for v in xy)))
+        except ValueError:
+            continue
+    return out, "tokens"
 
 
 class SpatialGrounding(Tool):
@@ -224,19 +252,24 @@ class SpatialGrounding(Tool):
         h, w = fit_size(H, W, ctx.frames.max_pixels, ctx.frames.factor)
         shown = np.asarray(Image.fromarray(big).resize((w, h), Image.BICUBIC))
         t = float(full.timestamps[0])
-        prompt = SPATIAL_PROMPT.format(objects=" and every ".join(args.objects), w=w, h=h)
+        coords = ("coordinates from 0 to 1000 relative to the image's sides"
+                  if getattr(ctx.model, "box_coordinates", "pixels") == "relative-1000"
+                  else f"pixel coordinates of this {w}x{h} image")
+        prompt = SPATIAL_PROMPT.format(objects=" and every ".join(args.objects), coords=coords)
         reply = await ctx.model.ask([{"role": "user", "content": [*frame_parts(shown[None], [t]),
                                                                  {"type": "text", "text": prompt}]}],
                                     max_new_tokens=48 * len(args.objects) + 16)
         found, crops, lines = [], [], []
-        for label, (x1, y1, x2, y2) in parse_boxes(reply):
-            sx, sy = W / w, H / h  # the model's image -> the video's pixels
+        boxes, kind = parse_boxes(reply)
+        relative = kind == "tokens" or getattr(ctx.model, "box_coordinates", "pixels") == "relative-1000"
+        for label, (x1, y1, x2, y2) in boxes:
+            sx, sy = (W / 1000, H / 1000) if relative else (W / w, H / h)  # the model's box -> the video's pixels
             box = (max(0, round(min(x1, x2) * sx)), max(0, round(min(y1, y2) * sy)),
                    min(W, round(max(x1, x2) * sx)), min(H, round(max(y1, y2) * sy)))
             if box[2] - box[0] < 2 or box[3] - box[1] < 2:
                 continue
             region = Image.fromarray(big).crop(box)
-            ch, cw = fit_size(region.height, region.width, self.crop_pixels, 2)
+            ch, cw = fit_size(region.height, region.width, self.crop_pixels, ctx.frames.factor)
             crops.append(np.asarray(region.resize((cw, ch), Image.BICUBIC)))
             found.append({"label": label, "box": list(box)})
             lines.append(f"{label or 'object'}: [{box[0]}, {box[1]}, {box[2]}, {box[3]}]")

@@ -10,6 +10,8 @@ Message content is a string or a list of parts::
     {"type": "video", "video": "rel/or/abs.mp4"}                       # the overview
     {"type": "video", "video": "...", "start": 12.0, "end": 20.0}      # a crop (sub-agent input)
     {"type": "video", "video": "...", "n_frames": 8}                   # an overview of exactly n frames
+    {"type": "video", "video": "...", "start": 3.0, "end": 4.0, "head": false}  # a crop's labelled frames alone
+                                                                       # (a model-backed tool's prompt)
 
 An assistant message may carry ``"train": false``: it stays in the context and
 out of the loss (e.g. the planner turn of an answer-step-only sample).
@@ -29,7 +31,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from paravt_agent.errors import ConfigError, VideoError
-from paravt_agent.prompts import overview_parts, window_parts
+from paravt_agent.prompts import frame_parts, overview_parts, window_parts
 from paravt_agent.video import FrameConfig
 
 __all__ = [
@@ -60,6 +62,7 @@ class Part(BaseModel):
     start: float | None = None
     end: float | None = None
     n_frames: int | None = Field(None, ge=1)
+    head: bool = True  # a crop's "Window a-b seconds, N frames." line; False: its labelled frames alone (a tool's prompt)
 
     @model_validator(mode="after")
     def _check(self):
@@ -358,7 +361,8 @@ def render_messages(
             if p.start is not None:
                 end = min(p.end, reader.info.duration)
                 clip = reader.crop(p.start, end, f)
-                parts.extend(window_parts(clip.frames, clip.timestamps, (p.start, end)))
+                parts.extend(window_parts(clip.frames, clip.timestamps, (p.start, end)) if p.head
+                             else frame_parts(clip.frames, clip.timestamps))
             else:
                 clip = reader.overview(p.n_frames, f)
                 parts.extend(overview_parts(clip.frames, clip.timestamps, clip.info.duration, path.name))

@@ -311,3 +311,47 @@ def test_a_tool_failing_after_its_model_calls_keeps_them(red_video):
     (slot,) = ans.trace.turns[0].calls
     assert slot.error == "the model said the query makes no sense" and not slot.runtime_error
     assert [r.role for r in ans.records].count("tool:picky") == 1 and ans.trace.run_errors == []
+
+
+def test_sft_teaches_the_tiny_model_frame_selection(tmp_path, red_video):
+    """Trainable like crop_video: SFT rows in the tool's own prompt (a crop's labelled frame alone, `head: false`)
+    teach a tiny model to score frames; then `frame_selection` through the graph, asking that model, picks a red
+    frame of a video it never saw."""
+    from paravt_agent.policy.registry import make_policy
+    from paravt_train.data import write_parquet
+    from paravt_train.sft import train
+    from paravt_train.sft_config import SFTConfig
+    from paravt_train.toy.render import write_segments
+    from paravt_train.toy.tiny import build_tiny_model
+    from tools.perception import SELECTION_PROMPT
+
+    colours = [(220, 30, 30), (20, 40, 200), (30, 180, 60), (230, 220, 40)]
+    prompt = SELECTION_PROMPT.format(query="a red screen")
+    rows = []
+    for v in range(6):
+        write_segments(tmp_path / f"v{v}.mp4", [(colours[(v + i) % 4], 1.0) for i in range(8)], fps=4, width=32,
+                       height=32)
+        for t in range(8):
+            rows.append({"id": f"{v}-{t}", "messages": [
+                {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4", "start": t, "end": t + 0.5,
+                                              "head": False}, {"type": "text", "text": prompt}]},
+                {"role": "assistant", "content": "1" if (v + t) % 4 == 0 else "0"}]})
+    write_parquet(rows, tmp_path / "sft.parquet")
+    frames = {"max_pixels": 1024, "factor": 32, "crop_fps": 1.0}
+    base = build_tiny_model(tmp_path / "base", [prompt, "0", "1"] * 4, size="test")
+    train(SFTConfig(model=str(base), data=str(tmp_path / "sft.parquet"), video_root=str(tmp_path),
+                    output_dir=str(tmp_path / "sft"), lr=3e-3, batch_size=8, micro_batch_size=8, max_steps=60,
+                    warmup_ratio=0.0, save_every=0, frames=frames, seed=0), progress=False)
+    call = json.dumps({"name": "frame_selection", "arguments": {"query": "a red screen", "start_time": 10,
+                                                                "end_time": 26}})
+    cfg = AgentConfig(tools=["frame_selection"], think_prefix=f"<think>\nlook</think>\n<tool_call>{call}</tool_call>",
+                      max_turns=1, layout={"final_turn": "none"}, frames={**frames, "n_frames": 4},
+                      planner_sampling={"max_new_tokens": 1}, subagent_sampling={"max_new_tokens": 1},
+                      tool_sampling={"max_new_tokens": 4})
+    ans = Agent(policy=make_policy("local", model=str(tmp_path / "sft" / "final")), config=cfg).answer(
+        red_video, "When is it red?")
+    (slot,) = ans.trace.turns[0].calls
+    (t,) = slot.frame_timestamps
+    assert 17.0 <= t < 20.0, slot.summary  # the model's scores found the red frame
+    replies = [r.generation.text.strip() for r in ans.records if r.role == "tool:frame_selection"]
+    assert len(replies) == 16 and set(replies) <= {"0", "1"} and replies.count("1") == 3  # 17, 18, 19: red

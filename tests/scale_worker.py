@@ -1,12 +1,18 @@
 """Run under ``torch.distributed.run`` by ``tests/test_scale.py``: one trainer on this rank.
 
-    scale_worker.py sft CONFIG.yaml          (prints the losses as JSON)
+    scale_worker.py sft CONFIG.yaml [--sigterm-at STEP --sigterm-rank R]
+                                         (a JSON line per rank: its rank, losses, steps, stop signal)
     scale_worker.py grpo CONFIG.yaml
     scale_worker.py online CONFIG.yaml --store PATH
+
+``--sigterm-at`` sends SIGTERM to rank R's own process right after step STEP, as a scheduler would to one
+node: every rank must stop at that step boundary with a checkpoint.
 """
 
 import argparse
 import json
+import os
+import signal
 
 
 def main() -> None:
@@ -14,13 +20,22 @@ def main() -> None:
     ap.add_argument("mode", choices=["sft", "grpo", "online"])
     ap.add_argument("config")
     ap.add_argument("--store", default=None)
+    ap.add_argument("--sigterm-at", type=int, default=None)
+    ap.add_argument("--sigterm-rank", type=int, default=0)
     args = ap.parse_args()
     if args.mode == "sft":
         from paravt_train.sft import train
         from paravt_train.sft_config import SFTConfig
 
-        out = train(SFTConfig.from_yaml(args.config), progress=False)
-        print(json.dumps({"losses": out["losses"]}))
+        def callback(step: int, loss: float) -> None:
+            if step == args.sigterm_at and int(os.environ.get("RANK", "0")) == args.sigterm_rank:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        out = train(SFTConfig.from_yaml(args.config), progress=False, callback=callback)
+        said = {"rank": int(os.environ.get("RANK", "0")), "losses": out["losses"], "steps": out["steps"],
+                "stopped": out["stopped"]}
+        os.write(1, (json.dumps(said) + "\n").encode())  # one write: the ranks' lines never interleave
+
         return
     from paravt_train.distributed import shutdown_distributed
     from paravt_train.grpo_config import GRPOConfig

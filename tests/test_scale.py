@@ -2,8 +2,9 @@
 
 What the happy path on 2 ranks cannot show, each of which crashed or hung before: a rank with nothing to train
 (fewer prompts than ranks, or all of its episodes failed), a text-only micro-batch beside image ones, an
-unreadable video in the RL data — and a restart after a crash that must continue exactly (every rank's replay
-buffer included).
+unreadable video in the RL data — and a restart that must continue exactly, for each trainer: GRPO after a crash
+(every rank's replay buffer included), SFT after a SIGTERM to one rank, the online learner after a crash with
+feedback still queued (none lost, none trained twice).
 """
 
 from __future__ import annotations
@@ -40,9 +41,18 @@ def garbage_video(path: Path) -> Path:
     return path
 
 
+def _ranks_said(run: subprocess.CompletedProcess) -> dict[int, dict]:
+    """Each rank's JSON line of ``scale_worker.py sft`` (in whatever order the ranks printed them)."""
+    said = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    return {r["rank"]: r for r in said}
+
+
 def test_sft_with_text_only_rows_on_four_ranks(tiny_model, tmp_path):
     """Two ranks get a text-only example, two a video one, at every step: the vision tower's collectives
-    still match (a dummy image inside the forward), and the 4-rank losses are the single-process losses."""
+    still match (a dummy image inside the forward), and the 4-rank losses are the single-process losses. A
+    SIGTERM to rank 3 alone after step 1 stops every rank at that boundary with a checkpoint; the restart
+    continues exactly: its losses and final weights are the uninterrupted single-process run's, and
+    metrics.jsonl holds each step once."""
     from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, question_text
     from paravt_train.sft import train
     from paravt_train.sft_config import SFTConfig
@@ -63,12 +73,31 @@ def test_sft_with_text_only_rows_on_four_ranks(tiny_model, tmp_path):
     write_parquet(rows, tmp_path / "sft.parquet")
     cfg = dict(model=tiny_model, data=str(tmp_path / "sft.parquet"), video_root=str(tmp_path),
                output_dir=str(tmp_path / "four"), lr=3e-3, batch_size=4, micro_batch_size=1, max_steps=3,
-               save_every=0, warmup_ratio=0.0, frames={"max_pixels": 1024}, seed=3, save_final=False)
-    run = torchrun("sft", cfg, tmp_path)
-    assert run.returncode == 0, run.stderr[-4000:]
-    four = json.loads(run.stdout.strip().splitlines()[-1])["losses"]
+               save_every=0, warmup_ratio=0.0, frames={"max_pixels": 1024}, seed=3, save_final=True)
+    stopped = torchrun("sft", cfg, tmp_path, "--sigterm-at", "1", "--sigterm-rank", "3")
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    said = _ranks_said(stopped)
+    assert sorted(said) == list(range(RANKS)) and {r["steps"] for r in said.values()} == {1}
+    assert said[3]["stopped"] == "SIGTERM" and {said[r]["stopped"] for r in range(3)} == {"SIGTERM (another rank)"}
+    assert "stopped by SIGTERM (another rank) after step 1" in stopped.stdout
+    four_dir = tmp_path / "four"
+    assert (four_dir / "checkpoint-1" / "trainer_state.json").is_file() and not (four_dir / "final").exists()
+    resumed = torchrun("sft", cfg, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    again = _ranks_said(resumed)[0]
+    assert again["steps"] == 3 and again["stopped"] is None
+    four = said[0]["losses"] + again["losses"]
     one = train(SFTConfig(**{**cfg, "output_dir": str(tmp_path / "one")}), progress=False)["losses"]
     assert len(four) == 3 and four == pytest.approx(one, rel=1e-4)
+    logged = [json.loads(x)["step"] for x in (four_dir / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]  # each step once, across the stop
+    want = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    got = load_file(str(four_dir / "final" / "model.safetensors"))
+    base = load_file(str(Path(tiny_model) / "model.safetensors"))
+    assert set(want) == set(got) == set(base)
+    assert max(float((want[k] - base[k]).abs().max()) for k in want) > 1e-3  # it trained
+    # and resumed exactly (4 shards against one process: ~2e-6 apart; a lost optimizer or schedule: ~1e-3)
+    assert max(float((want[k] - got[k]).abs().max()) for k in want) < 1e-5
 
 
 def _grpo_cfg(toy_policy_dir, toy_rl, data: Path, out: Path, endpoint: str, **kw) -> dict:
@@ -143,26 +172,77 @@ def test_grpo_on_four_ranks_with_a_failing_rank_resumes_exactly(toy_policy_dir, 
     assert max(float((want[k] - got[k]).abs().max()) for k in want) < 1e-5  # and resumed exactly
 
 
+def _checkpoint_tensors(path: Path, into: Path) -> dict:
+    """A DCP checkpoint's model and optimizer tensors, flattened (read back without a process group)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(path, into)
+    flat: dict = {}
+
+    def walk(prefix: str, x) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(f"{prefix}/{k}", v)
+        elif isinstance(x, torch.Tensor):
+            flat[prefix] = x
+
+    walk("", torch.load(into, weights_only=False))
+    return flat
+
+
 def test_online_with_fewer_prompts_than_ranks(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
-    """Three feedback rows on four ranks (one with an unreadable video): one update where rank 3 has nothing
-    and one rank's episodes all fail; every rank finishes, nothing is lost, the progress file is written."""
+    """Five feedback rows on four ranks (one with an unreadable video), four prompts an update: the first
+    update gives every rank one and that rank's episodes all fail, the second only rank 0 (ranks 1-3 have
+    nothing). Every rank finishes, nothing is lost, the progress file is written. A crash after the first
+    update's checkpoint (its last row still queued, the second update's metrics line already written) and a
+    restart: the queued row is trained, none of the first four again, and the weights and optimizer end as the
+    uninterrupted run's."""
+    import shutil
+
     from paravt_agent.store import TrajectoryStore
     from paravt_agent.trajectory import Trace
+    from paravt_train.checkpoint import load_blobs
 
     store = TrajectoryStore(tmp_path / "traces.db")
     bad = garbage_video(tmp_path / "bad.mp4")
-    asked = [(w.video, q) for w in toy_rl["worlds"] for q in w.questions if q.options][:2]
-    for video, q in [*asked, (str(bad), asked[0][1])]:
+    asked = [(w.video, q) for w in toy_rl["worlds"] for q in w.questions if q.options][:4]
+    for video, q in [*asked[:2], (str(bad), asked[0][1]), *asked[2:]]:
         t = Trace(video=video, question=q.question, options=q.options)
         store.add(t)
         store.feedback(t.id, answer=q.answer)
     srv = sglang_stub(toy_policy_dir)
+    # τ 1.2: the toy policy's groups differ, so both updates train (at 0.7 every group has one reward)
     cfg = {**_grpo_cfg(toy_policy_dir, toy_rl, Path("unused"), tmp_path / "online", srv.url, steps=1,
-                       replay={"enabled": False}), "data": None}
+                       replay={"enabled": False}, temperature=1.2), "data": None}
     run = torchrun("online", cfg, tmp_path, "--store", str(store.path))
     assert run.returncode == 0, run.stderr[-4000:]
-    recs = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
-    assert len(recs) == 1 and len(recs[0]["prompts"]) == 3 and recs[0]["failed_episodes"] == 2
-    state = json.loads((tmp_path / "online" / "online_state.json").read_text())
-    assert len(state["trained"]) == 3 and state["queued"] == 0 and state["checkpoint_step"] == 1
+    out = tmp_path / "online"
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    assert len(recs[0]["prompts"]) == 4 and recs[0]["failed_episodes"] == 2
+    assert len(recs[1]["prompts"]) == 1 and recs[1]["failed_episodes"] == 0 and recs[1]["sequences"] > 0
+    assert recs[0]["grad_norm"] > 0 and recs[1]["grad_norm"] > 0  # both updates train: a restart has work to redo
+    state = json.loads((out / "online_state.json").read_text())
+    assert state["trained"] == [f"feedback-{i}" for i in range(1, 6)]
+    assert state["queued"] == 0 and state["checkpoint_step"] == 2 and state["cursor"] == 5
+    # a crash while step 2 was being checkpointed: checkpoint-1 (the fifth row queued) and both metrics lines
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    shutil.copytree(out / "checkpoint-1", crash / "checkpoint-1")
+    shutil.copy(out / "metrics.jsonl", crash / "metrics.jsonl")
+    saved = load_blobs(crash / "checkpoint-1")["extra_state"]
+    assert saved["cursor"] == 5 and [d["id"] for d in saved["queue"]] == ["feedback-5"]
+    # the server still holds step 2's weights: the restart must push checkpoint-1's before rolling out
+    resumed = torchrun("online", {**cfg, "output_dir": str(crash)}, tmp_path, "--store", str(store.path))
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    again = [json.loads(x) for x in (crash / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [1, 2] and again[1]["prompts"] == recs[1]["prompts"]
+    assert again[1]["reward"] == recs[1]["reward"] and again[1]["loss"] == pytest.approx(recs[1]["loss"], rel=1e-5)
+    assert json.loads((crash / "online_state.json").read_text()) == state  # nothing lost, nothing twice
+    want = _checkpoint_tensors(out / "checkpoint-2", tmp_path / "want.pt")
+    got = _checkpoint_tensors(crash / "checkpoint-2", tmp_path / "got.pt")
+    before = _checkpoint_tensors(out / "checkpoint-1", tmp_path / "before.pt")
+    assert set(want) == set(got) and any(k.startswith("/optim/") for k in want)
+    assert max(float((want[k] - before[k]).abs().max()) for k in want if k.startswith("/model/")) > 1e-5
+    assert max(float((want[k] - got[k]).abs().max()) for k in want) < 1e-5  # model and optimizer
     assert torch.cuda.is_available() is False  # gloo: what ran here is the CPU stand-in for NCCL

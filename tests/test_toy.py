@@ -391,6 +391,15 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a)  # lr 1e-9: the same weights
     with pytest.raises(ConfigError, match="not a model directory"):
         build(warm.model_copy(update={"init": str(tmp_path)}), progress=False)
+    # stages in one build (`then`) train exactly as the separate warm-start runs they stand for
+    staged = build(ToyConfig.model_validate({**cfg.model_dump(), "out": str(tmp_path / "staged"),
+                                             "then": [{"steps": 2, "lr": 1e-3}]}), progress=False, log=logs.append)
+    assert any(m.startswith("stage 2: 2 steps at lr 0.001") for m in logs)
+    apart = build(ToyConfig(out=str(tmp_path / "apart"), train_worlds=4, test_worlds=1, steps=2, batch_size=4,
+                            lr=1e-3, copy_rows=2, init=str(model)), progress=False)
+    c, d = load_file(staged / "model.safetensors"), load_file(apart / "model.safetensors")
+    assert any((c[k] - a[k]).abs().max() > 1e-4 for k in a)  # the stage trained
+    assert all((c[k] - d[k]).abs().max() == 0 for k in c)
 
 
 def test_copy_warmup_teaches_a_fresh_model_to_copy(tmp_path):

@@ -20,9 +20,18 @@ from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_train.tracking import ReportTo
 
-__all__ = ["ToyConfig", "build", "toy_agent_config", "TEST_SEED0"]
+__all__ = ["ToyConfig", "ToyStage", "build", "toy_agent_config", "TEST_SEED0"]
 
 TEST_SEED0 = 900_000  # held-out worlds use seeds from here: disjoint from the training videos
+
+
+class ToyStage(BaseModel):
+    """A further SFT stage on the same data, starting from the previous stage's policy (a warm start)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(ge=1, description="SFT steps of this stage.")
+    lr: float = Field(gt=0, description="Its peak learning rate (warmup, then cosine).")
 
 
 class ToyConfig(BaseModel):
@@ -73,6 +82,9 @@ class ToyConfig(BaseModel):
     copy_row_kind: Literal["tokens", "listings"] = Field("tokens", description="What the copy rows repeat: random "
                                                          "tokens or random listings (rows.copy_rows).")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
+    then: list[ToyStage] = Field(default_factory=list, description="Further SFT stages after the first, each a warm "
+                                 "start from the one before on the same data (the shipped policy's recipe: "
+                                 "checkpoints/toy/COMMAND.txt).")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start.")
     report_to: ReportTo = Field(default_factory=list, description="Experiment trackers of the SFT (SFTConfig."
@@ -175,13 +187,20 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
         seed=cfg.seed, report_to=cfg.report_to,
     )
     result = train(sft, progress=progress)
+    final = out / "sft" / "final"
+    for k, stage in enumerate(cfg.then, 2):  # warm starts on the same rows, each from the stage before
+        log(f"stage {k}: {stage.steps} steps at lr {stage.lr:g} from {final}")
+        result = train(sft.model_copy(update={"model": str(final), "output_dir": str(out / f"sft-stage{k}"),
+                                              "lr": stage.lr, "max_steps": stage.steps}), progress=progress)
+        final = out / f"sft-stage{k}" / "final"
     if model_dir.exists():
         shutil.rmtree(model_dir)
-    shutil.copytree(out / "sft" / "final", model_dir)
+    shutil.copytree(final, model_dir)
     (model_dir / "agent_config.yaml").write_text(_yaml(agent_cfg))
     stamp.write_text(json.dumps({"digest": cfg.digest(), "config": cfg.model_dump(), "final_loss": result["losses"][-1],
                                  "minutes": (time.time() - t0) / 60}))
-    log(f"toy policy trained: {result['steps']} steps, final loss {result['losses'][-1]:.4f}, "
+    log(f"toy policy trained: {cfg.steps + sum(st.steps for st in cfg.then)} steps in {1 + len(cfg.then)} stage(s), "
+        f"final loss {result['losses'][-1]:.4f}, "
         f"{(time.time() - t0) / 60:.1f} min -> {model_dir}")
     return model_dir
 

@@ -81,13 +81,7 @@ def lanes_html(entries: list, order: list[str] | None = None) -> str:
         cards = []
         for e in (e for e in entries if e.agent == name):
             body = [f"<b>round {e.round + 1}</b>" + ("" if e.share else " <i>(not shared)</i>")]
-            if e.error:
-                body.append(f"<i>error: {html.escape(e.error)}</i>")
-            if e.plan:
-                body.append(f"plan: {html.escape(e.plan)}")
-            body += [f"{html.escape(c.label or c.name or 'call')}: {html.escape(c.slot_text[:300])}" for c in e.calls]
-            if e.info:
-                body.append(f"key info: {html.escape(e.info)}")
+            body += [f"{html.escape(name)}: {html.escape(text[:300])}" for name, text in e.items()]
             style = "border:1px dashed #999" if not e.share else "border:1px solid #2563eb"
             cards.append(f'<div class="pvt-card" style="{style};border-radius:6px;padding:6px;margin:4px 0;'
                          f'font-size:12px">' + "<br>".join(body) + "</div>")

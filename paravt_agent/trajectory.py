@@ -84,15 +84,15 @@ class MemoryEntry(BaseModel):
             s = neutralize(" ".join(s.split()))
             return s if len(s) <= limit else s[: limit - 3] + "..."
 
-        lines = [f"[{self.agent}, round {self.round + 1}]"]
-        if self.error:
-            lines.append(f"  (no entry: {clip(self.error)})")
-        if self.plan:
-            lines.append(f"  plan: {clip(self.plan)}")
-        lines += [f"  {c.label or c.name}: {clip(c.slot_text)}" for c in self.calls]
-        if self.info:
-            lines.append(f"  key info: {clip(self.info)}")
-        return "\n".join(lines)
+        return "\n".join([f"[{self.agent}, round {self.round + 1}]",
+                          *(f"  {name}: {clip(text)}" for name, text in self.items())])
+
+    def items(self) -> list[tuple[str, str]]:
+        """The entry's parts in reading order, ``(name, text)``: an error, the plan, each call's output (by its
+        label), the key info."""
+        return [*([("no entry", self.error)] if self.error else []), *([("plan", self.plan)] if self.plan else []),
+                *((c.label or c.name or "call", c.slot_text) for c in self.calls),
+                *([("key info", self.info)] if self.info else [])]
 
 
 class PlannerTurn(BaseModel):

@@ -1,6 +1,6 @@
 """Toy grounding: how well the toy policy localises a colour's segment, with the tool and without it.
 
-    .venv/bin/python examples/toy_grounding.py            # 3.0 min on 2 cores (measured)
+    .venv/bin/python examples/toy_grounding.py            # 2.7 min on 2 cores (measured)
     .venv/bin/python examples/toy_grounding.py --worlds 8 # a quick look
 
 Held-out toy videos (seeds disjoint from training): for each, "When is the segment of colour <c> shown?"

@@ -5,8 +5,8 @@
 
 1. The start: the shipped toy policy (checkpoints/toy) made tool-shy by a short SFT on traces that mostly
    answer colour-at-t questions from the nearest overview frame although the tool is offered
-   (:mod:`paravt_train.toy.toolshy`). Greedy, it usually skips the tool at n = 8; sampled at τ = 0.7 it
-   still crops now and then. Why this start: the shipped policy is already near 1.0 on colour-at-t and
+   (:mod:`paravt_train.toy.toolshy`: always on 32- and 64-frame overviews, mostly on sparser ones). Greedy,
+   it skips the tool at n = 8 and 64; sampled at τ = 0.7 it still crops now and then on sparse overviews. Why this start: the shipped policy is already near 1.0 on colour-at-t and
    nearly deterministic (nothing for RL to move), while this one has a real decision to improve — the
    one the paper's nFrames gating targets (use the tool when the overview is sparse).
 2. RL: `vanilla-grpo` and `para-grpo` from the same start with the same seeds, on colour-at-t questions of

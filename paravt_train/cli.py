@@ -133,18 +133,21 @@ def toy_cmd(
     out: Path = typer.Option(None, "--out", help="Output folder (default: $PARAVT_HOME/toy, i.e. ~/.cache/paravt/toy)."),
     train_worlds: int = typer.Option(None, help="Training videos (default 400)."),
     test_worlds: int = typer.Option(None, help="Held-out videos (disjoint seeds; default 60)."),
-    steps: int = typer.Option(None, help="SFT steps of batch 16 (default 1800)."),
+    steps: int = typer.Option(None, help="SFT steps of batch 16 of the first stage (default 1800)."),
     size: str = typer.Option(None, help="Tiny model size: toy (default, 1.2 M parameters) or test."),
     seed: int = typer.Option(None, help="World and training seed (default 0)."),
     init: Path = typer.Option(None, "--init", help="Warm start: fine-tune this policy directory (e.g. an earlier "
-                                                   "toy policy) instead of a fresh tiny model."),
+                                                   "toy policy) instead of a fresh tiny model, --steps steps on "
+                                                   "the shipped plans (no further stages unless --set then=...)."),
     set_: list[str] = typer.Option(None, "--set", help="Any other ToyConfig field as key=value (lr, batch_size, "
                                                        "mcq, oe, tvg, vocab_size, ...)."),
 ) -> None:
     """Build the toy world (videos, SFT/RL data, held-out split) and train the tiny policy; cached.
 
-    The defaults train from scratch: a copy warm-up, then 1800 SFT steps (~40 min on 2 CPU cores).
-    checkpoints/toy/COMMAND.txt gives the commands that trained the shipped policy."""
+    The defaults are the shipped policy's recipe, from scratch: a copy warm-up, 1800 SFT steps on the
+    first stage's traces (plans: neighbours), then 500 and 400 steps at lr 5e-4 on the shipped plans
+    (then; 57 min on 2 CPU cores; checkpoints/toy/COMMAND.txt). --set 'then=[]' trains the first stage
+    only."""
     from paravt_agent.config import apply_overrides
     from paravt_agent.defaults import paravt_home
     from paravt_agent.errors import ConfigError

@@ -55,7 +55,9 @@ def _default(field) -> str:
     value = field.default_factory() if field.default_factory is not None else field.default
     if isinstance(value, BaseModel):
         return f"`{type(value).__name__}()`"
-    text = json.dumps(value, default=str, ensure_ascii=False)
+    # a list of settings objects (e.g. ToyConfig.then) as the YAML/JSON a user would write
+    text = json.dumps(value, default=lambda v: v.model_dump() if isinstance(v, BaseModel) else str(v),
+                      ensure_ascii=False)
     return f"`{text}`"
 
 

@@ -44,6 +44,7 @@ from paravt_train.checkpoint import (
     export_model,
 )
 from paravt_train.distributed import (
+    all_reduce_sum,
     barrier,
     device,
     init_distributed,
@@ -324,6 +325,8 @@ class GRPOTrainer(TrainerCheckpoints):
             self.sync()
         t_sync = time.perf_counter() - t2
         rec = step_metrics(self.step, groups, all_groups, prompts, stats, n_drawn, cfg, self.world)
+        if "dropped_stale" in timing and self.world > 1:  # every rank has the key (the same settings): all ranks'
+            timing = {**timing, "dropped_stale": int(all_reduce_sum([timing["dropped_stale"]])[0])}
         rec.update(**timing, update_seconds=t_upd, sync_seconds=t_sync, lr=self.scheduler.get_last_lr()[0],
                    time=time.time())
         self.metrics.log(rec)  # metrics.jsonl and the report_to trackers, rank 0 only

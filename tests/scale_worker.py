@@ -3,10 +3,12 @@
     scale_worker.py sft CONFIG.yaml [--sigterm-at STEP --sigterm-rank R]
                                          (a JSON line per rank: its rank, losses, steps, stop signal)
     scale_worker.py grpo CONFIG.yaml
-    scale_worker.py online CONFIG.yaml --store PATH
+    scale_worker.py online CONFIG.yaml --store PATH [--restart-server-at STEP]
 
 ``--sigterm-at`` sends SIGTERM to rank R's own process right after step STEP, as a scheduler would to one
-node: every rank must stop at that step boundary with a checkpoint.
+node: every rank must stop at that step boundary with a checkpoint. ``--restart-server-at`` stands in for
+the server restarting on the initial weights (version "default") once the trainer has made STEP updates, before
+any rank rolls out the next one.
 """
 
 import argparse
@@ -22,6 +24,7 @@ def main() -> None:
     ap.add_argument("--store", default=None)
     ap.add_argument("--sigterm-at", type=int, default=None)
     ap.add_argument("--sigterm-rank", type=int, default=0)
+    ap.add_argument("--restart-server-at", type=int, default=None)
     args = ap.parse_args()
     if args.mode == "sft":
         from paravt_train.sft import train
@@ -49,9 +52,33 @@ def main() -> None:
         else:
             from paravt_train.online import OnlineLearner
 
-            OnlineLearner(cfg, args.store, progress=False).run(once=True)
+            learner = OnlineLearner(cfg, args.store, progress=False)
+            if args.restart_server_at is not None:
+                restart_server_at(learner.trainer, cfg, args.restart_server_at)
+            learner.run(once=True)
     finally:
         shutdown_distributed()
+
+
+def restart_server_at(tr, cfg, at: int) -> None:
+    """Before the update after ``at`` updates, every rank waits while rank 0 puts the initial weights back on
+    the server as version "default" (its version 0), as a server restarted from its launch weights would."""
+    import tempfile
+
+    from paravt_train.distributed import barrier
+    from paravt_train.weight_sync import SGLangWeightSync
+
+    step = tr.train_step
+
+    def train_step(prompts, *a, **kw):
+        if tr.step == at:
+            barrier()
+            if tr.rank == 0:
+                SGLangWeightSync(cfg.endpoint, tempfile.mkdtemp()).push(cfg.model, version="default")
+            barrier()
+        return step(prompts, *a, **kw)
+
+    tr.train_step = train_step
 
 
 if __name__ == "__main__":

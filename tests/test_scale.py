@@ -100,6 +100,34 @@ def test_sft_with_text_only_rows_on_four_ranks(tiny_model, tmp_path):
     assert max(float((want[k] - got[k]).abs().max()) for k in want) < 1e-5
 
 
+def test_online_staleness_bound_counts_every_rank(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+    """`paravt-train online` with η = 1 on four ranks, one feedback row per rank an update: after two updates
+    the server restarts on the initial weights (two versions behind), so the third update's groups are too
+    stale on every rank. ``dropped_stale`` counts all four (not rank 0's one), and the fourth update trains
+    the four prompts again on the weights the third one pushed."""
+    from paravt_agent.store import TrajectoryStore
+    from paravt_agent.trajectory import Trace
+
+    store = TrajectoryStore(tmp_path / "traces.db")
+    asked = [(w.video, q) for w in toy_rl["worlds"] for q in w.questions if q.options][:4] * 3  # 12 rows
+    for video, q in asked:
+        t = Trace(video=video, question=q.question, options=q.options)
+        store.add(t)
+        store.feedback(t.id, answer=q.answer)
+    srv = sglang_stub(toy_policy_dir)
+    cfg = {**_grpo_cfg(toy_policy_dir, toy_rl, Path("unused"), tmp_path / "online", srv.url, steps=1,
+                       replay={"enabled": False}, max_staleness=1, kl_coef=0.0, gating_choices=[4],
+                       save_every=100, max_new_tokens=64), "data": None}
+    run = torchrun("online", cfg, tmp_path, "--store", str(store.path), "--restart-server-at", "2")
+    assert run.returncode == 0, run.stderr[-4000:]
+    recs = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    assert [r["dropped_stale"] for r in recs] == [0, 0, RANKS, 0]
+    assert recs[2]["episodes"] == 0 and sorted(recs[3]["prompts"]) == sorted(recs[2]["prompts"])
+    state = json.loads((tmp_path / "online" / "online_state.json").read_text())
+    assert sorted(state["trained"]) == sorted(f"feedback-{i}" for i in range(1, 13))  # each once
+
+
 def _grpo_cfg(toy_policy_dir, toy_rl, data: Path, out: Path, endpoint: str, **kw) -> dict:
     """The paper's config (examples/configs/paragrpo_qwen3vl_8b.yaml: KL to a sharded reference, gradient
     checkpointing, micro-batches of 1, nFrames gating …) with the model, data, server and sizes swapped for the

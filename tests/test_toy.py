@@ -230,6 +230,35 @@ def test_plans_copy_and_count_down_never_add():
                 assert calls == [(q.t, q.t + 0.5)] and f'"end_time": {q.t}.5' in text
 
 
+def test_neighbours_plans_of_the_first_stage():
+    """The recipe's first stage (``plans: neighbours``): colour-at-t crops the two one-second windows around
+    t, whose sub-agents list two seconds each; grounding scans forward, so the answer step reads the findings
+    in time order. Same answers, same sub-agent replies on a window, different plans; an unknown plan is an
+    error."""
+    for seed in range(12):
+        w = make_world(seed, mcq=1, oe=1, tvg=1)
+        for q in w.questions:
+            wins = windows_for(w, q, "neighbours")
+            calls = [(c.arguments["start_time"], c.arguments["end_time"])
+                     for c in parse_tool_calls(planner_turn(q, wins, w.duration))]
+            assert calls == wins
+            ans = answer_turn(w, q, "neighbours")
+            assert extract_answer(ans) == extract_answer(answer_turn(w, q))
+            if q.task == "tvg":
+                assert wins == windows_for(w, q)[::-1] and wins[0] == (0, 15)
+                found = [w.report(q, a, b) for a, b in wins if w.report(q, a, b) != "Nothing."]
+                assert ans.split("</think>")[0] == "<think>\nReports: " + " ".join(found)
+            else:
+                assert wins == [(q.t, q.t + 1), (q.t - 1, q.t)]
+                assert [w.summary(q, a, b) for a, b in wins] == [
+                    f"{q.t} {q.colour}; {q.t + 1} {w.colour_at(q.t + 1)}",
+                    f"{q.t - 1} {w.colour_at(q.t - 1)}; {q.t} {q.colour}"]
+    par = parallel_trace(w, q, w.video, 8, SCHEMA, "neighbours")
+    assert parse_tool_calls(par[2]["content"]) and par[4]["content"] == answer_turn(w, q, "neighbours")
+    with pytest.raises(ValueError, match="plans must be one of copy, neighbours"):
+        windows_for(w, q, "forward")
+
+
 def test_grounding_answer_covers_the_segment():
     """Copying the findings gives the segment: the last finding's "^" second and the first one's "$" second
     (the calls go from the video's end to its start)."""
@@ -363,14 +392,27 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     from paravt_train.toy.quickstart import run
 
     cfg = ToyConfig(out=str(tmp_path / "toy"), train_worlds=4, test_worlds=1, steps=2, size="test", vocab_size=600,
-                    batch_size=4, copy_steps=2, copy_rows=2)
+                    batch_size=4, copy_steps=2, copy_rows=2, then=[])
+    assert cfg.plans == "neighbours" and [(s.steps, s.lr, s.plans) for s in ToyConfig(out="o").then] == [
+        (500, 5e-4, "copy"), (400, 5e-4, "copy")]  # the default recipe: neighbours, then two stages of copy plans
+    warm_default = ToyConfig(out="o", init="p")  # a warm start: one stage on the shipped plans unless told
+    assert (warm_default.plans, warm_default.then) == ("copy", [])
+    assert ToyConfig(out="o", init="p", plans="neighbours", then=[{"steps": 1, "lr": 1.0}]).plans == "neighbours"
     logs = []
     model = build(cfg, progress=False, log=logs.append)
     assert sum(m.startswith("copy warm-up: 2 steps") for m in logs) == 1  # a fresh model is warmed up first
-    data = pd.read_parquet(tmp_path / "toy" / "data" / "sft_train.parquet")
+    data = pd.read_parquet(tmp_path / "toy" / "data" / "sft_train_neighbours.parquet")
     assert data["id"].str.startswith("copy").sum() == 8  # 2 copy rows per training video, in the mix
+    assert not (tmp_path / "toy" / "data" / "sft_train.parquet").exists()  # no stage trains on the copy plans
     assert (model / "config.json").is_file() and (model / "agent_config.yaml").is_file()
     assert build(cfg, progress=False, log=logs.append) == model and "already built" in logs[-1]
+    from safetensors.torch import load_file
+
+    # the same settings elsewhere build the same policy, bit for bit (checkpoints/toy/COMMAND.txt relies on it)
+    twin = build(cfg.model_copy(update={"out": str(tmp_path / "twin")}), progress=False, log=logs.append)
+    a, t = load_file(model / "model.safetensors"), load_file(twin / "model.safetensors")
+    assert a.keys() == t.keys() and all(a[k].equal(t[k]) for k in a)
+    assert (twin / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
     out = run(model, out=tmp_path / "qs", worlds=1, modes=("parallel", "none"), ns=(8,), progress=False,
               log=logs.append)
     assert set(out["results"]) == {("parallel", 8), ("none", 8)}
@@ -379,24 +421,25 @@ def test_build_is_cached_and_quickstart_runs(tmp_path):
     assert any("one full trace" in m for m in logs)
     # a warm start fine-tunes the given policy (its tokenizer, its weights) instead of a fresh tiny model
     warm = ToyConfig(out=str(tmp_path / "warm"), train_worlds=4, test_worlds=1, steps=1, batch_size=4, lr=1e-9,
-                     init=str(model))
+                     init=str(model), then=[])
     assert warm.digest() != cfg.digest()
     model2 = build(warm, progress=False, log=logs.append)
     assert any(m.startswith("warm start from") for m in logs) and not (tmp_path / "warm" / "init").exists()
     assert sum(m.startswith("copy warm-up") for m in logs) == 1  # not for a warm start
     assert (model2 / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
-    from safetensors.torch import load_file
-
-    a, b = load_file(model / "model.safetensors"), load_file(model2 / "model.safetensors")
+    b = load_file(model2 / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a)  # lr 1e-9: the same weights
     with pytest.raises(ConfigError, match="not a model directory"):
         build(warm.model_copy(update={"init": str(tmp_path)}), progress=False)
-    # stages in one build (`then`) train exactly as the separate warm-start runs they stand for
+    # stages in one build (`then`) train exactly as the separate warm-start runs they stand for, each on its
+    # own plans' traces (the default recipe: neighbours first, then copy)
     staged = build(ToyConfig.model_validate({**cfg.model_dump(), "out": str(tmp_path / "staged"),
                                              "then": [{"steps": 2, "lr": 1e-3}]}), progress=False, log=logs.append)
-    assert any(m.startswith("stage 2: 2 steps at lr 0.001") for m in logs)
+    assert any(m.startswith("stage 2: 2 steps at lr 0.001 on the copy plans") for m in logs)
+    on_copy = pd.read_parquet(tmp_path / "staged" / "data" / "sft_train.parquet")
+    assert len(on_copy) < len(data)  # one colour-at-t window per question instead of two: fewer sub-agent rows
     apart = build(ToyConfig(out=str(tmp_path / "apart"), train_worlds=4, test_worlds=1, steps=2, batch_size=4,
-                            lr=1e-3, copy_rows=2, init=str(model)), progress=False)
+                            lr=1e-3, copy_rows=2, init=str(model), plans="copy", then=[]), progress=False)
     c, d = load_file(staged / "model.safetensors"), load_file(apart / "model.safetensors")
     assert any((c[k] - a[k]).abs().max() > 1e-4 for k in a)  # the stage trained
     assert all((c[k] - d[k]).abs().max() == 0 for k in c)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
@@ -25,13 +25,18 @@ __all__ = ["ToyConfig", "ToyStage", "build", "toy_agent_config", "TEST_SEED0"]
 TEST_SEED0 = 900_000  # held-out worlds use seeds from here: disjoint from the training videos
 
 
+Plans = Literal["copy", "neighbours"]  # world.PLANS
+
+
 class ToyStage(BaseModel):
-    """A further SFT stage on the same data, starting from the previous stage's policy (a warm start)."""
+    """A further SFT stage on the same worlds (its own plans), starting from the previous stage's policy (a warm
+    start)."""
 
     model_config = ConfigDict(extra="forbid")
 
     steps: int = Field(ge=1, description="SFT steps of this stage.")
     lr: float = Field(gt=0, description="Its peak learning rate (warmup, then cosine).")
+    plans: Plans = Field("copy", description="The plans of this stage's traces (world.PLANS).")
 
 
 class ToyConfig(BaseModel):
@@ -49,9 +54,9 @@ class ToyConfig(BaseModel):
     seed: int = Field(0, description="World and training seed.")
     size: str = Field("toy", description="Tiny model size: toy (~1.3 M parameters) or test.")
     vocab_size: int = Field(1024, ge=300, description="Byte-level BPE vocabulary trained on the toy corpus.")
-    steps: int = Field(1800, ge=1, description="SFT steps.")
+    steps: int = Field(1800, ge=1, description="SFT steps of the first stage.")
     batch_size: int = Field(16, ge=1, description="SFT samples per step.")
-    lr: float = Field(1e-3, gt=0, description="SFT peak learning rate (warmup, then cosine).")
+    lr: float = Field(1e-3, gt=0, description="SFT peak learning rate of the first stage (warmup, then cosine).")
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="SFT warmup, as a fraction of the steps.")
     copy_rows: int = Field(10, ge=0, description="Text-only copy rows (random sequences of the tokenizer's "
                                                  "ordinary tokens, repeated) per training video in the SFT mix: "
@@ -82,13 +87,29 @@ class ToyConfig(BaseModel):
     copy_row_kind: Literal["tokens", "listings"] = Field("tokens", description="What the copy rows repeat: random "
                                                          "tokens or random listings (rows.copy_rows).")
     micro_batch_size: int = Field(1, description="1 is fastest on CPU: no padding, causal attention kernels.")
-    then: list[ToyStage] = Field(default_factory=list, description="Further SFT stages after the first, each a warm "
-                                 "start from the one before on the same data (the shipped policy's recipe: "
-                                 "checkpoints/toy/COMMAND.txt).")
+    plans: Plans = Field("neighbours", description="The plans of the first stage's traces (world.PLANS): "
+                                                   "neighbours (colour-at-t crops [t, t+1] and [t-1, t], grounding "
+                                                   "scans forward), the curriculum's first stage; copy, the "
+                                                   "shipped policy's plans (README, the toy world).")
+    then: list[ToyStage] = Field(
+        default_factory=lambda: [ToyStage(steps=500, lr=5e-4), ToyStage(steps=400, lr=5e-4)],
+        description="Further SFT stages after the first, each a warm start from the one before on the same "
+                    "worlds with its own plans (default: 500 and 400 steps at lr 5e-4 on the copy plans, the "
+                    "shipped policy's recipe, checkpoints/toy/COMMAND.txt); [] trains the first stage only.")
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
-                                               "weights) instead of a fresh tiny model: a warm start.")
+                                               "weights) instead of a fresh tiny model: a warm start, one stage on "
+                                               "the copy plans unless plans or then are given.")
     report_to: ReportTo = Field(default_factory=list, description="Experiment trackers of the SFT (SFTConfig."
                                  "report_to: tensorboard, mlflow, wandb, trackio); not part of the build's digest.")
+
+    @model_validator(mode="after")
+    def _warm_start_is_one_stage(self) -> ToyConfig:
+        # a warm start fine-tunes a trained policy: on the shipped plans, one stage, unless told otherwise
+        if self.init and "plans" not in self.model_fields_set:
+            self.plans = "copy"
+        if self.init and "then" not in self.model_fields_set:
+            self.then = []
+        return self
 
     @field_validator("copy_length")
     @classmethod
@@ -127,13 +148,11 @@ def toy_agent_config(**overrides) -> AgentConfig:
 
 def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     """Data + model + SFT; returns the trained model directory."""
-    from transformers import AutoTokenizer
-
     from paravt_train.data import write_parquet
     from paravt_train.sft import train
     from paravt_train.sft_config import SFTConfig
-    from paravt_train.toy.rows import check_trace_roundtrip, copy_rows, corpus, rl_rows, sft_rows
-    from paravt_train.toy.tiny import build_tiny_model, copy_vocabulary, copy_warmup
+    from paravt_train.toy.rows import check_trace_roundtrip, corpus, rl_rows, sft_rows
+    from paravt_train.toy.tiny import build_tiny_model, copy_warmup
     from paravt_train.toy.world import make_worlds
     from tools import ToolRegistry
 
@@ -153,14 +172,16 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     test_w = make_worlds(range(TEST_SEED0 + cfg.seed, TEST_SEED0 + cfg.seed + cfg.test_worlds), out / "videos",
                          progress)
     schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
-    rows = sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos")
-    check_trace_roundtrip(rows)
+    plans = [cfg.plans, *(st.plans for st in cfg.then)]
+    rows = {p: sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos", plans=p) for p in dict.fromkeys(plans)}
+    for r in rows.values():
+        check_trace_roundtrip(r)
     if cfg.init:
         init = Path(cfg.init)
         log(f"warm start from {init}")
-    else:
-        init = build_tiny_model(out / "init", corpus(rows), size=cfg.size, vocab_size=cfg.vocab_size, seed=cfg.seed,
-                                number_tokens=cfg.number_tokens)
+    else:  # the tokenizer learns the first stage's texts
+        init = build_tiny_model(out / "init", corpus(rows[cfg.plans]), size=cfg.size, vocab_size=cfg.vocab_size,
+                                seed=cfg.seed, number_tokens=cfg.number_tokens)
         if cfg.copy_steps:
             warm = copy_warmup(init, steps=cfg.copy_steps, seed=cfg.seed, reach_steps=cfg.copy_reach_steps,
                                reach_length=cfg.copy_length, listing_steps=cfg.copy_listing_steps,
@@ -169,29 +190,26 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
             if warm[key] < 0.9:
                 log(f"warning: the copy warm-up reached only {warm[key]:.2f} copy accuracy; the grounding "
                     f"copies need it (raise {'copy_listing_steps' if cfg.copy_listing_steps else 'copy_steps'})")
-    if cfg.copy_rows:  # drawn from the policy's own tokenizer, so they exist only once it does
-        copies = copy_rows(cfg.copy_rows * len(train_w), copy_vocabulary(AutoTokenizer.from_pretrained(init)),
-                           seed=cfg.seed, length=cfg.copy_length, kind=cfg.copy_row_kind)
-        rows = rows + copies
-        random.Random(cfg.seed).shuffle(rows)
-    write_parquet(rows, out / "data" / "sft_train.parquet")
+    data = {p: _write_sft_data(r, cfg, init, len(train_w), out / "data", p) for p, r in rows.items()}
     write_parquet(rl_rows(train_w, out / "videos"), out / "data" / "rl_train.parquet")
     write_parquet(rl_rows(test_w, out / "videos"), out / "data" / "rl_test.parquet")
-    log(f"toy data: {len(train_w)} training videos, {len(test_w)} held-out videos, {len(rows)} SFT samples "
-        f"({time.time() - t0:.0f}s)")
+    log(f"toy data: {len(train_w)} training videos, {len(test_w)} held-out videos, SFT samples "
+        + ", ".join(f"{len(r) + cfg.copy_rows * len(train_w)} ({p} plans)" for p, r in rows.items())
+        + f" ({time.time() - t0:.0f}s)")
     agent_cfg = toy_agent_config()
     sft = SFTConfig(
-        model=str(init), data=str(out / "data" / "sft_train.parquet"), video_root=str(out / "videos"),
+        model=str(init), data=str(data[cfg.plans]), video_root=str(out / "videos"),
         output_dir=str(out / "sft"), frames=agent_cfg.frames, lr=cfg.lr, batch_size=cfg.batch_size,
         micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps, warmup_ratio=cfg.warmup_ratio, save_every=200,
         seed=cfg.seed, report_to=cfg.report_to,
     )
     result = train(sft, progress=progress)
     final = out / "sft" / "final"
-    for k, stage in enumerate(cfg.then, 2):  # warm starts on the same rows, each from the stage before
-        log(f"stage {k}: {stage.steps} steps at lr {stage.lr:g} from {final}")
+    for k, stage in enumerate(cfg.then, 2):  # warm starts on the same worlds, each from the stage before
+        log(f"stage {k}: {stage.steps} steps at lr {stage.lr:g} on the {stage.plans} plans from {final}")
         result = train(sft.model_copy(update={"model": str(final), "output_dir": str(out / f"sft-stage{k}"),
-                                              "lr": stage.lr, "max_steps": stage.steps}), progress=progress)
+                                              "data": str(data[stage.plans]), "lr": stage.lr,
+                                              "max_steps": stage.steps}), progress=progress)
         final = out / f"sft-stage{k}" / "final"
     if model_dir.exists():
         shutil.rmtree(model_dir)
@@ -203,6 +221,24 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
         f"final loss {result['losses'][-1]:.4f}, "
         f"{(time.time() - t0) / 60:.1f} min -> {model_dir}")
     return model_dir
+
+
+def _write_sft_data(rows: list[dict], cfg: ToyConfig, init: Path, videos: int, folder: Path, plans: str) -> Path:
+    """One plans' SFT rows plus the copy rows (``cfg.copy_rows`` per training video, drawn from the policy's own
+    tokenizer, so they exist only once it does), shuffled, written as ``sft_train[_PLANS].parquet``."""
+    from transformers import AutoTokenizer
+
+    from paravt_train.data import write_parquet
+    from paravt_train.toy.rows import copy_rows
+    from paravt_train.toy.tiny import copy_vocabulary
+
+    if cfg.copy_rows:
+        rows = rows + copy_rows(cfg.copy_rows * videos, copy_vocabulary(AutoTokenizer.from_pretrained(init)),
+                                seed=cfg.seed, length=cfg.copy_length, kind=cfg.copy_row_kind)
+        random.Random(cfg.seed).shuffle(rows)
+    path = folder / ("sft_train.parquet" if plans == "copy" else f"sft_train_{plans}.parquet")
+    write_parquet(rows, path)
+    return path
 
 
 def _yaml(cfg: AgentConfig) -> str:

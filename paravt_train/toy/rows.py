@@ -60,10 +60,10 @@ def extra_subagent_samples(w: World, video: str, rng: random.Random, count: int 
     return out
 
 
-def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[int, int]]:
-    """The windows a question's sub-agent samples come from: both colour-at-t windows; for grounding
+def subagent_windows(w: World, q: Question, rng: random.Random, plans: str = "copy") -> list[tuple[int, int]]:
+    """The windows a question's sub-agent samples come from: the colour-at-t plan's windows; for grounding
     the window(s) that see the colour, four times (the findings are the rarer reply), plus two others."""
-    wins = windows_for(w, q)
+    wins = windows_for(w, q, plans)
     if q.task != "tvg":
         return wins
     hits = [x for x in wins if any(w.colour_at(s) == q.colour for s in w.seconds(*x))]
@@ -74,11 +74,12 @@ def subagent_windows(w: World, q: Question, rng: random.Random) -> list[tuple[in
 def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nframes=(4, 8, 16, 32, 64),
              video_root: str | Path | None = None, p_sequential: float = 0.2, p_direct: float = 0.4,
              direct_nframes=(16, 32, 64, 64), answer_only=(("mcq", 0.5), ("oe", 0.5), ("tvg", 1.0)),
-             extra_subagents: int = 4) -> list[dict]:
+             extra_subagents: int = 4, plans: str = "copy") -> list[dict]:
     """SFT rows. Per question: a parallel trace; with the task's probability in ``answer_only`` the same
     again with only the answer turn trained; with probability ``p_sequential`` a sequential trace; with
     probability ``p_direct`` a direct-answer (no tool) trace at an n from ``direct_nframes``; sub-agent
-    samples of its windows. Per world: extra sub-agent samples on random windows."""
+    samples of its windows. Per world: extra sub-agent samples on random windows. ``plans`` (world.PLANS):
+    which windows the traces' plans crop."""
     p_answer = dict(answer_only)
     rng = random.Random(seed)
     rows = []
@@ -86,19 +87,19 @@ def sft_rows(worlds: list[World], tools_schema: list[dict], seed: int = 0, nfram
         video = Path(w.video).name if video_root else w.video
         for q in w.questions:
             rows.append({"id": f"{q.qid}-par", "messages": parallel_trace(w, q, video, rng.choice(nframes),
-                                                                          tools_schema)})
+                                                                          tools_schema, plans)})
             if rng.random() < p_answer.get(q.task, 0.0):  # the answer step again, the planner turn as context
-                answer = parallel_trace(w, q, video, rng.choice(nframes), tools_schema)
+                answer = parallel_trace(w, q, video, rng.choice(nframes), tools_schema, plans)
                 answer[2] = {**answer[2], "train": False}
                 rows.append({"id": f"{q.qid}-ans", "messages": answer})
             if rng.random() < p_sequential:
                 rows.append({"id": f"{q.qid}-seq", "messages": sequential_trace(w, q, video, rng.choice(nframes),
-                                                                                   tools_schema)})
+                                                                                   tools_schema, plans)})
             if rng.random() < p_direct:
                 rows.append({"id": f"{q.qid}-dir", "messages": direct_trace(w, q, video,
                                                                             rng.choice(direct_nframes))})
             seen = []
-            for a, b in subagent_windows(w, q, rng):
+            for a, b in subagent_windows(w, q, rng, plans):
                 sid = f"{q.qid}-sub{a}" + "r" * seen.count((a, b))  # a hit window's later samples
                 seen.append((a, b))
                 rows.append({"id": sid, "messages": subagent_sample(w, q, video, (a, b))})

@@ -1,13 +1,15 @@
 """A starting policy for RL that leaves room to learn: the toy policy made tool-shy by a short SFT.
 
 The shipped toy policy answers colour-at-t questions by cropping (accuracy ~1 at n = 8) and is nearly
-deterministic, so RL has nothing to improve. This fine-tunes it for a few steps on a weaker mix: for
-colour-at-t questions at small overviews (n in {4, 8, 16}), most traces answer directly from the nearest
-overview frame although the tool is offered (``skip_share``), the rest crop as before. The result
-usually skips the tool at n = 8 (greedy accuracy near the nearest-frame shortcut's) but still crops in
-some samples at τ = 0.7 — the situation the paper's nFrames gating is about: tool-using rollouts score
-higher on sparse overviews, and GRPO can move the policy towards them. The worlds use their own seeds,
-disjoint from the toy's training, RL and held-out worlds.
+deterministic, so RL has nothing to improve. This fine-tunes it for a few steps on a weaker mix of
+colour-at-t traces whose tool use depends on the overview's density, as the paper's starting policies' does:
+on dense overviews (n in ``dense``: 32, 64) every trace answers directly from the nearest overview frame
+although the tool is offered (right in most cases there: the frames are a second or two apart); on sparse
+ones (4, 8, 16) most do (``skip_share``) and the rest crop as before. The result skips the tool on a
+64-frame overview and usually at n = 8 (greedy accuracy near the nearest-frame shortcut's), but still crops
+in some samples at τ = 0.7 on sparse overviews — the situation the paper's nFrames gating is about: tool-using
+rollouts score higher there, and GRPO can move the policy towards them only if it sees sparse overviews.
+The worlds use their own seeds, disjoint from the toy's training, RL and held-out worlds.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ TOOLSHY_SEED0 = 700_000
 
 
 def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: int = 120, skip_share: float = 0.75,
-                  lr: float = 5e-4, seed: int = 0, progress: bool = True, log=print) -> Path:
+                  lr: float = 5e-4, seed: int = 0, dense: tuple[int, ...] = (32, 64), progress: bool = True,
+                  log=print) -> Path:
     """Write the tool-shy policy to ``out`` (cached: an existing model directory is returned as is)."""
     from paravt_train.data import write_parquet
     from paravt_train.sft import train
@@ -43,9 +46,9 @@ def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: i
     rows = []
     for w in ws:
         for q in w.questions:
-            n = rng.choice((4, 8, 16))
-            msgs = (direct_trace(w, q, w.video, n, schema) if rng.random() < skip_share
-                    else parallel_trace(w, q, w.video, n, schema))
+            n = rng.choice((4, 8, 16, *dense))
+            skip = n in dense or rng.random() < skip_share
+            msgs = direct_trace(w, q, w.video, n, schema) if skip else parallel_trace(w, q, w.video, n, schema)
             rows.append({"id": q.qid, "messages": msgs})
     data = write_parquet(rows, work / "sft.parquet")
     frames = toy_agent_config().frames
@@ -57,6 +60,7 @@ def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: i
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(final, out)
-    log(f"tool-shy start: {steps} SFT steps on {len(rows)} traces ({skip_share:.0%} skip the tool), final loss "
-        f"{result['losses'][-1]:.3f} -> {out}")
+    skipped = sum(1 for r in rows if "<tool_call>" not in r["messages"][2]["content"])
+    log(f"tool-shy start: {steps} SFT steps on {len(rows)} traces ({skipped} skip the tool: all at n in {dense}, "
+        f"{skip_share:.0%} of the rest), final loss {result['losses'][-1]:.3f} -> {out}")
     return out

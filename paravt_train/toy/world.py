@@ -39,6 +39,10 @@ sub-agent sees its window's frames and the question:
   ("Reports: Found: ^17 $19.") and answers with the last "^" second and the first
   "$" second (the calls go backwards in time), "[17, 19]".
 
+The shipped policy's recipe (``ToyConfig.plans``, ``then``) starts on the ``neighbours``
+plans (:data:`PLANS`), from which a fresh model learns exact listings (trained on the
+copy plans alone it does not), then two short stages on the copy plans teach the plans.
+
 Every step is a copy of a token the model has in its context or a comparison of a
 colour with the asked one a few tokens back; no step adds to a time. Every copied
 time comes after a token that says what it is ("^", "$", "second", "Scan all"), so
@@ -77,6 +81,7 @@ from paravt_agent.protocol import render_tool_call
 __all__ = [
     "COLOURS",
     "MCQ_WINDOW",
+    "PLANS",
     "SCAN_WINDOW",
     "Question",
     "World",
@@ -304,14 +309,24 @@ def make_worlds(seeds, video_dir: str | Path, progress: bool = False, **question
 # --------------------------------------------------------------------------- traces
 
 
-def windows_for(w: World, q: Question) -> list[tuple[int, int]]:
+#: A trace's plans (``windows_for``): "copy", the shipped ones; "neighbours", the recipe's first stage: colour-at-t
+#: crops [t, t+1] and [t-1, t] (two seconds listed in each), grounding scans forward from [0, 15].
+PLANS = ("copy", "neighbours")
+
+
+def windows_for(w: World, q: Question, plans: str = "copy") -> list[tuple[int, int]]:
+    """The windows a correct plan crops for ``q``, in call order, under ``plans`` (:data:`PLANS`)."""
+    if plans not in PLANS:
+        raise ValueError(f"plans must be one of {', '.join(PLANS)}, got {plans!r}")
+    if plans == "neighbours":
+        return w.scan_windows() if q.task == "tvg" else [(q.t, q.t + 1), (q.t - 1, q.t)]
     if q.task == "tvg":
         # last window first: the first call depends on the duration alone, the rest count down to [0, 15]
         return w.scan_windows()[::-1]
     return [(q.t, q.t + MCQ_WINDOW)]
 
 
-def answer_turn(w: World, q: Question) -> str:
+def answer_turn(w: World, q: Question, plans: str = "copy") -> str:
     """The planner's final turn: copy what is needed into the think, then answer with its tokens.
 
     Every step is a copy of a token in the context, with the same tokens as the source (the toy tokenizer
@@ -323,9 +338,11 @@ def answer_turn(w: World, q: Question) -> str:
       windows say "Nothing."), in call order ("Reports: Found: ^21 $24."); it answers with the last "^"
       second and the first "$" second (the calls go from the video's end to its start), "[21, 24]": the
       segment's start and the second the next segment starts.
+
+    ``plans`` (:data:`PLANS`) orders the findings as the plan's calls are ordered.
     """
     if q.task == "tvg":
-        found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q)) if f != NOTHING)
+        found = " ".join(f for f in (w.finding(q, a, b) for a, b in windows_for(w, q, plans)) if f != NOTHING)
         a, b = w.span_of(q.colour)
         return f"<think>\n{REPORTS} {found}</think>\n<answer>{span_text(a, b)}</answer>"
     # MCQ answers with the option's text; the protocol's choice extraction maps it to its letter
@@ -362,24 +379,26 @@ def _user(video: str, n: int, q: Question) -> dict:
                                         {"type": "text", "text": question_text(q.question, q.options)}]}
 
 
-def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list[dict]) -> list[dict]:
-    wins = windows_for(w, q)
+def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list[dict],
+                   plans: str = "copy") -> list[dict]:
+    wins = windows_for(w, q, plans)
     return [
         {"role": "system", "content": tool_system_prompt(tools_schema)},
         _user(video, n, q),
         {"role": "assistant", "content": planner_turn(q, wins, w.duration)},
         tool_response_message([(call_label(w, a, b), w.report(q, a, b)) for a, b in wins]),
-        {"role": "assistant", "content": answer_turn(w, q)},
+        {"role": "assistant", "content": answer_turn(w, q, plans)},
     ]
 
 
-def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: list[dict]) -> list[dict]:
-    wins = windows_for(w, q)
+def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: list[dict],
+                     plans: str = "copy") -> list[dict]:
+    wins = windows_for(w, q, plans)
     msgs = [{"role": "system", "content": tool_system_prompt(tools_schema, sequential=True)}, _user(video, n, q)]
     for a, b in wins:
         msgs.append({"role": "assistant", "content": planner_turn(q, [(a, b)], w.duration)})
         msgs.append(tool_response_message([(call_label(w, a, b), w.report(q, a, b))]))
-    msgs.append({"role": "assistant", "content": answer_turn(w, q)})
+    msgs.append({"role": "assistant", "content": answer_turn(w, q, plans)})
     return msgs
 
 

@@ -1,6 +1,6 @@
 """Online learning from feedback, end to end on the toy: a served agent gets better from its users' feedback.
 
-    .venv/bin/python examples/online_loop.py            # 7.5 min on 2 cores (measured)
+    .venv/bin/python examples/online_loop.py            # 7.1 min on 2 cores (measured)
     .venv/bin/python examples/online_loop.py --questions 40 --updates 6 --pace 1    # a quick look
 
 1. A server that speaks SGLang's HTTP API (``tests/sglang_server.py``: the real tiny model on CPU) serves

@@ -1,6 +1,6 @@
 """PARA-GRPO vs vanilla GRPO on the toy world, on CPU, from a starting policy that leaves room to learn.
 
-    .venv/bin/python examples/toy_rl.py                 # both presets: 14.7 min on 2 cores (measured)
+    .venv/bin/python examples/toy_rl.py                 # both presets: 12.8 min on 2 cores (measured)
     .venv/bin/python examples/toy_rl.py --steps 6       # a quick look
 
 1. The start: the shipped toy policy (checkpoints/toy) made tool-shy by a short SFT on traces that mostly

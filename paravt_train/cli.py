@@ -146,7 +146,7 @@ def toy_cmd(
 
     The defaults are the shipped policy's recipe, from scratch: a copy warm-up, 1800 SFT steps on the
     first stage's traces (plans: neighbours), then 500 and 400 steps at lr 5e-4 on the shipped plans
-    (then; 57 min on 2 CPU cores; checkpoints/toy/COMMAND.txt). --set 'then=[]' trains the first stage
+    (then; 56.5 min on 2 CPU cores; checkpoints/toy/COMMAND.txt). --set 'then=[]' trains the first stage
     only."""
     from paravt_agent.config import apply_overrides
     from paravt_agent.defaults import paravt_home

@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous PARA-GRPO on the toy world: the same updates, with rollouts that wait for the
 update (η = 0) or run ahead of it (η = 1, 2), on two CPU cores standing in for the paper's disaggregated GPUs.
 
-    .venv/bin/python examples/toy_async.py                      # η = 0, 1, 2 (about 24 min on 2 cores)
+    .venv/bin/python examples/toy_async.py                      # η = 0, 1, 2 (9.7 min on 2 cores, measured)
     .venv/bin/python examples/toy_async.py --steps 6 --etas 0,1 # a quick look
 
 * The rollout server is the SGLang-API test server (``tests/sglang_server.py``: SGLang 0.5.23's HTTP API, the

@@ -25,7 +25,12 @@ def installed(tmp_path, monkeypatch):
                         (EXAMPLE / "pyproject.toml").read_text())
     (dist / "entry_points.txt").write_text("".join(f"[{g}]\n{body.replace(chr(34), '')}\n" for g, body in groups))
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    # each test imports its own copy (a passing test's tmp_path is removed, and with it an earlier copy)
+    for name in [m for m in sys.modules if m.split(".")[0] == "paravt_plugins_example"]:
+        monkeypatch.delitem(sys.modules, name)
+    yield tmp_path
+    for name in [m for m in sys.modules if m.split(".")[0] == "paravt_plugins_example"]:
+        del sys.modules[name]
 
 
 def test_a_tool_plugin(installed, media):

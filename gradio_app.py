@@ -241,7 +241,15 @@ class Demo:
                 view["stats"] = (f"latency {t.latency:.2f} s · {t.tool_calls} tool calls · "
                                  f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens"
                                  + (f" · errors: {'; '.join(t.errors)}" if t.errors else ""))
-                view["trace_id"], view["status"] = t.id, "done."
+                view["trace_id"] = t.id
+                if t.status == "degraded":  # an answer from the error slots of calls that never ran: said plainly
+                    view["status"] = (f"**degraded answer:** {t.failed_calls} of {t.tool_calls} tool calls failed "
+                                      "(timed out or the model call failed); the answer was given without their "
+                                      "evidence.")
+                elif t.status == "failed":
+                    view["status"] = "**failed:** no usable answer (see the errors below the answer)."
+                else:
+                    view["status"] = "done."
             view["timeline"] = timeline_html(run["duration"], run["overview"],
                                              [v for _, v in sorted(windows.items()) if v.get("window")])
             yield self._emit(view)

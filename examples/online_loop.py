@@ -54,7 +54,7 @@ def heldout(agent: Agent, worlds) -> list[float]:
     items = [EvalItem("toy", q.qid, w.video, q.question, "mcq", q.answer, q.options) for w in worlds
              for q in w.questions]
     recs = agent.run(evaluate_items(agent, items, concurrency=8, progress=False))
-    return [r["correct"] for r in recs]
+    return [None if r["failed"] else r["correct"] for r in recs]  # None: the runtime failed it (not scored)
 
 
 def main() -> None:
@@ -87,7 +87,8 @@ def main() -> None:
             update={"n_frames": 8})})
         served = Agent(backend="sglang", endpoint=stub.url, model=str(start), config=config, store=store)
         before = heldout(served, held)
-        print(f"held-out before: {sum(before) / len(before):.3f} ({len(before)} questions)")
+        print(f"held-out before: {mean_ci(before)[0]:.3f} ({len(before)} questions, "
+              f"{before.count(None)} failed in the runtime)")
         cfg = {"model": str(start), "output_dir": str(out / "learner"), "backend": "sglang", "endpoint": stub.url,
                "prompts_per_step": 4, "group_size": 8, "temperature": 0.7, "lr": args.lr, "gating_choices": [4, 8],
                "max_new_tokens": 256, "subagent_max_new_tokens": 32, "micro_batch_size": 1, "save_every": 1,
@@ -125,6 +126,7 @@ def main() -> None:
         stub.close()
     b, a, g = mean_ci(before), mean_ci(after), paired_diff_ci(before, after)
     result = {"heldout_before": b, "heldout_after": a, "gain": g, "questions_asked": len(asked),
+              "heldout_failed": [before.count(None), after.count(None)],
               "asked_right": sum(asked), "asked_right_by_third": [sum(t) / max(1, len(t)) for t in thirds],
               "updates": args.updates, "minutes": (time.time() - t0) / 60}
     (out / "results.json").write_text(json.dumps(result, indent=1))

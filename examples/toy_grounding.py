@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+from paravt_train.toy.build import TEST_SEED0
 from paravt_train.toy.quickstart import REPO_CHECKPOINT, run
 
 
@@ -51,10 +52,13 @@ def main() -> None:
     ap.add_argument("--out", default="runs/toy_grounding")
     ap.add_argument("--worlds", type=int, default=32, help="Held-out videos (1 grounding + 4 colour questions each).")
     ap.add_argument("--n", type=int, nargs="+", default=[4, 8, 64])
+    ap.add_argument("--seed", type=int, default=TEST_SEED0, help="First seed of the held-out worlds (any range "
+                    "from 900000 up is unseen by training).")
     args = ap.parse_args()
     t0 = time.time()
     out = Path(args.out)
-    res = run(args.model, out=out, worlds=args.worlds, modes=("parallel", "none"), ns=tuple(args.n), roles=8)
+    res = run(args.model, out=out, worlds=args.worlds, modes=("parallel", "none"), ns=tuple(args.n), roles=8,
+              seed=args.seed)
     png = plot(res["results"], res["shortcut"], args.n, out / "grounding.png")
     summary = json.loads((out / "results.json").read_text())
     summary["minutes"] = (time.time() - t0) / 60

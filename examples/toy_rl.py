@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--train-worlds", type=int, default=60)
     ap.add_argument("--eval-worlds", type=int, default=40, help="Held-out worlds (2 MCQ questions each).")
     ap.add_argument("--presets", default="vanilla-grpo,para-grpo")
+    ap.add_argument("--seed", type=int, default=HELD_SEED0, help="First seed of the held-out worlds (any range from "
+                    "900000 up is unseen by the SFT policy and by these RL prompts).")
     args = ap.parse_args()
 
     out = Path(args.out)
@@ -59,7 +61,7 @@ def main() -> None:
     start = build_toolshy(args.model, out / "start")
     vids = out / "videos"
     train_w = make_worlds(range(TRAIN_SEED0, TRAIN_SEED0 + args.train_worlds), vids, mcq=2, oe=1, tvg=0)
-    held_w = make_worlds(range(HELD_SEED0, HELD_SEED0 + args.eval_worlds), vids, mcq=2, oe=0, tvg=0)
+    held_w = make_worlds(range(args.seed, args.seed + args.eval_worlds), vids, mcq=2, oe=0, tvg=0)
     train = write_parquet(rl_rows(train_w, vids), out / "rl_train.parquet")
     held = write_parquet(rl_rows(held_w, vids), out / "rl_heldout.parquet")
     print(f"start ready ({(time.time() - t0) / 60:.1f} min): {start}")
@@ -93,6 +95,7 @@ def main() -> None:
             "heldout_calls_before": summary["eval_before"]["eval/tool_calls"],
             "heldout_calls_after": summary["eval_after"]["eval/tool_calls"],
             "n_heldout": len(before),
+            "heldout_failed": (summary["eval_before"].get("eval/failed", 0), summary["eval_after"].get("eval/failed", 0)),
         }
     png = plot(",".join(str(out / p) for p in results), out / "curves.png")
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -107,7 +110,10 @@ def main() -> None:
               f"{b[0]:.2f} [{b[1]:.2f}, {b[2]:.2f}] → {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | "
               f"{g[0]:+.2f} [{g[1]:+.2f}, {g[2]:+.2f}] | {r['heldout_calls_before']:.1f} → "
               f"{r['heldout_calls_after']:.1f} | {r['minutes']:.1f} |")
-    print(f"\n{r['n_heldout']} held-out questions; curves: {png}; total {(time.time() - t0) / 60:.1f} min")
+    fails = ", ".join(f"{p} {r['heldout_failed'][0]} / {r['heldout_failed'][1]}" for p, r in results.items())
+    print(f"\n{r['n_heldout']} held-out questions (seeds {args.seed}-{args.seed + args.eval_worlds - 1}); errors "
+          f"(questions the runtime failed, before / after, left out of the scores): {fails}; curves: {png}; "
+          f"total {(time.time() - t0) / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -348,24 +348,37 @@ class Agent:
                                      review=review))
 
     async def aanswer_many(
-        self, items: Iterable[dict], concurrency: int = 4, progress: bool = True, desc: str = "answering"
+        self, items: Iterable[dict], concurrency: int = 4, progress: bool = True, desc: str = "answering",
+        reruns: int = 0,
     ) -> list[Answer]:
+        """:meth:`answer_many` in the caller's loop. ``reruns``: an answer the runtime spoiled (a run error, a
+        tool call that failed: not :attr:`Trace.scorable`) is asked again up to this many times; the last try is
+        kept either way (its trace says what failed)."""
         from tqdm.auto import tqdm
 
         items = list(items)
         sem = asyncio.Semaphore(concurrency)
         bar = tqdm(total=len(items), desc=desc, disable=not progress, leave=False)
 
+        async def attempt(item: dict) -> Answer:
+            try:
+                return await self.aanswer(item["video"], item["question"], item.get("options"),
+                                          n_frames=item.get("n_frames"))
+            except Exception as exc:  # this item's error, in its own answer; the others are kept
+                kind = "" if isinstance(exc, ParaVTError) else f"{exc.__class__.__name__}: "
+                trace = Trace(video=str(item["video"]), question=item["question"],
+                              options=item.get("options"), errors=[f"{kind}{exc}"])
+                return Answer(text="", trace=trace)
+
         async def one(item: dict) -> Answer:
             async with sem:
                 try:
-                    return await self.aanswer(item["video"], item["question"], item.get("options"),
-                                              n_frames=item.get("n_frames"))
-                except Exception as exc:  # this item's error, in its own answer; the others are kept
-                    kind = "" if isinstance(exc, ParaVTError) else f"{exc.__class__.__name__}: "
-                    trace = Trace(video=str(item["video"]), question=item["question"],
-                                  options=item.get("options"), errors=[f"{kind}{exc}"])
-                    return Answer(text="", trace=trace)
+                    ans = await attempt(item)
+                    for _ in range(reruns):
+                        if ans.trace.scorable:
+                            break
+                        ans = await attempt(item)
+                    return ans
                 finally:
                     bar.update(1)
 
@@ -374,9 +387,11 @@ class Agent:
         finally:
             bar.close()
 
-    def answer_many(self, items: Iterable[dict], concurrency: int = 4, progress: bool = True) -> list[Answer]:
-        """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item."""
-        return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress))
+    def answer_many(self, items: Iterable[dict], concurrency: int = 4, progress: bool = True,
+                    reruns: int = 0) -> list[Answer]:
+        """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item
+        (each answer's ``status``); ``reruns``: tries again for answers the runtime spoiled (see :meth:`aanswer_many`)."""
+        return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress, reruns=reruns))
 
     def _finish(self, state: dict, ctx: AgentContext, trace: Trace, latency: float, t0: float | None) -> Answer:
         from paravt_agent.graph import final_answer, trace_of

@@ -22,7 +22,9 @@ Any OpenAI client talks to it; the "model" is the agent (planner, K sub-agents, 
   model endpoint down mid-run, no final response) is an HTTP error with OpenAI's error body
   (504 ``timeout``, 502 ``agent_error``; in a stream, an ``error`` event), the trace in ``paravt``;
   an answer the model wrote badly (empty, degenerate) is a ``stop`` with ``paravt.ok`` false and
-  ``paravt.errors``.
+  ``paravt.errors``. An answer built on failed work (sub-agents or tools that timed out or whose model
+  call failed: ``paravt.status`` "degraded", ``paravt.failed_calls`` of them, each in ``paravt.errors``)
+  is a ``stop`` with ``paravt.ok`` false, or a 502 ``degraded_answer`` with ``--degraded error``.
   With OpenTelemetry on (``OTEL_TRACES_EXPORTER=otlp|console``; :mod:`paravt_agent.telemetry`) each
   question is a trace, under the request's W3C ``traceparent`` header when it has one, and
   ``paravt.otel_trace_id`` names it.
@@ -76,7 +78,8 @@ def extension_of(trace: Trace) -> dict:
     calls = [{"turn": t.turn, "index": c.index, "tool": c.name, "window": c.window, "summary": c.summary,
               "error": c.error, "latency": round(c.latency, 4), "batch_size": c.batch_size}
              for t in trace.turns for c in t.calls]
-    return {"trace_id": trace.id, "otel_trace_id": trace.otel_trace_id, "choice": trace.choice, "span": trace.span, "ok": trace.ok, "errors": trace.errors,
+    return {"trace_id": trace.id, "otel_trace_id": trace.otel_trace_id, "choice": trace.choice, "span": trace.span, "ok": trace.ok,
+            "status": trace.status, "failed_calls": trace.failed_calls, "errors": trace.errors,
             "warnings": trace.warnings, "turns": len(trace.turns), "calls": calls,
             "planner_batch_sizes": [t.batch_size for t in trace.turns],
             "latency": round(trace.latency, 4)}
@@ -95,13 +98,19 @@ def _chunk(cid: str, created: int, model: str, delta: dict | None, finish: str |
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def run_failure(trace: Trace) -> ApiError | None:
+def run_failure(trace: Trace, degraded: str = "answer") -> ApiError | None:
     """The HTTP error of a question whose run failed (the request timed out, the model endpoint failed on the
     way, the planner never gave a final response), or None. An answer the model wrote badly (empty,
     degenerate) is not a failure of the service: it is answered with ``finish_reason: "stop"`` and the errors
-    in ``paravt.errors`` (``paravt.ok`` false)."""
-    errors = trace.run_errors
+    in ``paravt.errors`` (``paravt.ok`` false). A degraded answer (tool calls the runtime could not run) is
+    answered (``paravt.status`` "degraded", ``paravt.ok`` false, the failures in ``paravt.errors``), or is a 502
+    ``degraded_answer`` when the server was started with ``degraded="error"``."""
+    calls = set(trace.runtime_call_errors)
+    errors = [e for e in trace.run_errors if e not in calls]
     if not errors:
+        if calls and degraded == "error":
+            return ApiError(502, f"the answer was built on {len(calls)} failed tool call(s) (trace {trace.id}): "
+                            + "; ".join(sorted(calls)), kind="server_error", code="degraded_answer")
         return None
     detail = "; ".join(errors)
     if any("request_timeout" in e for e in errors):
@@ -249,7 +258,7 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
             svc.release()
         svc.latencies.append(ans.trace.latency)
         tr = ans.trace
-        failed = run_failure(tr)
+        failed = run_failure(tr, settings.degraded)
         if failed is not None:
             return JSONResponse({**failed.body(), "paravt": extension_of(tr)}, status_code=failed.status,
                                 headers=failed.headers)
@@ -316,7 +325,7 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
                 elif isinstance(ev, AnswerEvent):
                     tr = ev.answer.trace
                     svc.latencies.append(tr.latency)
-                    failed = run_failure(tr)
+                    failed = run_failure(tr, settings.degraded)
                     if failed is not None:  # OpenAI's in-stream error: no content, no finish reason
                         yield f"data: {json.dumps({**failed.body(), 'paravt': extension_of(tr)})}\n\n"
                         continue

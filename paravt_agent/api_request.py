@@ -29,6 +29,9 @@ class ApiSettings:
     max_turns_limit: int = 8
     download_dir: str | None = None
     allow_url_prefixes: tuple[str, ...] = ()
+    #: an answer built on failed tool calls (``paravt.status`` "degraded"): ``answer`` (200 with the answer,
+    #: ``paravt.ok`` false and the failures listed) or ``error`` (502 ``degraded_answer``, the answer in ``paravt``)
+    degraded: str = "answer"
     extra: dict = field(default_factory=dict)
 
 

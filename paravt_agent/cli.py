@@ -106,6 +106,10 @@ def answer_cmd(
         typer.echo(("\n" if not as_json else "") + ans.trace.render_profile(), err=as_json)
     if ans.trace.errors and not ans.trace.turns:
         raise typer.Exit(1)
+    if ans.status == "degraded":  # answered, but from the error slots of calls that could not run
+        typer.echo(f"warning: degraded answer: {ans.trace.failed_calls} tool call(s) failed in the runtime (see "
+                   "Errors above); exit status 3", err=True)
+        raise typer.Exit(3)
 
 
 @app.command("api")
@@ -138,6 +142,9 @@ def api_cmd(
     set_: list[str] = typer.Option(None, "--set", help="Config override key=value."),
     upstream_key: str = typer.Option(None, "--upstream-key", envvar="OPENAI_API_KEY",
                                      help="API key of the model server behind --endpoint."),
+    degraded: str = typer.Option("answer", help="An answer built on tool calls that failed in the runtime "
+                                 "(timeouts, endpoint errors): 'answer' (200, paravt.status 'degraded', paravt.ok "
+                                 "false, the failures in paravt.errors) or 'error' (502 degraded_answer)."),
 ) -> None:
     """Serve the whole agent as an OpenAI-compatible endpoint: /v1/chat/completions (plain and streaming),
     /v1/models and /v1/feedback. A user message holds the question and the video as a video_url part.
@@ -149,6 +156,8 @@ def api_cmd(
 
     if video_root is not None and not video_root.is_dir():
         _fail(f"--video-root {video_root}: no such folder")
+    if degraded not in ("answer", "error"):
+        _fail(f"--degraded {degraded!r}: use 'answer' or 'error'")
     try:
         agent = _build_agent(backend, model, endpoint, mode, preset, config, set_, store=open_store(store),
                              api_key=upstream_key)
@@ -157,7 +166,8 @@ def api_cmd(
     settings = ApiSettings(model_name=served_model_name, video_root=str(video_root) if video_root else None,
                            api_key=api_key, max_concurrent=max_concurrent, max_queue=max_queue,
                            max_request_bytes=max_request_kb << 10, max_download_bytes=max_download_mb << 20,
-                           download_timeout=download_timeout, allow_url_prefixes=tuple(allow_url_prefix or ()))
+                           download_timeout=download_timeout, allow_url_prefixes=tuple(allow_url_prefix or ()),
+                           degraded=degraded)
     typer.echo(f"ParaVT agent API on http://{host}:{port}/v1 (model {served_model_name!r}, "
                f"{agent.policy.name} backend)", err=True)
     serve(agent, settings, host=host, port=port)

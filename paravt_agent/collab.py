@@ -31,7 +31,17 @@ from paravt_agent.calls import ToolCallError, plan_calls, run_call, slot_record,
 from paravt_agent.context import tool_schemas
 from paravt_agent.errors import ToolError
 from paravt_agent.frames import refs_of
-from paravt_agent.graph_runtime import actx, ctx_of, emit, event_json, generate, phase, seeded, tool_context
+from paravt_agent.graph_runtime import (
+    actx,
+    ctx_of,
+    emit,
+    event_json,
+    generate,
+    phase,
+    seeded,
+    tool_context,
+    within_work_budget,
+)
 from paravt_agent.prompts import question_text
 from paravt_agent.protocol import parse_tool_calls, split_think
 from paravt_agent.state import AgentState, slot_order
@@ -158,7 +168,8 @@ async def _one_call(ctx, payload: dict, call) -> dict:
     cfg = ctx.config
     for attempt in range(cfg.retries + 1):
         try:
-            return await asyncio.wait_for(run_call(ctx, payload, call, summarise=True), cfg.subagent_timeout)
+            return await within_work_budget(run_call(ctx, payload, call, summarise=True), cfg.subagent_timeout,
+                                            f"{payload['agent']}'s call {call.index + 1}")
         except Exception as exc:
             if attempt < cfg.retries and transient_error(exc):
                 await asyncio.sleep(0.5 * 2 ** attempt)
@@ -167,7 +178,7 @@ async def _one_call(ctx, payload: dict, call) -> dict:
             cause = exc.error if isinstance(exc, ToolCallError) else exc
             msg = str(cause) or type(cause).__name__
             if isinstance(cause, TimeoutError):
-                msg = f"timed out after {cfg.subagent_timeout:g}s"
+                msg = f"timed out: {cause}" if str(cause) else f"timed out after {cfg.subagent_timeout:g}s of work"
             rec = slot_record(call, window=call.window, error=msg, runtime_error=not isinstance(cause, ToolError),
                               agent=payload["agent"])
             return {"results": {"x": rec}, "records": records}

@@ -48,7 +48,7 @@ import time
 from typing import Any
 
 from langgraph.config import get_stream_writer
-from langgraph.errors import NodeError
+from langgraph.errors import NodeError, NodeTimeoutError
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, RetryPolicy, Send, interrupt
@@ -66,6 +66,7 @@ from paravt_agent.graph_runtime import (
     emit,
     event_json,
     generate,
+    node_timeout,
     offload,
     phase,
     seeded,
@@ -254,6 +255,16 @@ async def subagent(payload: dict, runtime: Runtime) -> dict:
         return await run_call(ctx, payload, call)
 
 
+def failure_text(exc: BaseException) -> str:
+    """A node's final failure as its slot says it: a timeout names its budget and what it counts."""
+    if isinstance(exc, NodeTimeoutError):
+        if exc.kind == "idle":
+            return (f"timed out: the {exc.node} worked {exc.timeout:g}s without finishing (its timeout counts work, "
+                    "not time queued for the model)")
+        return f"timed out: the {exc.node} ran past {exc.timeout:g}s"
+    return str(exc) or exc.__class__.__name__
+
+
 def subagent_failed(payload: dict, error: NodeError) -> Command:
     """The last attempt failed: the slot gets the error (the runtime's, unless a tool refused the call) and the
     run goes on to ``aggregate`` (the handler is its own node: without a destination a turn whose every call
@@ -262,8 +273,7 @@ def subagent_failed(payload: dict, error: NodeError) -> Command:
     exc, records = error.error, []
     if isinstance(exc, ToolCallError):  # the tool's model calls before it failed are kept
         exc, records = exc.error, exc.records
-    rec = slot_record(call, window=call.window, error=str(exc) or exc.__class__.__name__,
-                      runtime_error=not isinstance(exc, ToolError))
+    rec = slot_record(call, window=call.window, error=failure_text(exc), runtime_error=not isinstance(exc, ToolError))
     writer = get_stream_writer()
     json_events = payload.get("json_events", False)
     writer(event_json(SubAgentEvent(payload["turn"], rec)) if json_events else SubAgentEvent(payload["turn"], rec))
@@ -299,7 +309,8 @@ async def finish(state: AgentState, runtime: Runtime) -> dict:
     trace = trace_of(state, mode=(await actx(runtime)).config.mode)
     trace.latency = time.time() - state.get("started", trace.created)
     return {"answer": trace.answer, "choice": trace.choice, "span": list(trace.span) if trace.span else None,
-            "ok": trace.ok, "trace_id": trace.id, "trace": trace.model_dump(mode="json")}
+            "ok": trace.ok, "status": trace.status, "failed_calls": trace.failed_calls, "trace_id": trace.id,
+            "trace": trace.model_dump(mode="json")}
 
 
 # --------------------------------------------------------------------------- routing and wiring
@@ -344,14 +355,16 @@ def build_graph(retries: int = 2, planner_timeout: float | None = None, subagent
     g = StateGraph(AgentState, context_schema=context_schema, input_schema=input_schema or AgentState,
                    output_schema=output_schema or AgentState)
     g.add_node("overview", overview)
-    g.add_node("planner", planner, retry_policy=retry, timeout=planner_timeout)
+    g.add_node("planner", planner, retry_policy=retry, timeout=node_timeout(planner_timeout))
     g.add_node("review", review)
-    g.add_node("subagent", subagent, retry_policy=retry, timeout=subagent_timeout, error_handler=subagent_failed)
+    g.add_node("subagent", subagent, retry_policy=retry, timeout=node_timeout(subagent_timeout),
+               error_handler=subagent_failed)
     g.add_node("aggregate", aggregate)
     g.add_node("finish", finish)
-    g.add_node("collab_agent", collab_agent, retry_policy=retry, timeout=planner_timeout, error_handler=collab_failed)
+    g.add_node("collab_agent", collab_agent, retry_policy=retry, timeout=node_timeout(planner_timeout),
+               error_handler=collab_failed)
     g.add_node("collab_merge", collab_merge)
-    g.add_node("synthesize", synthesize, retry_policy=retry, timeout=planner_timeout)
+    g.add_node("synthesize", synthesize, retry_policy=retry, timeout=node_timeout(planner_timeout))
     g.add_conditional_edges(START, route_start, ["overview", "planner", "collab_agent"])
     g.add_conditional_edges("overview", route_begin, ["planner", "collab_agent"])
     g.add_edge("collab_agent", "collab_merge")

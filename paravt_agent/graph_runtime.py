@@ -5,16 +5,18 @@ the model call itself (:func:`generate`: frames materialised at the policy's doo
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 
 from langgraph.config import get_config, get_stream_writer
-from langgraph.runtime import Runtime
+from langgraph.runtime import Runtime, get_runtime
+from langgraph.types import TimeoutPolicy
 
 from paravt_agent import telemetry
 from paravt_agent.context import AgentContext
 from paravt_agent.errors import ConfigError
 from paravt_agent.frames import refs_of
-from paravt_agent.policy.base import takes_role
+from paravt_agent.policy.base import SERVE_CLOCK, ServeClock, takes_role
 from paravt_agent.trajectory import Phase
 from paravt_agent.types import (
     Generation,
@@ -26,8 +28,8 @@ from paravt_agent.types import (
     ToolModel,
 )
 
-__all__ = ["DEFAULT_CONTEXT", "ToolSession", "actx", "ctx_of", "emit", "event_json", "generate", "offload", "phase", "seeded",
-           "tool_context"]
+__all__ = ["DEFAULT_CONTEXT", "ToolSession", "actx", "ctx_of", "emit", "event_json", "generate", "node_timeout", "offload",
+           "phase", "seeded", "served", "tool_context", "within_work_budget"]
 
 
 #: ``config["configurable"]`` key of a zero-argument factory of the run context, for runs started without
@@ -101,10 +103,103 @@ async def generate(ctx: AgentContext, role: str, messages: list[dict], sampling:
         kw["role"] = role
     attrs = telemetry.generation_attributes(policy, sampling) if telemetry.enabled() else None
     with telemetry.span(f"chat {telemetry.model_name(policy)}", attributes=attrs) as sp:
-        gen = await policy.generate(await offload(ctx, ctx.frames.materialize, messages), sampling, **kw)
+        msgs = await offload(ctx, ctx.frames.materialize, messages)
+        gen = await served(policy, policy.generate(msgs, sampling, **kw))
         telemetry.set_attributes(sp, {**telemetry.usage_attributes(gen.prompt_tokens, gen.completion_tokens),
                                       "paravt.role": role, "paravt.batch_size": gen.batch_size})
     return gen
+
+
+# --------------------------------------------------------------------------- time budgets: work, not queueing
+#
+# A node's timeout (``subagent_timeout``, ``planner_timeout``) is LangGraph's ``TimeoutPolicy(idle_timeout=...,
+# refresh_on="heartbeat")``: the node fails when it has gone that long without a heartbeat. While one of its model
+# calls waits in the backend's queue (behind other questions' calls on a busy machine), :func:`served` keeps
+# beating, and it beats once more when the call starts being served; so the budget is the node's own work since it
+# last waited for the model, never the time other questions held the model. Work that is slow because the machine
+# is slow still runs out of budget, and then the answer says so (``Trace.status`` "degraded").
+
+#: how often a queued model call beats (well under any sensible timeout)
+HEARTBEAT_EVERY = 0.1
+
+#: extra heartbeat receivers of the current context (:func:`within_work_budget`: budgets inside one node)
+_BEATS: contextvars.ContextVar[tuple] = contextvars.ContextVar("paravt_heartbeats", default=())
+
+
+def _heartbeat():
+    """What to call to say "this node is waiting, not working": the node's LangGraph heartbeat (a no-op outside a
+    timed node) and the budgets opened in this context."""
+    try:
+        runtime = get_runtime()
+    except RuntimeError:  # outside a graph run (a tool driven directly)
+        runtime = None
+    beat = runtime.heartbeat if runtime is not None else None
+    extra = _BEATS.get()
+
+    def heartbeat() -> None:
+        if beat is not None:
+            beat()
+        for b in extra:
+            b()
+
+    return heartbeat
+
+
+async def served(policy, call):
+    """Await a policy call, beating while it waits in the backend's queue (:class:`ServeClock`), so the caller's
+    time budget counts only its service. A backend that does not report service (``reports_service``) has its
+    whole call counted."""
+    beat = _heartbeat()
+    clock = ServeClock(on_start=beat)
+    token = SERVE_CLOCK.set(clock)
+    try:
+        task = asyncio.ensure_future(call)  # the task's context holds the clock
+    finally:
+        SERVE_CLOCK.reset(token)
+    if not getattr(policy, "reports_service", False):
+        clock.start()
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=HEARTBEAT_EVERY)
+            if clock.started is None:
+                beat()
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def within_work_budget(coro, seconds: float, what: str = "the call"):
+    """``await coro`` with a budget of ``seconds`` of work: the clock restarts whenever one of its model calls
+    waits in a queue (:func:`served`), as LangGraph's idle timeout does for whole nodes. Raises ``TimeoutError``."""
+    last = [time.monotonic()]
+
+    def touch() -> None:
+        last[0] = time.monotonic()
+
+    token = _BEATS.set((*_BEATS.get(), touch))
+    try:
+        task = asyncio.ensure_future(coro)
+    finally:
+        _BEATS.reset(token)
+    try:
+        while not task.done():
+            left = last[0] + seconds - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{what} worked longer than its {seconds:g}s budget (time queued for the model "
+                                   "is not counted)")
+            await asyncio.wait({task}, timeout=left)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def node_timeout(seconds: float | None):
+    """A node's LangGraph timeout counting work, not queueing (see above); None: no timeout."""
+    if seconds is None:
+        return None
+    return TimeoutPolicy(idle_timeout=seconds, refresh_on="heartbeat")
 
 
 async def offload(ctx: AgentContext, fn, *args):

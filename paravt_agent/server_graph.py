@@ -8,7 +8,8 @@ This is the agent's own graph (:mod:`paravt_agent.graph`: overview → planner �
 … → finish), not a wrapper: the thread's state shows the planner turns, the calls and the sub-agents' results
 as they happen, and the server's checkpointer makes each run durable (frames are referenced by content key,
 never stored in the state). Input: ``{"video", "question", "options"?, "n_frames"?}``. Output: ``answer``,
-``choice``, ``span``, ``ok``, ``trace_id`` and the whole ``trace`` (JSON). Stream with
+``choice``, ``span``, ``ok``, ``status`` (``ok``, ``degraded``: answered from tool calls that failed in the
+runtime, ``failed``), ``failed_calls``, ``trace_id`` and the whole ``trace`` (JSON). Stream with
 ``stream_mode=["custom", "values"]``: ``{"event": "overview" | "planner" | "subagent", ...}`` custom events,
 then the values.
 
@@ -41,6 +42,8 @@ class ParaVTOutput(TypedDict, total=False):
     choice: str | None
     span: list[float] | None
     ok: bool
+    status: str  # ok | degraded (answered from failed tool calls) | failed
+    failed_calls: int
     trace_id: str
     trace: dict[str, Any]
 

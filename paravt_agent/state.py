@@ -69,6 +69,8 @@ class AgentState(TypedDict, total=False):
     choice: str | None
     span: list[float] | None
     ok: bool
+    status: str  # ok | degraded | failed (Trace.status)
+    failed_calls: int
     trace_id: str
     trace: dict
     round: int  # collaborative mode: rounds completed
@@ -119,6 +121,8 @@ def trace_of(state: AgentState, base: Trace | None = None, errors: list[str] = (
     trace.turns = turns
     memory = state.get("memory", {}) or {}
     trace.memory = [memory[k] for k in sorted(memory, key=slot_order)]
+    # an answer built on failed work is never a clean one: each call the runtime could not run is an error
+    trace.errors += [e for e in trace.runtime_call_errors if e not in trace.errors]
     response = state.get("response")
     if response is None:
         if not trace.errors:

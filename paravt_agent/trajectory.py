@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -135,7 +136,8 @@ class Trace(BaseModel):
     span: tuple[float, float] | None = Field(None, description="The (start, end) seconds the answer names "
                                              "(grounding questions).")
     errors: list[str] = Field(default_factory=list, description="What went wrong: the run's failures (an endpoint "
-                              "down, a timeout) and notes on the model's output (empty, degenerate).")
+                              "down, a timeout), each tool call the runtime could not run (turn, call, tool, cause) "
+                              "and notes on the model's output (empty, degenerate). See status.")
     warnings: list[str] = Field(default_factory=list, description="What the caller should know that is not an "
                                 "error (e.g. frames a damaged video could not give).")
     latency: float = Field(0.0, description="Seconds from the question to its answer.")
@@ -148,8 +150,33 @@ class Trace(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """An answer came back and nothing went wrong on the way (``errors`` says what did)."""
-        return bool(self.answer.strip()) and not self.errors
+        """An answer came back and nothing went wrong on the way (``errors`` says what did): ``status == "ok"``."""
+        return self.status == "ok"
+
+    @property
+    def status(self) -> Literal["ok", "degraded", "failed"]:
+        """``ok``: an answer, nothing went wrong. ``degraded``: an answer, but built on failed work: ``failed_calls``
+        tool calls (sub-agents, a tool's model calls, collaborating agents) could not be run by the runtime (a
+        timeout, an endpoint error, a refused request) and the model answered from their error slots; the failures
+        are in ``errors``. ``failed``: no usable answer: the run itself failed (an endpoint down, the
+        request_timeout, no final response) or the model's output was empty or degenerate."""
+        calls = set(self.runtime_call_errors)
+        if not self.answer.strip() or any(e not in calls for e in self.errors):
+            return "failed"
+        return "degraded" if calls else "ok"
+
+    @property
+    def scorable(self) -> bool:
+        """Whether the answer is the model's own to score: nothing failed in the runtime (no run error, no tool
+        call it could not run). An empty or degenerate answer is the model's doing and stays scorable (it scores
+        0); evaluations count the others apart, as errors, and RL does not train on them."""
+        return not self.run_errors
+
+    @property
+    def failed_calls(self) -> int:
+        """Tool calls (and collaborating agents' rounds) the runtime could not run: what makes an answer
+        ``degraded``."""
+        return len(self.runtime_call_errors)
 
     @property
     def run_errors(self) -> list[str]:
@@ -162,8 +189,8 @@ class Trace(BaseModel):
     def runtime_call_errors(self) -> list[str]:
         """Tool-call slots the runtime could not fill (a tool or a sub-agent's model call failed after its
         retries, or timed out), as ``turn N call M: error``; invalid calls the model wrote are not among them."""
-        return [f"turn {t.turn + 1} call {c.index + 1}: {c.error}" for t in self.turns for c in t.calls
-                if c.error and c.runtime_error] + [
+        return [f"turn {t.turn + 1} call {c.index + 1} ({c.label or c.name or 'call'}): {c.error}" for t in self.turns
+                for c in t.calls if c.error and c.runtime_error] + [
             f"{m.agent} round {m.round + 1} call {c.index + 1}: {c.error}" for m in self.memory for c in m.calls
             if c.error and c.runtime_error] + [f"{m.agent} round {m.round + 1}: {m.error}" for m in self.memory
                                                if m.error]
@@ -269,6 +296,12 @@ class Trace(BaseModel):
             lines.append("Warnings: " + "; ".join(self.warnings))
         if self.errors:
             lines.append("Errors: " + "; ".join(self.errors))
+        status = self.status
+        if status == "degraded":
+            lines.append(f"Status: DEGRADED: {self.failed_calls} of {self.tool_calls} tool calls failed in the runtime; "
+                         "the answer was given without their evidence")
+        elif status == "failed":
+            lines.append("Status: FAILED: no usable answer")
         lines.append(f"Total {self.latency:.2f}s, {self.tool_calls} tool calls, "
                      f"{self.prompt_tokens}+{self.completion_tokens} tokens")
         return "\n".join(lines)

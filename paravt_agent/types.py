@@ -315,8 +315,14 @@ class Answer:
 
     @property
     def ok(self) -> bool:
-        """An answer came back and nothing went wrong (``trace.errors`` is empty)."""
+        """An answer came back and nothing went wrong (``trace.errors`` is empty; ``status == "ok"``)."""
         return self.trace.ok
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``degraded`` (answered, but ``trace.failed_calls`` tool calls failed in the runtime: the model
+        answered from their error slots) or ``failed`` (no usable answer); see :attr:`Trace.status`."""
+        return self.trace.status
 
     def planner_records(self) -> list[GenerationRecord]:
         return sorted((r for r in self.records if r.role == "planner"), key=lambda r: r.turn)

@@ -314,7 +314,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         ep.text = episode_transcript(ans)
         # an empty or degenerate answer is the model's: scored; a run error or a tool slot the runtime could not
         # fill (an endpoint down, a timeout) is not: the episode is counted as failed, never scored as the policy's
-        ep.failed = "; ".join([*ans.trace.run_errors, *ans.trace.runtime_call_errors]) or None
+        ep.failed = "; ".join(dict.fromkeys([*ans.trace.run_errors, *ans.trace.runtime_call_errors])) or None
         ep.subagent_errors = sum(1 for t in ans.trace.turns for c in t.calls if c.error)
         ep.round_trip_turns = sum(r.generation.prompt_source == "round_trip" for r in ans.records)
         ep.versions = policy_versions(ans)

@@ -162,7 +162,8 @@ def test_subagent_timeout_and_retry_use_langgraph_policies(media):
 def test_a_turn_whose_calls_fail_still_reaches_an_answer(media, mode, turns, failing):
     """A sub-agent that fails after its retries gets an error slot and the turn is still aggregated: the planner
     reads the slots and answers (langgraph >= 1.2.24 runs an error handler as its own node, with no edge onward
-    unless it routes). Such slots are the runtime's errors, not the model's: the trace says so."""
+    unless it routes). Such slots are the runtime's errors, not the model's: the trace says so, and the answer,
+    built without their evidence, is never a clean one (status "degraded", ok False, each failure in errors)."""
 
     def script(role, msgs):
         if role == "subagent":
@@ -172,7 +173,10 @@ def test_a_turn_whose_calls_fail_still_reaches_an_answer(media, mode, turns, fai
 
     pol = ScriptedPolicy(script)
     ans = Agent(policy=pol, config=AgentConfig(mode=mode, retries=0)).answer(media["video"], "q?")
-    assert ans.text == "B" and ans.trace.ok, ans.trace.errors
+    assert ans.text == "B" and not ans.ok and ans.status == "degraded" and ans.trace.failed_calls == len(failing)
+    assert not ans.trace.scorable and "DEGRADED" in ans.trace.render()
+    assert [e.split(": ", 1)[1] for e in ans.trace.errors] == [f"decoder exploded at {float(s)}" for s in sorted(failing)]
+    assert all(e.startswith("turn ") and " (crop_video(" in e for e in ans.trace.errors)  # where and which call
     calls = [c for t in ans.trace.turns for c in t.calls]
     assert [c.window[0] for c in calls if c.error] == sorted(failing)
     assert all(c.runtime_error == bool(c.error) for c in calls)

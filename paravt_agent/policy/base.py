@@ -15,17 +15,20 @@ Backends that tokenise on the client share :mod:`paravt_agent.policy.chat`.
 from __future__ import annotations
 
 import base64
+import contextvars
 import functools
 import inspect
 import io
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 
 from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["Continuation", "Generation", "Policy", "Sampling", "encode_image", "images_of", "map_images", "takes_role",
-           "text_of"]
+__all__ = ["SERVE_CLOCK", "Continuation", "Generation", "Policy", "Sampling", "ServeClock", "being_served",
+           "encode_image", "images_of", "map_images", "takes_role", "text_of"]
 
 
 class Policy(ABC):
@@ -42,6 +45,11 @@ class Policy(ABC):
     name: str = "policy"
     #: whether ``generate`` returns token ids and logprobs (what RL training needs)
     returns_tokens: bool = False
+    #: whether ``generate`` calls :func:`being_served` when the request leaves this backend's own queue (the
+    #: local batcher takes it into a batch; an HTTP client gets one of its connection slots). Time a call spends
+    #: queued before that is not counted against the agent's timeouts; a backend that does not report it has
+    #: its whole call counted as work.
+    reports_service: bool = False
 
     @property
     def supports_prefix(self) -> bool:
@@ -81,6 +89,36 @@ class Policy(ABC):
 
     async def aclose(self) -> None:
         return None
+
+
+class ServeClock:
+    """When one model call started being served (left its backend's queue): :attr:`started` is a
+    ``time.monotonic()`` reading, None while the call waits. ``on_start`` runs once, in the thread that marks it
+    (the local batcher's), so it must be thread-safe; the graph passes LangGraph's node heartbeat there, so a
+    node's timeout counts from the moment its model call is served, not from when it was queued."""
+
+    __slots__ = ("_on_start", "started")
+
+    def __init__(self, on_start: Callable[[], None] | None = None):
+        self.started: float | None = None
+        self._on_start = on_start
+
+    def start(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+            if self._on_start is not None:
+                self._on_start()
+
+
+#: the clock of the model call being made in this context (set by the graph around ``Policy.generate``)
+SERVE_CLOCK: contextvars.ContextVar[ServeClock | None] = contextvars.ContextVar("paravt_serve_clock", default=None)
+
+
+def being_served() -> None:
+    """Called by a backend (in the calling context) when the current request leaves its own queue."""
+    clock = SERVE_CLOCK.get()
+    if clock is not None:
+        clock.start()
 
 
 class LoopClients:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from paravt_agent.errors import PolicyError
+from paravt_agent.policy.base import SERVE_CLOCK, ServeClock
 from paravt_agent.policy.chat import EncodedPrompt
 from paravt_agent.types import Continuation, Generation, Sampling
 
@@ -27,7 +28,7 @@ class QueuedBatcher:
                        continuation: Continuation | None = None, role: str = "planner") -> Generation:
         """Queued: concurrent calls that arrive together run as one batch (up to ``max_batch`` rows and
         ``max_batch_tokens`` padded prompt tokens). Cancelling the call stops its row at the next step."""
-        req = _Request(messages, sampling, prefix, continuation, concurrent.futures.Future())
+        req = _Request(messages, sampling, prefix, continuation, concurrent.futures.Future(), clock=SERVE_CLOCK.get())
         with self._cv:
             self._pending.append(req)
             self._cv.notify()
@@ -114,6 +115,9 @@ class QueuedBatcher:
         live = [r for r in batch if not r.cancelled.is_set() and r.future.set_running_or_notify_cancel()]
         if not live:
             return
+        for r in live:  # served from here on: the caller's timeout counts this batch's work, not the wait before it
+            if r.clock is not None:
+                r.clock.start()
         try:
             gens = self._run_rows([(r.encoded, r.sampling, r.prefix) for r in live], [r.cancelled for r in live])
         except BaseException as exc:  # the model call itself failed: every waiting caller gets the error
@@ -159,6 +163,7 @@ class _Request:
     encoded: EncodedPrompt | bool | None = None  # None: not yet; False: dropped (cancelled or unencodable)
     tokens: int = 0
     passed: int = 0  # batches of short prompts that went ahead of this (long) one
+    clock: ServeClock | None = None  # the caller's (paravt_agent.policy.base.SERVE_CLOCK), started with its batch
 
 
 class cancelled_rows:  # noqa: N801 (a stopping criterion used like a function)

@@ -52,6 +52,7 @@ class LocalPolicy(QueuedBatcher, Policy):
 
     name = "local"
     returns_tokens = True
+    reports_service = True  # the batcher marks a request served when it takes it into a batch
 
     def __init__(self, model: str | Path, device: str = "auto", dtype: str = "auto", model_obj=None, processor=None,
                  max_batch: int = 8, batch_wait: float = 0.005, reuse: bool = True, vision_cache_mb: int = 256,

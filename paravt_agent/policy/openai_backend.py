@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import LoopClients, Policy, encode_image, map_images
+from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_image, map_images
 from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["DEFAULT_ENDPOINT", "OpenAIPolicy", "to_openai_messages"]
@@ -40,6 +40,7 @@ def to_openai_messages(messages: list[dict], image_format: str = "PNG") -> list[
 
 class OpenAIPolicy(Policy):
     name = "openai"
+    reports_service = True  # a request is served once it has a connection slot (the server's own queue is not seen)
 
     def __init__(
         self,
@@ -112,6 +113,7 @@ class OpenAIPolicy(Policy):
         if sampling.min_p:
             extra["min_p"] = sampling.min_p  # SGLang, vLLM
         async with sem:
+            being_served()  # out of this client's queue: the agent's timeouts count from here
             try:
                 model = await self._model_name(client)
                 # a plain POST (documented "custom request" path): skips the SDK's per-field request

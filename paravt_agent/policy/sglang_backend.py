@@ -45,7 +45,7 @@ import threading
 import time
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import LoopClients, Policy, encode_image
+from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_image
 from paravt_agent.policy.chat import ChatTokenizer
 from paravt_agent.types import Continuation, Generation, Sampling
 
@@ -78,6 +78,7 @@ def sampling_params(sampling: Sampling) -> dict:
 class SGLangPolicy(Policy):
     name = "sglang"
     returns_tokens = True
+    reports_service = True
 
     def __init__(
         self,
@@ -223,6 +224,7 @@ class SGLangPolicy(Policy):
         client, sem = self._client()
         delay = 0.5
         async with sem:
+            being_served()  # out of this client's queue: the agent's timeouts count from here
             for attempt in range(self.max_retries + 1):
                 problem = None
                 try:

@@ -17,6 +17,11 @@ planner's reasoning and tool calls, so they are not applied.
   (the options in its layout, a letter answer); the rest of the prompt, the task's instructions included, is
   the question. ``none``: the prompt verbatim, as an open question.
 - ``concurrency``: questions in flight at once (default 8; lmms-eval's ``--batch_size`` when larger).
+- ``reruns``: a question the runtime spoiled (a sub-agent timed out, a model call failed: the answer's status is
+  not ``ok`` for the runtime's reasons) is asked again up to this many times (default 1). One that still fails
+  is not passed off as the model's answer: its reply is empty (the task scores it as wrong) and the error rate
+  per task is printed at the end of each request batch and written with the traces; ``on_failure=raise`` stops
+  the evaluation instead.
 - ``trace_dir``: where the per-sample traces go (``<date>_<task>.jsonl``, one per task and run); default
   ``<--output_path>/paravt_traces`` when ``--output_path`` is on lmms-eval's command line, else none.
 
@@ -58,7 +63,8 @@ class ParaVT(lmms):
     def __init__(self, model: str | None = None, backend: str = "local", endpoint: str | None = None,
                  preset: str | None = None, config: str | None = None, mode: str | None = None,
                  n_frames: int | None = None, options: str = "auto", concurrency: int = 8, api_key: str | None = None,
-                 trace_dir: str | None = None, batch_size: int | str = 1, **unused) -> None:
+                 trace_dir: str | None = None, batch_size: int | str = 1, reruns: int = 1, on_failure: str = "empty",
+                 **unused) -> None:
         super().__init__()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError("run lmms-eval --model paravt as one process (not under accelerate/torchrun): the "
@@ -73,6 +79,9 @@ class ParaVT(lmms):
         self.agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg, api_key=api_key)
         if options not in ("auto", "none"):
             raise ConfigError(f"options={options!r}: auto or none")
+        if on_failure not in ("empty", "raise"):
+            raise ConfigError(f"on_failure={on_failure!r}: empty or raise")
+        self.reruns, self.on_failure = int(reruns), on_failure
         self.options = options
         self.n_frames = int(n_frames) if n_frames else None
         self.concurrency = max(int(concurrency), int(batch_size) if str(batch_size).isdigit() else 1)
@@ -95,13 +104,28 @@ class ParaVT(lmms):
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
         items = [self._item(r) for r in requests]
         answers = self.agent.run(self.agent.aanswer_many(items, concurrency=self.concurrency,
-                                                         progress=self.rank == 0, desc="paravt"))
+                                                         progress=self.rank == 0, desc="paravt", reruns=self.reruns))
         if self.trace_dir is not None:
             self._write_traces(items, answers)
+        failed: dict[str, list[int]] = {}
+        for item, ans in zip(items, answers, strict=True):
+            failed.setdefault(item["task"], [0, 0])[1] += 1
+            failed[item["task"]][0] += not ans.trace.scorable
+        for task, (bad, total) in failed.items():
+            if bad:
+                print(f"paravt: {task}: {bad} of {total} questions failed in the runtime after {self.reruns} "
+                      f"rerun(s) (error rate {bad / total:.1%}); their replies are empty, scored as wrong by the "
+                      "task", file=sys.stderr)
+        if self.on_failure == "raise" and any(bad for bad, _ in failed.values()):
+            first = next(a for a in answers if not a.trace.scorable)
+            raise ConfigError("on_failure=raise: questions failed in the runtime, e.g. "
+                              + "; ".join(first.trace.run_errors[:3]))
         out = []
         for req, item, ans in zip(requests, items, answers, strict=True):
             tr = ans.trace
             reply = ans.choice if item["options"] and ans.choice else ans.text
+            if not tr.scorable:  # built on failed work: never passed off as the model's answer
+                reply = ""
             self.cache_hook.add_partial("generate_until", (req.args[0], req.args[1]), reply)
             out.append(GenerationResult(text=reply, token_counts=TokenCounts(
                 input_tokens=tr.prompt_tokens, output_tokens=tr.completion_tokens)))
@@ -113,7 +137,8 @@ class ParaVT(lmms):
         for item, ans in zip(items, answers, strict=True):
             rec = {"task": item["task"], "doc_id": item["doc_id"], "video": item["video"], "answer": ans.text,
                    "choice": ans.choice,
-                   "ok": ans.trace.ok, "trace": ans.trace.model_dump(mode="json")}
+                   "ok": ans.trace.ok, "status": ans.trace.status, "failed": not ans.trace.scorable,
+                   "trace": ans.trace.model_dump(mode="json")}
             by_task.setdefault(item["task"], []).append(json.dumps(rec, ensure_ascii=False))
         for task, lines in by_task.items():
             with (self.trace_dir / f"{self.run_stamp}_{task}.jsonl").open("a") as f:

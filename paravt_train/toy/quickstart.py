@@ -26,8 +26,12 @@ REPO_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "toy"
 EVAL_QUESTIONS = {"mcq": 3, "oe": 1, "tvg": 1}
 
 
-def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = True, log=print):
-    """``{(mode, n): {"mcq": acc, "oe": f1, "tvg": miou, "calls": mean, "seconds": s}}`` and the answers."""
+def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = True, log=print,
+             reruns: int = 1):
+    """``{(mode, n): {"mcq": acc, "oe": f1, "tvg": miou, "calls": mean, "errors": rate, "seconds": s}}`` and the
+    answers. An answer the runtime spoiled (a sub-agent timed out, a model call failed: not
+    ``trace.scorable``) is asked again up to ``reruns`` times; if it still fails it counts in ``errors`` (the
+    share of questions) and not in the scores."""
     items = [(w, q) for w in worlds for q in w.questions]
     results, answers_by = {}, {}
     for mode in modes:
@@ -36,19 +40,29 @@ def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = 
             t0 = time.perf_counter()
             answers = agent.answer_many(
                 [{"video": w.video, "question": q.question, "options": q.options, "n_frames": n} for w, q in items],
-                concurrency=concurrency, progress=progress,
+                concurrency=concurrency, progress=progress, reruns=reruns,
             )
-            by: dict[str, list[float]] = {}
-            for (_, q), a in zip(items, answers, strict=True):
-                by.setdefault(q.task, []).append(score(a.trace.response, q))
-            row = {task: sum(v) / len(v) for task, v in by.items()}
-            row["calls"] = sum(a.trace.tool_calls for a in answers) / len(answers)
+            row = score_answers(items, answers)
             row["seconds"] = time.perf_counter() - t0
             results[(mode, n)] = row
             answers_by[(mode, n)] = answers
             log(f"  {mode:10s} n={n:<3d} mcq {row.get('mcq', 0):.2f}  oe {row.get('oe', 0):.2f}  "
-                f"tvg mIoU {row.get('tvg', 0):.2f}  calls {row['calls']:.1f}  ({row['seconds']:.0f}s)")
+                f"tvg mIoU {row.get('tvg', 0):.2f}  calls {row['calls']:.1f}  errors {row['errors']:.0%}  "
+                f"({row['seconds']:.0f}s)")
     return results, answers_by
+
+
+def score_answers(items, answers) -> dict:
+    """The mean score per task over the answers the runtime did not spoil, tool calls per such question, and
+    ``errors``: the share of questions it did spoil (left out of the scores)."""
+    by: dict[str, list[float]] = {}
+    ok = [((w, q), a) for (w, q), a in zip(items, answers, strict=True) if a.trace.scorable]
+    for (_, q), a in ok:
+        by.setdefault(q.task, []).append(score(a.trace.response, q))
+    row = {task: sum(v) / len(v) for task, v in by.items()}
+    row["calls"] = sum(a.trace.tool_calls for _, a in ok) / len(ok) if ok else 0.0
+    row["errors"] = 1 - len(ok) / len(answers) if answers else 0.0
+    return row
 
 
 def shortcut(worlds, ns) -> dict:
@@ -64,15 +78,15 @@ def shortcut(worlds, ns) -> dict:
 
 
 def table(results: dict, base: dict, ns) -> str:
-    lines = ["| mode | n | MCQ acc | OE acc (F1) | grounding mIoU | tool calls / question |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| mode | n | MCQ acc | OE acc (F1) | grounding mIoU | tool calls / question | errors |",
+             "|---|---|---|---|---|---|---|"]
     for (mode, n), r in results.items():
         lines.append(f"| {mode} | {n} | {r.get('mcq', 0):.2f} | {r.get('oe', 0):.2f} | {r.get('tvg', 0):.2f} | "
-                     f"{r['calls']:.1f} |")
+                     f"{r['calls']:.1f} | {r.get('errors', 0):.0%} |")
     for n in ns:
         b = base[n]
         lines.append(f"| nearest-frame shortcut | {n} | {b.get('mcq', 0):.2f} | {b.get('oe', 0):.2f} | "
-                     f"{b.get('tvg', 0):.2f} | 0 |")
+                     f"{b.get('tvg', 0):.2f} | 0 | - |")
     return "\n".join(lines)
 
 
@@ -87,8 +101,10 @@ def role_table(roles: dict) -> str:
 
 def run(model_dir: str | Path | None = None, out: str | Path | None = None, worlds: int = 16,
         modes=("parallel", "sequential", "none"), ns=(4, 8, 64), progress: bool = True, log=print,
-        roles: int = 8) -> dict:
-    """One trace, per-role accuracy on the first ``roles`` held-out videos (0 = skip), the mode x n table."""
+        roles: int = 8, seed: int = TEST_SEED0) -> dict:
+    """One trace, per-role accuracy on the first ``roles`` held-out videos (0 = skip), the mode x n table, on
+    the toy worlds of seeds ``seed`` .. ``seed + worlds - 1`` (the default range is the one training never
+    uses; any other range is as held-out, since training uses seeds below 900,000)."""
     from paravt_agent.defaults import paravt_home
 
     t_start = time.perf_counter()
@@ -97,9 +113,9 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"no toy policy at {model_dir}; build one with `paravt-train toy`")
     log(f"toy policy: {model_dir}")
-    test = make_worlds(range(TEST_SEED0, TEST_SEED0 + worlds), out / "videos", progress, **EVAL_QUESTIONS)
-    log(f"{len(test)} held-out videos ({min(w.duration for w in test)}-{max(w.duration for w in test)} s), "
-        f"{sum(len(w.questions) for w in test)} questions")
+    test = make_worlds(range(seed, seed + worlds), out / "videos", progress, **EVAL_QUESTIONS)
+    log(f"{len(test)} held-out videos (seeds {seed}-{seed + worlds - 1}, {min(w.duration for w in test)}-"
+        f"{max(w.duration for w in test)} s), {sum(len(w.questions) for w in test)} questions")
     policy = LocalPolicy(model_dir, max_batch=16)
     example_agent = Agent(policy=policy, config=toy_agent_config(mode="parallel"))
     w, q = test[0], test[0].questions[0]
@@ -107,7 +123,7 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
     log("\n=== one full trace (parallel, n = 8) ===")
     log(ans.trace.render())
     log(f"(ground truth: {q.answer}, {q.colour})\n")
-    summary: dict = {"model": str(model_dir), "worlds": len(test)}
+    summary: dict = {"model": str(model_dir), "worlds": len(test), "seeds": [seed, seed + worlds - 1]}
     if roles:
         log("=== each role alone (held-out, n = 8; the other roles' outputs are the correct ones) ===")
         r = role_accuracy(example_agent, test[:roles], n=8, concurrency=16, progress=progress)

@@ -39,7 +39,7 @@ from paravt_agent.config import AgentConfig  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
 from paravt_train.benchmarks import EvalItem  # noqa: E402
 from paravt_train.eval import evaluate_items  # noqa: E402
-from paravt_train.stats import mean_ci, paired_diff_ci  # noqa: E402
+from paravt_train.eval.stats import mean_ci, paired_diff_ci  # noqa: E402
 from paravt_train.toy.build import TEST_SEED0  # noqa: E402
 from paravt_train.toy.quickstart import REPO_CHECKPOINT  # noqa: E402
 from paravt_train.toy.toolshy import build_toolshy  # noqa: E402

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from paravt_train.data import write_parquet  # noqa: E402
-from paravt_train.stats import mean_ci, paired_diff_ci  # noqa: E402
+from paravt_train.eval.stats import mean_ci, paired_diff_ci  # noqa: E402
 from paravt_train.toy.build import TEST_SEED0  # noqa: E402
 from paravt_train.toy.quickstart import REPO_CHECKPOINT  # noqa: E402
 from paravt_train.toy.rows import rl_rows  # noqa: E402

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 from paravt_train.data import write_parquet
-from paravt_train.grpo_config import GRPOConfig
-from paravt_train.grpo_trainer import GRPOTrainer
-from paravt_train.plot import plot
-from paravt_train.stats import mean_ci, paired_diff_ci
+from paravt_train.eval.plot import plot
+from paravt_train.eval.stats import mean_ci, paired_diff_ci
+from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.trainer import GRPOTrainer
 from paravt_train.toy.build import TEST_SEED0
 from paravt_train.toy.quickstart import REPO_CHECKPOINT
 from paravt_train.toy.rows import rl_rows

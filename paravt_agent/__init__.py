@@ -7,6 +7,7 @@ that cross layers live in :mod:`paravt_agent.types`.
 
 from typing import TYPE_CHECKING
 
+from paravt_agent._moved import MovedModules
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong, ToolError, VideoError
 
 if TYPE_CHECKING:
@@ -30,6 +31,25 @@ if TYPE_CHECKING:
     from paravt_agent.video import FrameConfig
 
 __version__ = "0.1.0"
+
+#: module paths that moved when the package was regrouped by concept (v0.4): importable for one release, with a
+#: DeprecationWarning naming the new path (:mod:`paravt_agent._moved`)
+MOVED = {
+    "paravt_agent.answers": "paravt_agent.protocol.answers",
+    "paravt_agent.api": "paravt_agent.serving.api",
+    "paravt_agent.api_request": "paravt_agent.serving.request",
+    "paravt_agent.calls": "paravt_agent.graph.calls",
+    "paravt_agent.checkpoints": "paravt_agent.graph.checkpoints",
+    "paravt_agent.collab": "paravt_agent.graph.collab",
+    "paravt_agent.context": "paravt_agent.graph.context",
+    "paravt_agent.frames": "paravt_agent.graph.frames",
+    "paravt_agent.graph_runtime": "paravt_agent.graph.runtime",
+    "paravt_agent.presets": "paravt_agent.protocol.presets",
+    "paravt_agent.serve": "paravt_agent.serving.sglang_launch",
+    "paravt_agent.server_graph": "paravt_agent.serving.server_graph",
+    "paravt_agent.state": "paravt_agent.graph.state",
+}
+MovedModules.install(MOVED)
 
 _LAZY = {
     "Agent": "paravt_agent.agent",

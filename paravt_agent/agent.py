@@ -12,13 +12,17 @@ from typing import Any
 
 from paravt_agent import telemetry
 from paravt_agent.config import AgentConfig
-from paravt_agent.context import AgentContext, check_input, prepare_input, system_prompt, tool_schemas
+from paravt_agent.defaults import resolve_model
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError
-from paravt_agent.frames import FrameStore
+from paravt_agent.graph import build_graph, final_answer, initial_state, trace_of
+from paravt_agent.graph.checkpoints import open_checkpointer
+from paravt_agent.graph.context import AgentContext, check_input, prepare_input, system_prompt, tool_schemas
+from paravt_agent.graph.frames import FrameStore, refs_of
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.registry import make_policy
 from paravt_agent.trajectory import Phase, Trace
 from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, ReviewEvent, RolloutInput, StreamEvent
+from tools.registry import registry_of
 
 __all__ = ["Agent", "Answer", "make_policy"]
 
@@ -59,9 +63,6 @@ class Agent:
         checkpointer: Any = None,
         frames_dir: str | os.PathLike | None = None,
     ):
-        from paravt_agent.defaults import resolve_model
-        from paravt_agent.plugins import tool_registry
-
         if policy is None:  # Agent() and Agent(model="toy"): the shipped toy policy, from any directory
             model = resolve_model(backend, model)
         if config is None and policy is None:
@@ -72,7 +73,7 @@ class Agent:
             raise ConfigError(f"the {self.policy.name} policy cannot pin the think prefix "
                               f"{self.config.think_prefix!r}; set think_prefix: '' in the agent config "
                               "or use a backend that can (local, sglang, openai with prefill)")
-        registry = tool_registry(tools)
+        registry = registry_of(tools)
         if tools is not None and registry is not tools and \
                 self.config.tools == AgentConfig.model_fields["tools"].default_factory():
             self.config = self.config.model_copy(update={"tools": registry.names()})
@@ -93,8 +94,6 @@ class Agent:
         """The compiled agent graph (without a checkpointer; :meth:`graph_for` adds the agent's)."""
         with self._lock:
             if self._graph is None:
-                from paravt_agent.graph import build_graph
-
                 c = self.config
                 self._graph = build_graph(c.retries, c.planner_timeout, c.subagent_timeout)
             return self._graph
@@ -107,9 +106,6 @@ class Agent:
         per_loop = isinstance(self.checkpointer, str) and self.checkpointer != "memory"
         key = id(asyncio.get_running_loop()) if per_loop else 0
         if key not in self._savers:
-            from paravt_agent.checkpoints import open_checkpointer
-            from paravt_agent.graph import build_graph
-
             saver = await open_checkpointer(self.checkpointer)
             c = self.config
             self._savers[key] = build_graph(c.retries, c.planner_timeout, c.subagent_timeout, checkpointer=saver)
@@ -120,7 +116,7 @@ class Agent:
         return AgentContext(self.policy, self.registry, self.config, self.frames, tool_context, others=self._others)
 
     def tool_schemas(self) -> list[dict]:
-        """The tools as the planner's prompt describes them (:func:`paravt_agent.context.tool_schemas`)."""
+        """The tools as the planner's prompt describes them (:func:`paravt_agent.graph.context.tool_schemas`)."""
         return tool_schemas(self.config, self.registry)
 
     def system_prompt(self) -> str:
@@ -132,7 +128,7 @@ class Agent:
         return prepare_input(self.config, self.policy, self.registry, video, question, options, n_frames)
 
     def check_input(self, question: str, options: Sequence[str] | None = None) -> None:
-        """Refuse an empty question, or one or an option over its token limit (:func:`paravt_agent.context.check_input`)."""
+        """Refuse an empty question, or one or an option over its token limit (:func:`paravt_agent.graph.context.check_input`)."""
         check_input(self.config, self.policy, question, options)
 
     def _graph_config(self, thread_id: str | None = None) -> dict:
@@ -191,7 +187,6 @@ class Agent:
 
         ``seed`` gives this run its own reproducible sampling seeds; ``trace_parent`` (a W3C traceparent) the
         span its spans go under. Yields the events of :meth:`astream` after the overview."""
-        from paravt_agent.graph import initial_state
 
         t0 = time.perf_counter() if t0 is None else t0
         ctx = self.context(inp.context)
@@ -236,7 +231,6 @@ class Agent:
         "end_time"}, ...]`` or ``[{"name", "arguments"}, ...]``). A finished thread yields its answer again."""
         from langgraph.types import Command
 
-        from paravt_agent.graph import trace_of
 
         if self.checkpointer is None:
             raise ConfigError("resuming needs a checkpointer: Agent(checkpointer=...)")
@@ -262,7 +256,6 @@ class Agent:
     def _restore_frames(self, values: dict) -> None:
         """A resumed run's overview frames: decoded again when this process has not got them (the same video
         and frame count give the same pixels, hence the same keys)."""
-        from paravt_agent.frames import refs_of
 
         if all(k in self.frames for k in refs_of(values.get("messages", [])[:2])):
             return
@@ -394,8 +387,6 @@ class Agent:
         return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress, reruns=reruns))
 
     def _finish(self, state: dict, ctx: AgentContext, trace: Trace, latency: float, t0: float | None) -> Answer:
-        from paravt_agent.graph import final_answer, trace_of
-
         done = trace_of(state, base=trace, t0=t0, mode=self.config.mode)
         done.latency = latency
         if self.store is not None:

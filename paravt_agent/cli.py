@@ -26,9 +26,10 @@ def tools_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the OpenAI-style function schemas as JSON."),
 ) -> None:
     """List the available tools (built-ins and `paravt.tools` entry-point plugins) with their schemas."""
-    from paravt_agent.plugins import default_registry
+    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
+    from tools.registry import ToolRegistry
 
-    reg = default_registry()
+    reg = ToolRegistry.default()
     if as_json:
         typer.echo(json.dumps(reg.schemas(), indent=2))
         return
@@ -55,6 +56,7 @@ def _build_agent(backend: str, model: str | None, endpoint: str | None, mode: st
                  config: Path | None, set_: list[str] | None, store=None, api_key: str | None = None):
     """One rule for every entry point: --config, else --preset, else the model's agent_config.yaml, else
     defaults (the local backend's default model: the shipped toy policy)."""
+    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.agent import Agent
     from paravt_agent.config import resolve_agent_config
     from paravt_agent.defaults import resolve_model
@@ -65,6 +67,7 @@ def _build_agent(backend: str, model: str | None, endpoint: str | None, mode: st
     cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset, notes=notes)
     for note in notes:
         typer.echo(note, err=True)
+    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.telemetry import configure_from_env
 
     configure_from_env()  # OTEL_TRACES_EXPORTER=otlp|console: one trace per question
@@ -91,6 +94,7 @@ def answer_cmd(
                                  "aggregation, the answer turn."),
 ) -> None:
     """Answer a question about a video and print the answer with a compact trace."""
+    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
 
     try:
@@ -150,8 +154,9 @@ def api_cmd(
     /v1/models and /v1/feedback. A user message holds the question and the video as a video_url part.
 
     OpenTelemetry traces (one per question) go to the exporter OTEL_TRACES_EXPORTER names (otlp, console)."""
-    from paravt_agent.api import ApiSettings, serve
+    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
+    from paravt_agent.serving.api import ApiSettings, serve
     from paravt_agent.store import open_store
 
     if video_root is not None and not video_root.is_dir():
@@ -194,8 +199,9 @@ def serve_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
     """Serve a model with SGLang (GPU) and wait until it is healthy."""
+    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
-    from paravt_agent.serve import launch, protocol_model_dir, sglang_command
+    from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command
 
     served = protocol_model_dir(model, max_pixels=max_pixels)
     if served != model:
@@ -204,7 +210,8 @@ def serve_cmd(
     kw = dict(mem_fraction=mem_fraction, context_length=context_length, vlm_cache_mb=vlm_cache_mb,
               deterministic=deterministic)
     if dp > 1:
-        from paravt_agent.serve import launch_router, router_commands
+        # lazy: a command's modules load when it runs (`paravt --help` stays instant)
+        from paravt_agent.serving.sglang_launch import launch_router, router_commands
 
         workers, router = router_commands(served, dp, host, port, tp, **kw)
         lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv) for argv, env in workers]

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from paravt_agent.errors import ConfigError
+from paravt_agent.protocol.presets import preset_settings
 from paravt_agent.types import Sampling
 from paravt_agent.video.sampling import FrameConfig
 
@@ -23,7 +24,7 @@ class Layout(BaseModel):
     """How the conversation is laid out: prompts, frame labels, tool schemas, tool results, the last turn.
 
     The defaults are this project's layout (what models trained here see); the presets of
-    :mod:`paravt_agent.presets` set the layouts the released checkpoints were trained and evaluated with."""
+    :mod:`paravt_agent.protocol.presets` set the layouts the released checkpoints were trained and evaluated with."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -131,7 +132,7 @@ class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     preset: str = Field(
-        "paravt", description="Protocol preset (paravt_agent.presets): paravt (this project's layout), paravt-rl, "
+        "paravt", description="Protocol preset (paravt_agent.protocol.presets): paravt (this project's layout), paravt-rl, "
         "paravt-eval (the released ParaVT-8B's RL workflow and eval driver), longvt. It supplies every setting "
         "not given explicitly.")
     frames: FrameConfig = Field(default_factory=FrameConfig, description="The frame protocol (paper, Appendix B).")
@@ -193,8 +194,6 @@ class AgentConfig(BaseModel):
         """A preset's settings under the explicitly given ones (nested sections merged key by key)."""
         if not isinstance(data, dict):
             return data
-        from paravt_agent.presets import preset_settings
-
         return _deep_merge(preset_settings(data.get("preset", "paravt")), data)
 
     @model_validator(mode="after")

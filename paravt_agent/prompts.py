@@ -2,7 +2,6 @@
 
 Messages are plain dicts in one neutral layout that every policy backend
 converts to its own wire format::
-
     {"role": "system" | "user" | "assistant", "content": str | [part, ...]}
     part = {"type": "text", "text": str}
          | {"type": "image", "image": np.ndarray (H, W, 3) uint8, "timestamp": float}
@@ -20,12 +19,18 @@ in training alike. No instruction the agent injects carries a protocol tag.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 
 import numpy as np
 
-from paravt_agent.protocol import format_time, labelled_options
+from paravt_agent.config import Layout
+from paravt_agent.protocol import format_time, labelled_options, neutralize
+from paravt_agent.protocol.presets import (
+    EVAL_SYSTEM_TEMPLATE,
+    HERMES_TOOLS_TEMPLATE,
+    RELEASED_SUBAGENT_PROMPT,
+    released_tools_block,
+)
 
 __all__ = [
     "NO_TOOL_SYSTEM_PROMPT",
@@ -34,7 +39,6 @@ __all__ = [
     "FINAL_ANSWER_PROMPT",
     "error_slot_text",
     "frame_parts",
-    "neutralize",
     "overview_parts",
     "planner_messages",
     "question_text",
@@ -152,7 +156,6 @@ def planner_messages(
     video_name: str = "video.mp4",
 ) -> list[dict]:
     """``[system, user(overview frames + question)]`` in this project's layout."""
-    from paravt_agent.config import Layout
 
     return layout_planner_messages(Layout(), system, frames, timestamps, duration, question, options, video_name)
 
@@ -167,20 +170,6 @@ def subagent_messages(
     """``[system, user(window frames + question)]`` for one sub-agent."""
     content = [*window_parts(frames, timestamps, window), {"type": "text", "text": subagent_request(question)}]
     return [{"role": "system", "content": system}, {"role": "user", "content": content}]
-
-
-_PROTOCOL_TAG_RE = re.compile(r"<(/?)(think|answer|tool_call|tool_code|tool_response)>|<\|([A-Za-z_]+)\|>", re.I)
-
-
-def neutralize(text: str) -> str:
-    """Tool output as data: protocol tags (``<answer>``, ``</think>``, ``<tool_call>``, ...) and chat-template
-    control tokens (``<|im_end|>``) are escaped (``&lt;answer&gt;``), so text a tool read from a user's
-    file or a sub-agent wrote can neither earn a reward nor forge a turn. Everything else is kept."""
-
-    def esc(m: re.Match) -> str:
-        return "&lt;" + m.group(0)[1:-1] + "&gt;"
-
-    return _PROTOCOL_TAG_RE.sub(esc, text)
 
 
 #: Characters of one slot of a tool response (a label or a text beyond it is cut, saying so).
@@ -199,7 +188,7 @@ def tool_response_message(results: Sequence[tuple[str, str]]) -> dict:
     return {"role": "user", "content": f"<tool_response>\n{body}\n</tool_response>"}
 
 
-# --------------------------------------------------------------------------- layouts (paravt_agent.presets)
+# --------------------------------------------------------------------------- layouts (paravt_agent.protocol.presets)
 
 
 def _mmss(seconds: float) -> str:
@@ -209,7 +198,6 @@ def _mmss(seconds: float) -> str:
 
 def layout_system_prompt(layout, schemas: Sequence[dict], sequential: bool = False) -> str:
     """The planner's system prompt under a :class:`~paravt_agent.config.Layout`; ``schemas`` as offered."""
-    from paravt_agent.presets import EVAL_SYSTEM_TEMPLATE, HERMES_TOOLS_TEMPLATE, released_tools_block
 
     if layout.system == "paravt":
         return tool_system_prompt(schemas, sequential=sequential)
@@ -243,7 +231,6 @@ def layout_subagent_messages(layout, frames: np.ndarray, timestamps: Sequence[fl
     sub-agent's (no system prompt, unlabelled frames, then its fixed prompt; never the question)."""
     if layout.subagent == "paravt":
         return subagent_messages(frames, timestamps, window, question, system=system)
-    from paravt_agent.presets import RELEASED_SUBAGENT_PROMPT
 
     a, b = window
     text = RELEASED_SUBAGENT_PROMPT.format(start=_mmss(a), end=_mmss(b), duration=b - a)

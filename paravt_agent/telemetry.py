@@ -1,7 +1,6 @@
 """OpenTelemetry spans of a question, named and attributed after the GenAI semantic conventions.
 
 One trace per question::
-
     invoke_agent paravt                      the question (gen_ai.operation.name = invoke_agent)
     ├── paravt.overview                      decoding the overview frames (a run that starts from a question)
     ├── paravt.planner_turn                  one planner turn (paravt.turn, paravt.tool_calls)
@@ -35,6 +34,8 @@ import json
 import os
 from contextlib import contextmanager
 from typing import Any
+
+from paravt_agent.errors import ConfigError
 
 __all__ = ["capture_content", "configure_from_env", "enabled", "span", "traceparent"]
 
@@ -158,7 +159,6 @@ def configure_from_env() -> bool:
     names = [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
     if enabled() or not names or names == ["none"]:
         return enabled()
-    from paravt_agent.errors import ConfigError
 
     unknown = [n for n in names if n not in ("otlp", "console")]
     if unknown:

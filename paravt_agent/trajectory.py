@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from paravt_agent.protocol import format_time
+from paravt_agent.protocol import format_time, neutralize
 
 __all__ = ["MODEL_OUTPUT_ERRORS", "MemoryEntry", "Phase", "PlannerTurn", "SubAgentRecord", "Trace"]
 
@@ -79,8 +79,6 @@ class MemoryEntry(BaseModel):
     def render(self, limit: int = 600) -> str:
         """The entry as the agents and the synthesizer read it: every text neutralised (a tool's output or an
         agent's note cannot forge a tag or a turn in another agent's prompt)."""
-        from paravt_agent.prompts import neutralize
-
         def clip(s: str) -> str:
             s = neutralize(" ".join(s.split()))
             return s if len(s) <= limit else s[: limit - 3] + "..."

@@ -9,7 +9,6 @@ is (:class:`RolloutInput`) and what an answer is (:class:`Answer`). The graph,
 nothing travels in string-keyed dicts or tuple positions between them.
 
 ::
-
     video + question ──Agent.prepare──► RolloutInput (overview frames, first messages, tool context)
         │
         ▼  graph: planner ─► sub-agents ─► aggregate ─► planner ...   (each model call: Generation)
@@ -17,21 +16,19 @@ nothing travels in string-keyed dicts or tuple positions between them.
         ▼
     Answer (text, choice/span, Trace, records: [GenerationRecord], messages)
         │
-        ▼  paravt_train.rollout: records → token sequences → rewards → GRPO
+        ▼  paravt_train.rl.rollout: records → token sequences → rewards → GRPO
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from paravt_agent.trajectory import MemoryEntry, SubAgentRecord, Trace
 from paravt_agent.video import FrameConfig, VideoReader
-
-if TYPE_CHECKING:
-    from paravt_agent.trajectory import MemoryEntry, SubAgentRecord, Trace
 
 __all__ = [
     "Answer",
@@ -135,7 +132,7 @@ class GenerationRecord:
     """One model call of an episode: who made it (``planner`` turn ``turn``, or the sub-agent of call
     ``index`` of that turn), the :class:`Generation`, and the prompt's frames in order (what a training
     forward pass needs besides the ids). In the graph's state a record holds its frames' content keys
-    (``image_refs``, :mod:`paravt_agent.frames`); the :class:`Answer` has the pixels in ``images``."""
+    (``image_refs``, :mod:`paravt_agent.graph.frames`); the :class:`Answer` has the pixels in ``images``."""
 
     role: str  # "planner", "subagent", "tool:<name>" (a model-backed tool's call) or "agent:<name>" (collaborative)
     turn: int

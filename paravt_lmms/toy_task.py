@@ -1,4 +1,4 @@
-"""Local lmms-eval tasks over toy videos (no hub): ``paravt-train lmms-task --out DIR`` writes them.
+"""Local lmms-eval tasks over toy videos (no hub): ``paravt-lmms task --out DIR`` writes them.
 
 Two tasks on the same held-out colour-at-t questions (``test.jsonl``, videos in ``videos/``):
 
@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from paravt_agent.answers import labelled_options
+from paravt_agent.protocol import labelled_options
+from paravt_train.toy.build import TEST_SEED0
+from paravt_train.toy.world import make_worlds
 
 __all__ = ["doc_to_text", "doc_to_visual", "process_results", "write_toy_task"]
 
@@ -85,8 +87,6 @@ def process_results(doc, results) -> dict:
 def write_toy_task(out: str | Path, worlds: int = 4, seed0: int | None = None, progress: bool = False) -> Path:
     """Held-out toy videos, their colour-at-t MCQ rows (``test.jsonl``) and the two task YAMLs in ``out``;
     returns ``out``."""
-    from paravt_train.toy.build import TEST_SEED0
-    from paravt_train.toy.world import make_worlds
 
     out = Path(out).resolve()
     start = TEST_SEED0 if seed0 is None else seed0

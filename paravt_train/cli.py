@@ -26,7 +26,8 @@ def main() -> None:
 
 def stopped_exit_code() -> int:
     """A run stopped by SIGTERM (checkpointed, resumable) exits as a terminated process does: 143."""
-    from paravt_train.interrupt import EXIT_CODE
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
+    from paravt_train.infra.interrupt import EXIT_CODE
 
     return EXIT_CODE
 
@@ -38,6 +39,7 @@ def validate_data(
     no_video_check: bool = typer.Option(False, "--no-video-check", help="Do not check that videos exist."),
 ) -> None:
     """Check every row; print each bad row's number and reason. Exit 1 when any row is bad."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.data import DataError, validate_file
 
     try:
@@ -57,8 +59,9 @@ def convert_cmd(
     dst: Path = typer.Argument(..., help="Output Parquet with parallel traces."),
 ) -> None:
     """Merge independent sequential crop calls into parallel turns; frames become text summaries."""
-    from paravt_train.convert import convert_rows
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.data import DataError, iter_rows, write_parquet
+    from paravt_train.data.convert import convert_rows
 
     try:
         rows = [r for _, r in iter_rows(src)]
@@ -83,14 +86,16 @@ def prefilter_cmd(
     max_answer_words: int = typer.Option(15, help="Drop open-ended samples with longer answers."),
 ) -> None:
     """DAPO-style zero-gradient pre-filter: long open-ended answers, and prompts whose G rollouts all score 0."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_train.data import load_rl, write_parquet
-    from paravt_train.prefilter import prefilter
+    from paravt_train.data.prefilter import prefilter
 
     try:
         samples = load_rl(src, video_root)
         agent = None
         if model or backend != "local":
+            # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
             from paravt_agent.agent import Agent
             from paravt_agent.config import AgentConfig
 
@@ -113,9 +118,10 @@ def sft_cmd(
     set_: list[str] = typer.Option(None, "--set", help="Override key=value, e.g. --set lr=1e-5 --set lora.enabled=true."),
 ) -> None:
     """Supervised fine-tuning (cold start). Run under `torchrun --nproc_per_node N` for FSDP2."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError, ParaVTError
     from paravt_train.sft import train
-    from paravt_train.sft_config import SFTConfig
+    from paravt_train.sft.config import SFTConfig
 
     try:
         cfg = SFTConfig.from_yaml(config, list(set_ or []))
@@ -148,6 +154,7 @@ def toy_cmd(
     first stage's traces (plans: neighbours), then 500 and 400 steps at lr 5e-4 on the shipped plans
     (then; 56.5 min on 2 CPU cores; checkpoints/toy/COMMAND.txt). --set 'then=[]' trains the first stage
     only."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.config import apply_overrides
     from paravt_agent.defaults import paravt_home
     from paravt_agent.errors import ConfigError
@@ -173,6 +180,7 @@ def toy_video_cmd(
 ) -> None:
     """Write one toy video (a timeline of solid colours, 64-128 s) and print questions about it with their
     answers: a sample input for `paravt answer` and the Gradio demo (the toy policy only knows such videos)."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.toy.world import make_world
 
     w = make_world(seed, mcq=1, oe=1, tvg=1)
@@ -208,6 +216,7 @@ def eval_cmd(
     limit: int = typer.Option(None, help="Only the first N items of each benchmark."),
 ) -> None:
     """Evaluate an agent on the paper's benchmarks; writes per-sample JSONL and prints a Markdown summary."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.agent import Agent
     from paravt_agent.config import resolve_agent_config
     from paravt_agent.errors import ParaVTError
@@ -255,6 +264,7 @@ def quickstart_cmd(
 ) -> None:
     """Run the real agent on held-out toy videos: one full trace, per-role accuracy and a results table (with the
     share of questions the runtime failed: a timed-out sub-agent is an error, never a wrong answer)."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.toy.quickstart import run
 
     try:
@@ -262,20 +272,6 @@ def quickstart_cmd(
     except FileNotFoundError as exc:
         _fail(str(exc))
 
-
-
-@app.command("lmms-task")
-def lmms_task_cmd(
-    out: Path = typer.Option(..., "--out", help="Folder for the videos, test.jsonl and the task YAMLs."),
-    worlds: int = typer.Option(4, min=1, help="Held-out toy videos (3 colour-at-t MCQ questions each)."),
-) -> None:
-    """Write local lmms-eval tasks over toy videos (no hub): paravt_toy (ParaVT's prompt, lmms-eval's MCQ
-    scoring) and paravt_toy_videomme (Video-MME's own prompt, parsing and score). Then:
-    lmms-eval --model paravt --include_path OUT --tasks paravt_toy,paravt_toy_videomme"""
-    from paravt_lmms.toy_task import write_toy_task
-
-    path = write_toy_task(out, worlds=worlds, progress=True)
-    typer.echo(f"wrote {path}: lmms-eval --model paravt --include_path {path} --tasks paravt_toy,paravt_toy_videomme")
 
 
 @app.command("grpo")
@@ -288,10 +284,11 @@ def grpo_cmd(
 
     Metrics per step go to OUTPUT_DIR/metrics.jsonl; `paravt-train plot OUTPUT_DIR` draws them.
     Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError, ParaVTError
-    from paravt_train.distributed import shutdown_distributed
-    from paravt_train.grpo_config import GRPOConfig
-    from paravt_train.grpo_trainer import GRPOTrainer
+    from paravt_train.infra.distributed import shutdown_distributed
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
 
     try:
         cfg = GRPOConfig.from_yaml(config, list(set_ or []))
@@ -313,8 +310,9 @@ def plot_cmd(
     out: Path = typer.Option(None, help="PNG path (default: RUN/curves.png)."),
 ) -> None:
     """Draw reward, f_tau, kappa, accuracy, KL, entropy and clip-fraction curves of GRPO runs (PNG)."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError
-    from paravt_train.plot import plot
+    from paravt_train.eval.plot import plot
 
     try:
         path = plot(run, out)
@@ -338,10 +336,11 @@ def online_cmd(
     uses fresh on-policy rollouts (plus replayed ones when replay is enabled) and pushes the weights to
     the endpoint every sync_every updates. Progress is checkpointed: a restart neither loses nor
     re-trains feedback."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError
-    from paravt_train.distributed import shutdown_distributed
-    from paravt_train.grpo_config import GRPOConfig
-    from paravt_train.online import OnlineLearner
+    from paravt_train.infra.distributed import shutdown_distributed
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.online import OnlineLearner
 
     overrides = list(set_ or [])
     if endpoint:

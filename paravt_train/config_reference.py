@@ -13,18 +13,18 @@ import json
 
 from pydantic import BaseModel
 
+from paravt_agent.config import AgentConfig, CollabAgent, CollabConfig, Layout, ModelSpec
+from paravt_agent.types import Sampling
+from paravt_agent.video import FrameConfig
+from paravt_train.rewards import JudgeSettings, RewardConfig
+from paravt_train.rl.config import GRPOConfig, ReplaySettings
+from paravt_train.sft.config import LoraSettings, SFTConfig
+from paravt_train.toy.build import ToyConfig
+
 __all__ = ["MODELS", "render", "undocumented"]
 
 
 def _models() -> list[tuple[str, type[BaseModel], str]]:
-    from paravt_agent.config import AgentConfig, CollabAgent, CollabConfig, Layout, ModelSpec
-    from paravt_agent.types import Sampling
-    from paravt_agent.video import FrameConfig
-    from paravt_train.grpo_config import GRPOConfig, ReplaySettings
-    from paravt_train.rewards import JudgeSettings, RewardConfig
-    from paravt_train.sft_config import LoraSettings, SFTConfig
-    from paravt_train.toy.build import ToyConfig
-
     return [
         ("AgentConfig", AgentConfig, "the agent (`Agent(config=...)`, `paravt answer --config/--set`, a model's "
                                      "`agent_config.yaml`)"),

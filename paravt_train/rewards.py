@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from paravt_agent.plugins import load_entry_points
 from paravt_agent.protocol import (
     extract_answer,
     extract_choice,
@@ -319,8 +320,6 @@ def reward_term(name: str):
 
 def _term(name: str) -> TermFn:
     if name not in _TERMS:
-        from paravt_agent.plugins import load_entry_points
-
         load_entry_points("paravt.rewards", _TERMS, "reward")
     if name not in _TERMS:
         raise KeyError(f"unknown reward term {name!r}; registered: {', '.join(_TERMS) or 'none'}")

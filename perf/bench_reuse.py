@@ -24,8 +24,8 @@ from pathlib import Path
 
 def rollout_bench(repeats: int) -> None:
     from paravt_train.data import prompts_from_rl, write_parquet
-    from paravt_train.grpo_config import GRPOConfig
-    from paravt_train.grpo_trainer import GRPOTrainer
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
     from paravt_train.toy.quickstart import REPO_CHECKPOINT
     from paravt_train.toy.rows import rl_rows
     from paravt_train.toy.world import make_worlds

@@ -15,7 +15,7 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time, resource
 from paravt_train.sft import train
-from paravt_train.sft_config import SFTConfig
+from paravt_train.sft.config import SFTConfig
 cfg = SFTConfig(**json.loads(sys.argv[1]))
 t0 = time.perf_counter()
 res = train(cfg, progress=False)

@@ -138,7 +138,7 @@ def run_mode(mode: str, params: float, bucket_mb: int, dtype_name: str) -> dict:
                        receiver_peak_mb=peak_mb() - recv_base)
             del loaded
     elif mode == "tensor":
-        from paravt_train.tensor_sync import serialize_named_tensors
+        from paravt_train.sync.streamed import serialize_named_tensors
 
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=receive_tensor, args=(child, params, dtype_name))
@@ -212,7 +212,7 @@ def main() -> None:
     if disk is not None and args.dtype != "float32":
         # the trainer holds fp32 weights and export_model writes them as they are: a disk sync moves fp32 bytes
         up = 4 / (disk["gb"] * 1e9 / disk["params"])
-        print(f"\ndisk in the trainer: fp32, not {args.dtype} (paravt_train/checkpoint.py export_model writes the "
+        print(f"\ndisk in the trainer: fp32, not {args.dtype} (paravt_train/infra/checkpoint.py export_model writes the "
               f"fp32 weights it holds): at 8 B {8e9 * 4 / 1e9:.0f} GB, ~{disk['seconds'] * scale * up:.0f} s and "
               f"~{disk['sender_peak_mb'] * scale * up / 1000:.0f} GB of sender peak (--dtype float32 measures it)")
 

@@ -26,7 +26,7 @@ def digest(agent, world, case: dict) -> list[dict]:
     import numpy as np
 
     from paravt_train.rewards import RewardConfig
-    from paravt_train.rollout import PromptCache, PromptItem, RolloutSettings, run_group
+    from paravt_train.rl.rollout import PromptCache, PromptItem, RolloutSettings, run_group
 
     q = next(q for q in world.questions if q.task == case["task"])
     answer = [int(x) for x in q.span] if q.task == "tvg" else q.answer

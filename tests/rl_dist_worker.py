@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from paravt_train.grpo_config import GRPOConfig
-from paravt_train.grpo_trainer import GRPOTrainer
+from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.trainer import GRPOTrainer
 
 
 def main() -> None:
@@ -21,7 +21,7 @@ def main() -> None:
     with open(items_path, "rb") as f:
         items = pickle.load(f)
     stats = tr.update(items[tr.rank :: tr.world])
-    from paravt_train.tensor_sync import stream_parameters
+    from paravt_train.sync.streamed import stream_parameters
 
     state = {k: v.cpu() for k, v in stream_parameters(tr.model)}
     if tr.rank == 0:  # the whole step's statistics: every rank's share

@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.mode == "sft":
         from paravt_train.sft import train
-        from paravt_train.sft_config import SFTConfig
+        from paravt_train.sft.config import SFTConfig
 
         def callback(step: int, loss: float) -> None:
             if step == args.sigterm_at and int(os.environ.get("RANK", "0")) == args.sigterm_rank:
@@ -40,17 +40,17 @@ def main() -> None:
         os.write(1, (json.dumps(said) + "\n").encode())  # one write: the ranks' lines never interleave
 
         return
-    from paravt_train.distributed import shutdown_distributed
-    from paravt_train.grpo_config import GRPOConfig
+    from paravt_train.infra.distributed import shutdown_distributed
+    from paravt_train.rl.config import GRPOConfig
 
     cfg = GRPOConfig.from_yaml(args.config)
     try:  # as `paravt-train grpo|online` end
         if args.mode == "grpo":
-            from paravt_train.grpo_trainer import GRPOTrainer
+            from paravt_train.rl.trainer import GRPOTrainer
 
             GRPOTrainer(cfg, progress=False).run()
         else:
-            from paravt_train.online import OnlineLearner
+            from paravt_train.rl.online import OnlineLearner
 
             learner = OnlineLearner(cfg, args.store, progress=False)
             if args.restart_server_at is not None:
@@ -65,8 +65,8 @@ def restart_server_at(tr, cfg, at: int) -> None:
     the server as version "default" (its version 0), as a server restarted from its launch weights would."""
     import tempfile
 
-    from paravt_train.distributed import barrier
-    from paravt_train.weight_sync import SGLangWeightSync
+    from paravt_train.infra.distributed import barrier
+    from paravt_train.sync.disk import SGLangWeightSync
 
     step = tr.train_step
 
@@ -74,7 +74,7 @@ def restart_server_at(tr, cfg, at: int) -> None:
         if tr.step == at:
             barrier()
             if tr.rank == 0:
-                SGLangWeightSync(cfg.endpoint, tempfile.mkdtemp()).push(cfg.model, version="default")
+                SGLangWeightSync(cfg.endpoint, tempfile.mkdtemp()).load(cfg.model, version="default")
             barrier()
         return step(prompts, *a, **kw)
 

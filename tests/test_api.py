@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from paravt_agent.agent import Agent
-from paravt_agent.api import ApiSettings, create_app
 from paravt_agent.policy.base import Policy, text_of
 from paravt_agent.policy.scripted import ScriptedPolicy
+from paravt_agent.serving.api import ApiSettings, create_app
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.types import Generation
 from tests.conftest import free_port

@@ -14,14 +14,14 @@ from pydantic import ValidationError
 from paravt_agent.errors import ConfigError
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.trajectory import Trace
-from paravt_train.async_rollouts import AsyncRollouts, within_staleness
-from paravt_train.checkpoint import load_rank_blobs
-from paravt_train.grpo_config import GRPOConfig
-from paravt_train.grpo_trainer import GRPOTrainer
+from paravt_train.infra.checkpoint import load_rank_blobs
 from paravt_train.rewards import RewardBreakdown
-from paravt_train.rollout import Episode, TokenSequence
-from paravt_train.step_metrics import weight_quantiles, weight_sketch
-from paravt_train.weight_sync import SGLangWeightSync
+from paravt_train.rl.async_loop import AsyncRollouts, within_staleness
+from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.metrics import weight_quantiles, weight_sketch
+from paravt_train.rl.rollout import Episode, TokenSequence
+from paravt_train.rl.trainer import GRPOTrainer
+from paravt_train.sync.disk import SGLangWeightSync
 
 
 def _cfg(model, toy_rl, out, **kw) -> GRPOConfig:
@@ -48,7 +48,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
     η versions (the server restarted on the initial weights after two updates) the update drops those groups,
     counts them (``dropped_stale``) and queues their prompt again: the next update, on the weights the dropping
     update pushed, trains it. No feedback is lost to the bound, none is trained twice."""
-    from paravt_train.online import OnlineLearner
+    from paravt_train.rl.online import OnlineLearner
 
     store = TrajectoryStore(tmp_path / "traces.db")
     trained_ids = []
@@ -68,7 +68,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
 
     def train_step(prompts):
         if tr.step == 2:  # the server restarts on the initial weights ("default": version 0), two versions behind
-            SGLangWeightSync(stub.url, tmp_path / "w").push(toy_policy_dir, version="default")
+            SGLangWeightSync(stub.url, tmp_path / "w").load(toy_policy_dir, version="default")
         return step(prompts)
 
     tr.train_step = train_step
@@ -89,7 +89,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
 def test_online_learner_refuses_eta_without_a_served_policy(toy_policy_dir, toy_rl, tmp_path):
     """η > 0 on the local backend (it generates with the weights being trained: no versions to bound) is a clear
     error when the learner starts, not at the first feedback row."""
-    from paravt_train.online import OnlineLearner
+    from paravt_train.rl.online import OnlineLearner
 
     cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "local", data=None, max_staleness=1, kl_coef=0.0)
     learner = OnlineLearner(cfg, tmp_path / "traces.db", progress=False, log=lambda *_: None)
@@ -134,8 +134,8 @@ def test_behaviour_weight_quantiles_by_hand():
 def test_the_step_line_carries_the_quantiles_and_not_the_sketch(toy_policy_dir, toy_rl, tmp_path):
     """The update hands step_metrics a sketch of its tokens' weights; the step's line has the quantiles next to
     behaviour_weight (mean, max) and capped_tokens, and nothing that is not a number."""
-    from paravt_train.step_metrics import step_metrics
-    from paravt_train.update import behaviour_weights
+    from paravt_train.rl.metrics import step_metrics
+    from paravt_train.rl.update import behaviour_weights
 
     behav = torch.log(torch.tensor([[0.5, 0.4, 0.1, 0.5, 0.5]]))
     prox = torch.log(torch.tensor([[0.5, 0.2, 0.6, 0.45, 0.5]]))

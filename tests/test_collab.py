@@ -9,9 +9,9 @@ import re
 import pytest
 
 from paravt_agent.agent import Agent
-from paravt_agent.collab import memory_view
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
+from paravt_agent.graph.collab import memory_view
 from paravt_agent.policy.base import text_of
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.trajectory import MemoryEntry, SubAgentRecord
@@ -170,7 +170,7 @@ def test_the_single_policy_case_trains_every_agents_calls(tiny_model, red_video)
     """The tiny local model as every agent and the synthesizer (the agents' calls pinned through the think
     prefix): each agent's turn, each crop's summary and the synthesizer's answer are token sequences for GRPO."""
     from paravt_agent.policy.registry import make_policy
-    from paravt_train.rollout import assemble
+    from paravt_train.rl.rollout import assemble
 
     cfg = AgentConfig(mode="collaborative", think_prefix=f"<think>\nlook</think>\n{crop(12, 20)}",
                       frames={"n_frames": 4, "max_pixels": 32 * 32}, planner_sampling={"max_new_tokens": 2},
@@ -190,8 +190,8 @@ def test_the_single_policy_case_trains_every_agents_calls(tiny_model, red_video)
 def test_grpo_trains_the_collaborative_mode_token_for_token(toy_policy_dir, toy_rl, tmp_path):
     """The single-policy case through the existing GRPO path: a step of `paravt-train grpo` with a collaborative
     agent config trains every agent's turn with the synthesizer's, on exactly the tokens the rollout sampled."""
-    from paravt_train.grpo_config import GRPOConfig
-    from paravt_train.grpo_trainer import GRPOTrainer
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
 
     agent_yaml = tmp_path / "collab.yaml"
     agent_yaml.write_text(AgentConfig.for_model(toy_policy_dir).override([

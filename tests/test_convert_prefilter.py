@@ -6,9 +6,9 @@ import sys
 from paravt_agent.agent import Agent
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.protocol import parse_tool_calls
-from paravt_train.convert import ConversionStats, convert_sample
 from paravt_train.data import RLSample, load_rl, load_sft, write_parquet
-from paravt_train.prefilter import prefilter
+from paravt_train.data.convert import ConversionStats, convert_sample
+from paravt_train.data.prefilter import prefilter
 
 SYSTEM = {"role": "system", "content": "You are a video understanding agent."}
 USER = {"role": "user", "content": [{"type": "video", "video": "v.mp4"}, {"type": "text", "text": "What happens?"}]}

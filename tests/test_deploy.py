@@ -42,7 +42,7 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
                                                                                  sglang_stub, tmp_path):
     pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
     from paravt_agent.agent import Agent
-    from paravt_train.weight_sync import SGLangWeightSync
+    from paravt_train.sync.disk import SGLangWeightSync
 
     w1, w2 = sglang_stub(toy_policy_dir), sglang_stub(toy_policy_dir)
     port = free_port()
@@ -71,7 +71,7 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
 
         # a weight push to the router reaches every worker behind it
         before = [httpx.get(s.url + "/model_info").json()["weight_version"] for s in (w1, w2)]
-        SGLangWeightSync(router_url, tmp_path / "weights").push(Path(toy_policy_dir), version="5")
+        SGLangWeightSync(router_url, tmp_path / "weights").load(Path(toy_policy_dir), version="5")
         after = [httpx.get(s.url + "/model_info").json()["weight_version"] for s in (w1, w2)]
         assert before == ["default", "default"] and after == ["5", "5"]
 

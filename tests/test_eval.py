@@ -190,7 +190,7 @@ def test_runs_with_the_tiny_model(benches, tiny_model, tmp_path):
 
 
 def test_before_after_intervals():
-    from paravt_train.stats import mean_ci, paired_diff_ci
+    from paravt_train.eval.stats import mean_ci, paired_diff_ci
 
     assert mean_ci([0.5] * 10) == (0.5, 0.5, 0.5) and mean_ci([]) == (0.0, 0.0, 0.0)
     m, lo, hi = mean_ci([0, 1] * 20)

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from paravt_train.grpo import (
-    ReplayBuffer,
+from paravt_train.rl.objective import (
     group_advantages,
     kl_penalty,
     offpolicy_advantages,
@@ -12,6 +11,7 @@ from paravt_train.grpo import (
     temporal_weights,
     token_scales,
 )
+from paravt_train.rl.replay import ReplayBuffer, ReplayItem
 
 
 def test_group_advantages_by_hand():
@@ -173,8 +173,6 @@ def test_replay_draws_forty_thirty_five_twenty_five():
 
 
 def _item(pid):
-    from paravt_train.grpo import ReplayItem
-
     return ReplayItem(pid, [], 0.0)
 
 
@@ -188,7 +186,7 @@ def test_baseline_window_is_per_rollout():
 def test_decoupled_objective_by_hand():
     """AReaL's decoupled PPO on four tokens: the ratio to π_prox clipped at ε, each token weighted by
     π_prox / π_behav, the token above the cap left out."""
-    from paravt_train.update import behaviour_weights
+    from paravt_train.rl.update import behaviour_weights
 
     behav = torch.log(torch.tensor([[0.5, 0.4, 0.1, 0.5]]))  # the policy that sampled (the server's version)
     prox = torch.log(torch.tensor([[0.5, 0.2, 0.6, 0.45]]))  # this model at the start of the update

@@ -28,7 +28,7 @@ from paravt_agent.store import TrajectoryStore
 from paravt_train.benchmarks import EvalItem
 from paravt_train.data import write_parquet
 from paravt_train.eval import evaluate_items
-from paravt_train.grpo_config import GRPOConfig
+from paravt_train.rl.config import GRPOConfig
 from paravt_train.toy.render import write_segments
 
 QUESTION = "Which word goes with this video?"
@@ -51,7 +51,7 @@ def _heldout(agent: Agent, root, answer: str) -> list[float]:
 def world(tmp_path_factory):
     """Videos, a tiny model, its agent config (no tools), and the SFT run from it (the SFT loop under test)."""
     from paravt_train.sft import train
-    from paravt_train.sft_config import SFTConfig
+    from paravt_train.sft.config import SFTConfig
     from paravt_train.toy.tiny import build_tiny_model
 
     d = tmp_path_factory.mktemp("learnable")
@@ -93,7 +93,7 @@ def test_sft_teaches_the_format_and_the_majority_answer(world):
 
 
 def test_para_grpo_raises_reward_and_heldout(world, tmp_path):
-    from paravt_train.grpo_trainer import GRPOTrainer
+    from paravt_train.rl.trainer import GRPOTrainer
 
     d = world["dir"]
     cfg = GRPOConfig(model=world["sft"], data=str(d / "rl.parquet"), eval_data=str(d / "held.parquet"),
@@ -112,7 +112,7 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, sglang_stub)
     """The served agent answers, users say "red" (agent.feedback and the Gradio feedback panel), the online
     learner trains and pushes weights to the running server, and the same server answers better."""
     from gradio_app import Demo
-    from paravt_train.online import OnlineLearner
+    from paravt_train.rl.online import OnlineLearner
 
     d = world["dir"]
     stub = sglang_stub(world["sft"])

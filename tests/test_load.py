@@ -152,8 +152,8 @@ def test_a_degraded_answer_is_shown_by_the_api(media):
     a 502 ``degraded_answer`` when the operator asks for that."""
     import httpx
 
-    from paravt_agent.api import ApiSettings, create_app
     from paravt_agent.errors import PolicyError
+    from paravt_agent.serving.api import ApiSettings, create_app
 
     call = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 6}}</tool_call>'
 

@@ -194,7 +194,7 @@ def test_the_tiny_model_runs_each_tool_and_rl_trains_or_freezes_its_calls(tiny_m
     (its tokens are a forced prefix, never trained), the tool asks the model, and every one of its calls comes
     back as a token sequence RL trains (``tool_model_calls: train``) or leaves out (``freeze``)."""
     from paravt_agent.policy.registry import make_policy
-    from paravt_train.rollout import assemble
+    from paravt_train.rl.rollout import assemble
 
     call = json.dumps({"name": tool, "arguments": args})
     cfg = AgentConfig(tools=[tool], think_prefix=f"<think>\nlook</think>\n<tool_call>{call}</tool_call>",
@@ -320,7 +320,7 @@ def test_sft_teaches_the_tiny_model_frame_selection(tmp_path, red_video):
     from paravt_agent.policy.registry import make_policy
     from paravt_train.data import write_parquet
     from paravt_train.sft import train
-    from paravt_train.sft_config import SFTConfig
+    from paravt_train.sft.config import SFTConfig
     from paravt_train.toy.render import write_segments
     from paravt_train.toy.tiny import build_tiny_model
     from tools.perception import SELECTION_PROMPT

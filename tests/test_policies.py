@@ -398,7 +398,7 @@ def test_frames_reach_the_model_at_the_protocol_size(tmp_path, media, sglang_stu
 
     from paravt_agent.policy.chat import ChatTokenizer
     from paravt_agent.prompts import planner_messages
-    from paravt_agent.serve import protocol_model_dir
+    from paravt_agent.serving.sglang_launch import protocol_model_dir
     from paravt_train.sft import build_example
     from paravt_train.toy.tiny import build_tiny_model
 

@@ -2,7 +2,7 @@
 
 The expected texts below are copied from the released sources named in each test (ParaVT's
 ``paravt/eval/driver.py`` and ``paravt/rl/workflow.py`` + ``paravt/rl/subagents``, LongVT's
-``examples/eval/single_inference.py``), not from ``paravt_agent.presets``: a change to a preset that
+``examples/eval/single_inference.py``), not from ``paravt_agent.protocol.presets``: a change to a preset that
 departs from its source fails here.
 """
 
@@ -304,7 +304,7 @@ def test_presets_are_documented():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "presets.md").read_text()
-    from paravt_agent.presets import PRESETS
+    from paravt_agent.protocol.presets import PRESETS
 
     for name in PRESETS:
         assert f"`{name}`" in doc
@@ -330,7 +330,7 @@ def test_layouts_run_on_the_toy_policy_and_train_token_for_token(toy_policy_dir,
     one token sequence whose sampled spans are exactly the turns' output ids (the reward sees every tool turn)."""
     from paravt_agent.policy.local import LocalPolicy
     from paravt_train.rewards import RewardConfig
-    from paravt_train.rollout import PromptCache, PromptItem, RolloutSettings, assemble, run_group
+    from paravt_train.rl.rollout import PromptCache, PromptItem, RolloutSettings, assemble, run_group
 
     cfg = AgentConfig.for_model(toy_policy_dir).model_copy(deep=True)
     cfg = cfg.override([f"layout.{k}={v}" for k, v in layout.items()]

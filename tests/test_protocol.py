@@ -249,7 +249,7 @@ def test_degenerate():
 
 
 def test_split_options_trailing_or_anywhere():
-    from paravt_agent.answers import split_options
+    from paravt_agent.protocol import split_options
 
     assert split_options("Which?\nA. red\nB) blue") == ("Which?", ["red", "blue"])
     assert split_options("Which?\nOptions:\n(A) red\n(B) blue") == ("Which?", ["red", "blue"])

@@ -15,8 +15,8 @@ from test_rl import _cfg as _grpo_cfg  # the toy GRPO config of tests/test_rl.py
 def test_grpo_resumes_from_the_checkpoint_before_an_unloadable_newest_one(toy_policy_dir, toy_rl, tmp_path):
     """#35: a truncated newest GRPO checkpoint is passed over with a warning for the one before it, and the step
     it held is redone exactly; every checkpoint unreadable is a clear error, never a silent restart from step 0."""
-    from paravt_train.checkpoint import CheckpointError
-    from paravt_train.grpo_trainer import GRPOTrainer
+    from paravt_train.infra.checkpoint import CheckpointError
+    from paravt_train.rl.trainer import GRPOTrainer
 
     out = tmp_path / "run"
     full = GRPOTrainer(_grpo_cfg(toy_policy_dir, toy_rl, out, steps=2, save_every=1), progress=False)
@@ -54,7 +54,7 @@ def test_langgraph_server_graph_refuses_what_the_api_refuses(toy_policy_dir, toy
     without PARAVT_VIDEO_ROOT (the two ways server_graph resolves a video)."""
     import time
 
-    from paravt_agent import server_graph
+    from paravt_agent.serving import server_graph
     from paravt_agent.errors import PromptTooLong, VideoError
 
     for k in ("PARAVT_VIDEO_ROOT", "PARAVT_ALLOW_URL_PREFIXES", "PARAVT_ENDPOINT", "PARAVT_PRESET"):

@@ -15,11 +15,11 @@ from paravt_agent.errors import PolicyError
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.trajectory import Trace
 from paravt_train.data import prompts_from_rl
-from paravt_train.grpo_config import GRPOConfig
-from paravt_train.grpo_trainer import GRPOTrainer, UpdateItem
-from paravt_train.plot import plot
-from paravt_train.tensor_sync import SGLangTensorSync
-from paravt_train.weight_sync import SGLangWeightSync
+from paravt_train.eval.plot import plot
+from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.trainer import GRPOTrainer, UpdateItem
+from paravt_train.sync.disk import SGLangWeightSync
+from paravt_train.sync.streamed import SGLangTensorSync
 
 
 def _cfg(toy_policy_dir, toy_rl, out, **kw) -> GRPOConfig:
@@ -164,7 +164,7 @@ def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_pat
 
     import yaml
 
-    from paravt_train.grpo import group_advantages
+    from paravt_train.rl.objective import group_advantages
 
     cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "one", micro_batch_size=1, lr=1e-3, prompts_per_step=2)
     tr = GRPOTrainer(cfg, progress=False)
@@ -242,11 +242,11 @@ def test_sglang_disk_sync_names_its_version(toy_policy_dir, toy_rl, tmp_path, sg
 
     save_file({**sd, name: torch.zeros(3)}, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(PolicyError, match="shape"):
-        SGLangWeightSync(stub.url, tmp_path).push(broken, version="4")
+        SGLangWeightSync(stub.url, tmp_path).load(broken, version="4")
     reply = stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})  # not left paused
     assert reply["meta_info"]["weight_version"] == "3"
     with pytest.raises(PolicyError, match="weight sync"):
-        SGLangWeightSync("http://127.0.0.1:9", tmp_path).push(broken)
+        SGLangWeightSync("http://127.0.0.1:9", tmp_path).load(broken)
 
 
 def test_sglang_tensor_sync_runs_in_a_weight_update_session(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
@@ -256,7 +256,7 @@ def test_sglang_tensor_sync_runs_in_a_weight_update_session(toy_policy_dir, toy_
     stub = sglang_stub(toy_policy_dir)
     import base64
 
-    from paravt_train.tensor_sync import serialize_named_tensors
+    from paravt_train.sync.streamed import serialize_named_tensors
 
     one = serialize_named_tensors([("x", torch.zeros(2))])
     outside = __import__("httpx").post(stub.url + "/update_weights_from_tensor",
@@ -319,7 +319,7 @@ def test_tensor_sync_call_sequence(json_server):
     srv = json_server(reply)
     named = [(f"w{i}", torch.zeros(1 << 16)) for i in range(3)]  # 256 KB each
     sync = SGLangTensorSync(srv.url, tp_size=2, bucket_bytes=200 << 10)  # one tensor a bucket
-    assert sync.push(named, version="9")["buckets"] == 3
+    assert sync.send_tensors(named, version="9")["buckets"] == 3
     posts = [(p, b) for m, p, b in srv.seen if m == "POST"]
     assert [p for p, _ in posts] == ["/pause_generation", "/begin_weight_update", *["/update_weights_from_tensor"] * 3,
                                      "/end_weight_update", "/continue_generation"]
@@ -329,18 +329,18 @@ def test_tensor_sync_call_sequence(json_server):
     assert [b.get("weight_version") for b in tensors] == [None, None, "9"]
     srv.seen.clear()
     state["begin"] = 404
-    sync.push(named[:1])
+    sync.send_tensors(named[:1])
     assert [p for m, p, _ in srv.seen if m == "POST"] == ["/pause_generation", "/begin_weight_update",
                                                           "/update_weights_from_tensor", "/continue_generation"]
     srv.seen.clear()
-    SGLangTensorSync(srv.url, bucket_bytes=200 << 10, pause_mode="in_place").push(named[:1])
+    SGLangTensorSync(srv.url, bucket_bytes=200 << 10, pause_mode="in_place").send_tensors(named[:1])
     posts = [(p, b) for m, p, b in srv.seen if m == "POST"]
     assert [p for p, _ in posts][-2:] == ["/continue_generation", "/flush_cache"]  # the old prefixes, once idle
     assert posts[2][1]["flush_cache"] is False  # never with the update: SGLang refuses it while requests run
     srv.seen.clear()
     state.update(begin=200, refuse=True)
     with pytest.raises(PolicyError, match="shape mismatch"):
-        sync.push(named)
+        sync.send_tensors(named)
     assert [p for m, p, _ in srv.seen if m == "POST"][-2:] == ["/end_weight_update", "/continue_generation"]
 
 
@@ -348,7 +348,7 @@ def test_tensor_sync_call_sequence(json_server):
 
 
 def test_online_learning_neither_loses_nor_repeats_feedback(toy_policy_dir, toy_rl, tmp_path):
-    from paravt_train.online import OnlineLearner
+    from paravt_train.rl.online import OnlineLearner
 
     store = TrajectoryStore(tmp_path / "traces.db")
     ids = []
@@ -461,7 +461,7 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
 
     stub = sglang_stub(toy_policy_dir)
     threads, results = in_flight(stub)
-    SGLangWeightSync(stub.url, tmp_path, pause_mode="retract").push(new, version="1")
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="retract").load(new, version="1")
     for t in threads:
         t.join(120)
     assert stub.proc.poll() is None and len(results) == 3
@@ -480,7 +480,7 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
     fresh = stub.post("/generate", body)
     assert any(r["output_ids"] != fresh["output_ids"] for r in split)  # not a restart from scratch
     threads, results = in_flight(stub)
-    SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").push(toy_policy_dir, version="2")  # no flush
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").load(toy_policy_dir, version="2")  # no flush
     for t in threads:
         t.join(120)
     assert stub.proc.poll() is None and len(results) == 3
@@ -503,7 +503,7 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
 def test_tensor_sync_tags_cuda_devices_by_uuid():
     """SGLang's server maps a device UUID at position 6 of a CUDA tensor's reduction back to its own device
     ordinal: the trainer and the server may see the GPUs in different orders."""
-    from paravt_train.tensor_sync import tag_device_uuid
+    from paravt_train.sync.streamed import tag_device_uuid
 
     fn = object()
     args = ("cls", (4,), (1,), 0, "dtype", False, 3, "handle", 64, 0)
@@ -514,7 +514,7 @@ def test_tensor_sync_tags_cuda_devices_by_uuid():
 def test_failed_episodes_are_counted_and_dropped_or_kept(toy_policy_dir, toy_rl, tmp_path):
     from paravt_agent.agent import Agent
     from paravt_agent.policy.base import Policy, text_of
-    from paravt_train.rollout import PromptCache
+    from paravt_train.rl.rollout import PromptCache
 
     class FailsAfterTools(Policy):
         """The wrapped policy, but a planner turn that follows a tool response raises on odd seeds."""
@@ -553,7 +553,7 @@ def test_an_episode_whose_tool_slot_the_runtime_lost_is_failed_not_scored(toy_po
     from paravt_agent.agent import Agent
     from paravt_agent.errors import PolicyError
     from paravt_agent.policy.base import Policy
-    from paravt_train.rollout import PromptCache
+    from paravt_train.rl.rollout import PromptCache
 
     class SubAgentsDown(Policy):
         name = "local"
@@ -680,7 +680,7 @@ def test_a_push_mid_episode_trains_each_token_with_its_own_behaviour(tiny_model,
     rec = next(r for r in e.answer.records if r.generation.weight_versions)
     (_, _, k), (v, start, end) = rec.generation.weight_versions
     assert v == "1" and start == k and 0 < k < end
-    from paravt_train.update import UpdateItem as Item
+    from paravt_train.rl.update import UpdateItem as Item
 
     mb = tr.update._prepare([Item(s, 1.0) for s in e.sequences if s.role == "planner"][:1], False,
                             {e.id: sum(s.n_trained for s in e.sequences)}, (1, 1.0))

@@ -14,7 +14,7 @@ from paravt_agent.agent import Agent
 from paravt_agent.policy.local import LocalPolicy
 from paravt_agent.protocol import parse_tool_calls
 from paravt_train.rewards import RewardConfig, base_format_reward
-from paravt_train.rollout import (
+from paravt_train.rl.rollout import (
     PromptCache,
     PromptItem,
     RolloutError,
@@ -99,7 +99,7 @@ def test_planner_tokens_are_exact_and_tool_responses_masked(toy, toy_rl):
 
 def test_behaviour_logprobs_match_a_training_forward(toy, toy_rl):
     """Recording is token-exact: re-scoring the assembled sequence gives the logprobs sampled with."""
-    from paravt_train.grpo_trainer import collate, token_logprobs
+    from paravt_train.rl.trainer import collate, token_logprobs
 
     w = toy_rl["worlds"][1]
     q = next(q for q in w.questions if q.task == "oe")

@@ -60,7 +60,7 @@ def test_sft_with_text_only_rows_on_four_ranks(tiny_model, tmp_path):
     metrics.jsonl holds each step once."""
     from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, question_text
     from paravt_train.sft import train
-    from paravt_train.sft_config import SFTConfig
+    from paravt_train.sft.config import SFTConfig
     from paravt_train.toy.render import write_segments
 
     rows = []
@@ -138,7 +138,7 @@ def _grpo_cfg(toy_policy_dir, toy_rl, data: Path, out: Path, endpoint: str, **kw
     """The paper's config (examples/configs/paragrpo_qwen3vl_8b.yaml: KL to a sharded reference, gradient
     checkpointing, micro-batches of 1, nFrames gating …) with the model, data, server and sizes swapped for the
     toy's, and AVATAR replay on (every rank's buffer must survive a restart)."""
-    from paravt_train.grpo_config import GRPOConfig
+    from paravt_train.rl.config import GRPOConfig
 
     paper = Path(__file__).resolve().parents[1] / "examples" / "configs" / "paragrpo_qwen3vl_8b.yaml"
     cfg = GRPOConfig.from_yaml(paper).model_dump(mode="json")
@@ -237,7 +237,7 @@ def test_online_with_fewer_prompts_than_ranks(toy_policy_dir, toy_rl, tmp_path, 
 
     from paravt_agent.store import TrajectoryStore
     from paravt_agent.trajectory import Trace
-    from paravt_train.checkpoint import load_blobs
+    from paravt_train.infra.checkpoint import load_blobs
 
     store = TrajectoryStore(tmp_path / "traces.db")
     bad = garbage_video(tmp_path / "bad.mp4")

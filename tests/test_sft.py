@@ -10,7 +10,7 @@ import pytest
 from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, question_text, subagent_request
 from paravt_train.data import load_sft, render_messages, validate_file, write_parquet
 from paravt_train.sft import build_example, train
-from paravt_train.sft_config import SFTConfig
+from paravt_train.sft.config import SFTConfig
 from paravt_train.toy.render import write_segments
 
 COLOURS = {"red": (230, 25, 75), "green": (60, 180, 75), "blue": (0, 130, 200), "yellow": (255, 225, 25)}
@@ -90,7 +90,7 @@ def test_learns_and_resumes_exactly(tiny_model, sft_data, tmp_path, capsys):
     newest checkpoint falls back to the one before it: the resumed run's losses are the uninterrupted run's."""
     import signal
 
-    from paravt_train.checkpoint import CheckpointError
+    from paravt_train.infra.checkpoint import CheckpointError
 
     full = train(cfg_for(tiny_model, sft_data, tmp_path / "a", resume=False), progress=False)
     assert len(full["losses"]) == 6

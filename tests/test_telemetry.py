@@ -131,7 +131,7 @@ def test_the_api_reply_names_the_trace_and_continues_the_callers(media, spans):
     import httpx
     from test_api import QUESTION, Server, script, user
 
-    from paravt_agent.api import ApiSettings, create_app
+    from paravt_agent.serving.api import ApiSettings, create_app
 
     srv = Server(create_app(Agent(policy=ScriptedPolicy(script)), ApiSettings(video_root=str(media["dir"]))))
     try:

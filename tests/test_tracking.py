@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from paravt_train.tracking import MetricsLog, flat_metrics, parse_report_to
+from paravt_train.infra.tracking import MetricsLog, flat_metrics, parse_report_to
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")
@@ -99,7 +99,7 @@ def sft_rows(tmp_path_factory):
 
 def test_sft_reports_to_tensorboard_and_mlflow_and_a_resume_continues_the_same_run(tiny_model, sft_rows, tmp_path):
     from paravt_train.sft import train
-    from paravt_train.sft_config import SFTConfig
+    from paravt_train.sft.config import SFTConfig
 
     out = tmp_path / "sft"
 
@@ -119,8 +119,8 @@ def test_sft_reports_to_tensorboard_and_mlflow_and_a_resume_continues_the_same_r
 
 
 def test_grpo_reports_every_step_metric_with_nested_names(toy_policy_dir, toy_rl, tmp_path):
-    from paravt_train.grpo_config import GRPOConfig
-    from paravt_train.grpo_trainer import GRPOTrainer
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
 
     out = tmp_path / "grpo"
     cfg = GRPOConfig(model=toy_policy_dir, data=toy_rl["data"], video_root=toy_rl["video_root"], output_dir=str(out),

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from paravt_agent.errors import ToolError, VideoError
 from paravt_agent.protocol import format_time, parse_time
+from paravt_agent.video import fit_size
 from tools.base import TimeWindowArgs, Tool, ToolContext, ToolResult, check_window
 
 __all__ = ["CropVideo", "GetSubtitles", "SceneChanges", "ZoomFrame", "BUILTINS"]
@@ -144,7 +145,6 @@ class ZoomFrame(Tool):
         h, w = frame.shape[:2]
         box = (round(args.x1 * w), round(args.y1 * h), max(round(args.x2 * w), 1), max(round(args.y2 * h), 1))
         region = Image.fromarray(frame).crop(box)
-        from paravt_agent.video import fit_size
 
         th, tw = fit_size(region.height, region.width, ctx.frames.max_pixels, ctx.frames.factor)
         region = region.resize((tw, th), Image.BICUBIC)

@@ -24,10 +24,10 @@ import re
 import numpy as np
 from pydantic import BaseModel, Field, field_validator
 
-from paravt_agent.answers import parse_span
 from paravt_agent.errors import ToolError, VideoError
 from paravt_agent.prompts import frame_parts
-from paravt_agent.protocol import format_time, parse_time
+from paravt_agent.protocol import format_time, parse_span, parse_time
+from paravt_agent.video import fit_size
 from tools.base import Tool, ToolContext, ToolResult, check_window
 from tools.builtin import CropVideo
 
@@ -241,7 +241,6 @@ class SpatialGrounding(Tool):
     async def run(self, args: SpatialArgs, ctx: ToolContext) -> ToolResult:
         from PIL import Image
 
-        from paravt_agent.video import fit_size
 
         if ctx.model is None:
             raise ToolError("this tool asks a model, and none was given (run it through the agent graph)")

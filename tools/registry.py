@@ -3,7 +3,6 @@
 Built-ins register themselves; third-party tools register through the
 ``paravt.tools`` entry-point group (an entry point names a :class:`~tools.base.Tool`
 subclass or instance)::
-
     [project.entry-points."paravt.tools"]
     ocr_frame = "my_pkg.tools:OcrFrame"
 """
@@ -18,9 +17,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from paravt_agent.errors import ToolError
+from paravt_agent.errors import ConfigError, ToolError
+from paravt_agent.plugins import load_entry_points
 from paravt_agent.protocol import CallError, ToolCall
 from tools.base import Tool, ToolContext
+from tools.builtin import BUILTINS
+from tools.perception import PERCEPTION
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +71,6 @@ class ToolRegistry:
     @classmethod
     def default(cls, entry_points_too: bool = True) -> ToolRegistry:
         """The built-ins plus every tool registered under the ``paravt.tools`` entry-point group."""
-        from paravt_agent.plugins import load_entry_points
-        from tools.builtin import BUILTINS
-        from tools.perception import PERCEPTION
-
         reg = cls(t() for t in [*BUILTINS, *PERCEPTION])
         if entry_points_too:
             loaded = load_entry_points(ENTRY_POINT_GROUP, {}, "tool", make=lambda o: o() if isinstance(o, type) else o)
@@ -177,3 +175,17 @@ class ToolRegistry:
             raise ToolError(
                 f"video_path {given!r} is not the video of this question; only the current video can be cropped"
             )
+
+
+def registry_of(tools) -> ToolRegistry:
+    """A registry from what a user passed to ``Agent(tools=...)``: None (the default: built-ins and plugins), a
+    registry, or tool instances."""
+    if tools is None:
+        return ToolRegistry.default()
+    if isinstance(tools, ToolRegistry) or (hasattr(tools, "prepare") and hasattr(tools, "subset")):
+        return tools
+    tools = list(tools)
+    bad = [t for t in tools if not (hasattr(t, "run") and hasattr(t, "schema") and hasattr(t, "name"))]
+    if bad:
+        raise ConfigError(f"tools must be paravt Tool instances, got {bad[0]!r}")
+    return ToolRegistry(tools)

@@ -2,7 +2,6 @@
 
 ``await policy.generate(messages, sampling, prefix="<think>\\n", continuation=...) -> Generation``.
 Messages are plain dicts in one neutral layout that every backend converts to its own wire format::
-
     {"role": "system" | "user" | "assistant", "content": str | [part, ...]}
     part = {"type": "text", "text": str}
          | {"type": "image", "image": np.ndarray (H, W, 3) uint8, "timestamp": float}
@@ -50,6 +49,8 @@ class Policy(ABC):
     #: queued before that is not counted against the agent's timeouts; a backend that does not report it has
     #: its whole call counted as work.
     reports_service: bool = False
+    #: whether the endpoint behind this policy takes weights pushed by a trainer (SGLang's admin API)
+    receives_weights: bool = False
 
     @property
     def supports_prefix(self) -> bool:

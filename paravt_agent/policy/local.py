@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Policy
+from paravt_agent.policy.base import Policy, images_of, text_of
 from paravt_agent.policy.batcher import (
     QueuedBatcher,
     RowSampler,
@@ -163,7 +163,6 @@ class LocalPolicy(QueuedBatcher, Policy):
         patch grid (rounded up) plus its two markers, and the chat template's framing per message."""
         import math
 
-        from paravt_agent.policy.base import images_of, text_of
 
         self._load()
         unit = self.chat.unit

@@ -32,6 +32,7 @@ Factory = Callable[..., Policy]
 
 def _local(model=None, endpoint=None, api_key=None, model_obj=None, processor=None, max_batch: int = 8,
            **kw) -> Policy:
+    # lazy: a backend and its client library load when it is used
     from paravt_agent.policy.local import LocalPolicy
 
     if not model:
@@ -40,12 +41,14 @@ def _local(model=None, endpoint=None, api_key=None, model_obj=None, processor=No
 
 
 def _openai(model=None, endpoint=None, api_key=None, **kw) -> Policy:
+    # lazy: a backend and its client library load when it is used
     from paravt_agent.policy.openai_backend import OpenAIPolicy
 
     return OpenAIPolicy(model=model, endpoint=endpoint, api_key=api_key, **kw)
 
 
 def _sglang(model=None, endpoint=None, api_key=None, processor=None, **kw) -> Policy:
+    # lazy: a backend and its client library load when it is used
     from paravt_agent.policy.sglang_backend import SGLangPolicy
 
     if not model:

@@ -1,7 +1,6 @@
 """``sglang``: SGLang's native ``/generate`` with client-side tokenisation (token in, token out).
 
 Request (SGLang ``GenerateRequest``, ``sglang/api/v1/api_types.py``)::
-
     {"input_ids": [...], "image_data": ["<base64 PNG>", ...],
      "sampling_params": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty": 1,
                          "frequency_penalty": 0, "presence_penalty": 0, "max_new_tokens", "stop",
@@ -79,6 +78,7 @@ class SGLangPolicy(Policy):
     name = "sglang"
     returns_tokens = True
     reports_service = True
+    receives_weights = True  # the trainer pushes weights with SGLang's admin API (paravt_train.sync)
 
     def __init__(
         self,

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urljoin
 
+from paravt_agent.defaults import paravt_home
 from paravt_agent.errors import VideoError
 
 __all__ = ["ALLOW_ENV", "MAX_DOWNLOAD_BYTES", "MAX_REDIRECTS", "address_refusal", "allowed_prefixes", "check_url",
@@ -172,7 +173,6 @@ def local_video(video, cache: str | Path | None = None, max_bytes: int = MAX_DOW
         return os.fspath(video)
     import httpx
 
-    from paravt_agent.defaults import paravt_home
 
     allow = allowed_prefixes(allow_prefixes)
     addresses = check_url(video, allow)

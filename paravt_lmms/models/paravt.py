@@ -41,10 +41,10 @@ from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts
 from lmms_eval.api.model import lmms
 
 from paravt_agent.agent import Agent
-from paravt_agent.answers import split_options
 from paravt_agent.config import resolve_agent_config
 from paravt_agent.defaults import resolve_model
 from paravt_agent.errors import ConfigError
+from paravt_agent.protocol import split_options
 
 
 def _output_path_from_argv(argv: list[str]) -> str | None:

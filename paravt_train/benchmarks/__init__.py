@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from paravt_agent.plugins import load_entry_points
 from paravt_train.benchmarks.base import BenchmarkError, EvalItem
 from paravt_train.benchmarks.charades import load_charades
 from paravt_train.benchmarks.longvideobench import load_longvideobench
@@ -60,7 +61,6 @@ def folder_of(name: str) -> str:
 
 def available_benchmarks() -> list[str]:
     """The built-in loaders and every ``paravt.benchmarks`` entry point."""
-    from paravt_agent.plugins import load_entry_points
 
     return list(load_entry_points("paravt.benchmarks", BENCHMARKS, "benchmark"))
 

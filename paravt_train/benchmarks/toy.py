@@ -9,13 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from paravt_train.benchmarks.base import EvalItem, need
+from paravt_train.data import load_rl, resolve_video
 
 __all__ = ["load_toy"]
 
 
 def load_toy(root: Path) -> list[EvalItem]:
-    from paravt_train.data import load_rl, resolve_video
-
     path = root / "rl_test.parquet" if root.is_dir() else root
     need(path, "toy benchmark (run `paravt-train toy`)")
     # `paravt-train toy` writes OUT/data/rl_test.parquet and OUT/videos; a file beside its videos works too

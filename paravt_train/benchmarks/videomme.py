@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paravt_train.benchmarks.base import BenchmarkError, EvalItem, labelled
+from tools.builtin import read_subtitles
 
 __all__ = ["load_videomme"]
 
@@ -31,8 +32,6 @@ def load_videomme(root: Path, subtitles: bool = False) -> list[EvalItem]:
             if subtitles:
                 srt = root / "subtitle" / f"{vid}.srt"
                 if srt.is_file():
-                    from tools.builtin import read_subtitles
-
                     text = " ".join(t for _, _, t in read_subtitles(srt))
                     q = f"Subtitles: {text}\n{q}"
             items.append(EvalItem(name, str(r["question_id"]), str(root / "data" / f"{vid}.mp4"), q, "mcq",

@@ -18,7 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
-from paravt_train.tracking import ReportTo
+from paravt_train.data import write_parquet
+from paravt_train.infra.tracking import ReportTo
+from paravt_train.sft import train
+from paravt_train.sft.config import SFTConfig
+from paravt_train.toy import tiny, world
+from paravt_train.toy.rows import check_trace_roundtrip, copy_rows, corpus, rl_rows, sft_rows
+from paravt_train.toy.tiny import build_tiny_model, copy_vocabulary, copy_warmup
+from paravt_train.toy.world import make_worlds
+from tools import ToolRegistry
 
 __all__ = ["ToyConfig", "ToyStage", "build", "toy_agent_config", "TEST_SEED0"]
 
@@ -120,7 +128,6 @@ class ToyConfig(BaseModel):
 
     def digest(self) -> str:
         """Settings plus the source of the world and model recipes: a changed trace format rebuilds."""
-        from paravt_train.toy import tiny, world
 
         data = self.model_dump(exclude={"out", "report_to"})
         h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
@@ -148,13 +155,6 @@ def toy_agent_config(**overrides) -> AgentConfig:
 
 def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     """Data + model + SFT; returns the trained model directory."""
-    from paravt_train.data import write_parquet
-    from paravt_train.sft import train
-    from paravt_train.sft_config import SFTConfig
-    from paravt_train.toy.rows import check_trace_roundtrip, corpus, rl_rows, sft_rows
-    from paravt_train.toy.tiny import build_tiny_model, copy_warmup
-    from paravt_train.toy.world import make_worlds
-    from tools import ToolRegistry
 
     if cfg.init and not (Path(cfg.init) / "config.json").is_file():
         raise ConfigError(f"init: {cfg.init} is not a model directory (no config.json)")
@@ -228,9 +228,6 @@ def _write_sft_data(rows: list[dict], cfg: ToyConfig, init: Path, videos: int, f
     tokenizer, so they exist only once it does), shuffled, written as ``sft_train[_PLANS].parquet``."""
     from transformers import AutoTokenizer
 
-    from paravt_train.data import write_parquet
-    from paravt_train.toy.rows import copy_rows
-    from paravt_train.toy.tiny import copy_vocabulary
 
     if cfg.copy_rows:
         rows = rows + copy_rows(cfg.copy_rows * videos, copy_vocabulary(AutoTokenizer.from_pretrained(init)),

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from paravt_agent.agent import Agent
+from paravt_agent.defaults import paravt_home
 from paravt_agent.policy.local import LocalPolicy
 from paravt_train.toy.build import TEST_SEED0, toy_agent_config
 from paravt_train.toy.roles import role_accuracy, score
@@ -105,7 +106,6 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
     """One trace, per-role accuracy on the first ``roles`` held-out videos (0 = skip), the mode x n table, on
     the toy worlds of seeds ``seed`` .. ``seed + worlds - 1`` (the default range is the one training never
     uses; any other range is as held-out, since training uses seeds below 900,000)."""
-    from paravt_agent.defaults import paravt_home
 
     t_start = time.perf_counter()
     model_dir = Path(model_dir or REPO_CHECKPOINT)

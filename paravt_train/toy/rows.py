@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, subagent_request
-from paravt_agent.protocol import split_think
+from paravt_agent.protocol import extract_answer, parse_tool_calls, split_think
 from paravt_train.toy.world import (
     COLOURS,
     SCAN_WINDOW,
@@ -174,7 +174,6 @@ def corpus(rows: list[dict]) -> list[str]:
 
 def check_trace_roundtrip(rows: list[dict]) -> None:
     """Sanity: every trace's assistant turns parse with the runtime's own protocol."""
-    from paravt_agent.protocol import extract_answer, parse_tool_calls
 
     for r in rows:
         for m in r["messages"]:

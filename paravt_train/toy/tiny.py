@@ -10,6 +10,14 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from paravt_agent.prompts import (
+    FINAL_ANSWER_PROMPT,
+    NO_TOOL_SYSTEM_PROMPT,
+    SUBAGENT_SYSTEM_PROMPT,
+    TOOL_SYSTEM_PROMPT,
+)
+from paravt_train.toy.rows import random_listing
+
 __all__ = ["CHAT_TEMPLATE", "NUMBER_TOKENS", "SIZES", "SPECIAL_TOKENS", "build_tiny_model", "copy_warmup", "train_tokenizer"]
 
 SPECIAL_TOKENS = [
@@ -57,12 +65,6 @@ SIZES = {
 
 def _base_corpus() -> list[str]:
     """Text that covers the protocol, so the tokenizer has merges for it."""
-    from paravt_agent.prompts import (
-        FINAL_ANSWER_PROMPT,
-        NO_TOOL_SYSTEM_PROMPT,
-        SUBAGENT_SYSTEM_PROMPT,
-        TOOL_SYSTEM_PROMPT,
-    )
 
     lines = [TOOL_SYSTEM_PROMPT, NO_TOOL_SYSTEM_PROMPT, SUBAGENT_SYSTEM_PROMPT, FINAL_ANSWER_PROMPT]
     lines += [f"<{t:.1f} seconds> {t} {t:02d}:{t % 60:02d}" for t in range(0, 400)]
@@ -236,7 +238,6 @@ def copy_warmup(
         raise ValueError(f"copy_warmup: the tokenizer has too few ordinary tokens ({high - low})")
     rng = random.Random(seed)
 
-    from paravt_train.toy.rows import random_listing
 
     # with number tokens (NUMBER_TOKENS) a quarter of the pieces are numbers: copying a time is then the same
     # one-token lookup as copying any other token, and the number tokens' embeddings learn it here

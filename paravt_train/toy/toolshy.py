@@ -18,6 +18,13 @@ import random
 import shutil
 from pathlib import Path
 
+from paravt_train.data import write_parquet
+from paravt_train.sft import train
+from paravt_train.sft.config import SFTConfig
+from paravt_train.toy.build import toy_agent_config
+from paravt_train.toy.world import direct_trace, make_worlds, parallel_trace
+from tools import ToolRegistry
+
 __all__ = ["TOOLSHY_SEED0", "build_toolshy"]
 
 TOOLSHY_SEED0 = 700_000
@@ -27,12 +34,6 @@ def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: i
                   lr: float = 5e-4, seed: int = 0, dense: tuple[int, ...] = (32, 64), progress: bool = True,
                   log=print) -> Path:
     """Write the tool-shy policy to ``out`` (cached: an existing model directory is returned as is)."""
-    from paravt_train.data import write_parquet
-    from paravt_train.sft import train
-    from paravt_train.sft_config import SFTConfig
-    from paravt_train.toy.build import toy_agent_config
-    from paravt_train.toy.world import direct_trace, make_worlds, parallel_trace
-    from tools import ToolRegistry
 
     out = Path(out)
     if (out / "config.json").is_file():

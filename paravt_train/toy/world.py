@@ -76,7 +76,10 @@ from paravt_agent.prompts import (
     tool_response_message,
     tool_system_prompt,
 )
-from paravt_agent.protocol import render_tool_call
+from paravt_agent.protocol import render_tool_call, subagent_report
+from paravt_agent.video import overview_times
+from paravt_train.toy.render import write_segments
+from tools.builtin import CropVideo, CropVideoArgs
 
 __all__ = [
     "COLOURS",
@@ -166,7 +169,6 @@ class World:
 
     def report(self, q: Question, start: float, end: float) -> str:
         """What the planner reads of the sub-agent's reply (``subagent_report: answer``)."""
-        from paravt_agent.protocol import subagent_report
 
         return subagent_report(self.summary(q, start, end), "answer")
 
@@ -219,8 +221,6 @@ class World:
         return [(a, a + SCAN_WINDOW - 1) for a in range(0, self.duration, SCAN_WINDOW)]
 
     def write(self, path: str | Path) -> str:
-        from paravt_train.toy.render import write_segments
-
         segs = [(COLOURS[c], b - a) for c, a, b in self.segments]
         self.video = write_segments(path, segs, fps=1, width=32, height=32, gop=8)
         return self.video
@@ -229,7 +229,6 @@ class World:
 def segment_lengths(duration: int) -> tuple[int, int]:
     """Shortest and longest segment: at least the largest gap between two frames of a 64-frame overview
     (so one of its frames falls in every segment), at least 2 s, and at most twice that."""
-    from paravt_agent.video import overview_times
 
     times = overview_times(float(duration), n=64)
     gap = max((b - a for a, b in zip(times, times[1:], strict=False)), default=1.0)
@@ -369,7 +368,6 @@ def planner_turn(q: Question, windows: list[tuple[int, int]], duration: int | No
 
 def call_label(w: World, a: float, b: float) -> str:
     """The tool-response label the runtime gives this call (the tool's own, after clamping to the video)."""
-    from tools.builtin import CropVideo, CropVideoArgs
 
     return CropVideo().describe_call(CropVideoArgs(start_time=a, end_time=min(b, w.duration)))
 
@@ -403,8 +401,6 @@ def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: li
 
 
 def overview_seconds(duration: int, n: int) -> list[int]:
-    from paravt_agent.video import overview_times
-
     return [int(t) for t in overview_times(float(duration), n=n)]
 
 

@@ -1,0 +1,238 @@
+"""PARA-GRPO settings (:class:`GRPOConfig`).
+
+Every field is documented once, with the paper's value as its default where the
+paper gives one (Table 4). Presets set the components the paper adds to GRPO;
+every component stays its own field, so the ablations of Table 2 (Block B) are
+overrides: ``--set preset=vanilla-grpo --set gating=true``. Explicit fields win
+over the preset's.
+
+* ``para-grpo``: Exploration Anchoring (think prefix, answer suffix, anchor reward)
+  and nFrames gating on.
+* ``vanilla-grpo``: all of Exploration Anchoring off (no think prefix, no answer
+  suffix, no anchor reward) and no gating — the baseline of Table 2.
+* ``dapo``: the vanilla components with DAPO's objective: token-mean
+  aggregation, clip-higher (ε_low 0.2, ε_high 0.28), dynamic sampling, no KL.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from paravt_agent.config import load_yaml_model
+from paravt_train.infra.tracking import ReportTo
+from paravt_train.rewards import RewardConfig
+
+__all__ = ["PRESETS", "GRPOConfig", "ReplaySettings"]
+
+PRESETS: dict[str, dict] = {
+    "para-grpo": {"think_prefix": "<think>\n", "gating": True, "reward": {"anchor": True, "answer_suffix": True}},
+    "vanilla-grpo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False}},
+    "dapo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False},
+             "aggregation": "token-mean", "clip_high": 0.28, "dynamic_sampling": True, "kl_coef": 0.0},
+    "custom": {},
+}
+
+
+class ReplaySettings(BaseModel):
+    """AVATAR's stratified replay buffer (off by default; AVATAR, Section 4.1 and Eq. 11)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="Mix replayed rollouts into each update.")
+    capacity: int = Field(512, ge=3, description="Rollouts kept over the three tiers (AVATAR: 10k).")
+    per_step: int = Field(8, ge=0, description="Replayed rollouts mixed into each update (AVATAR: 4 of 8).")
+    alpha: float = Field(0.6, ge=0, description="Weight of the off-policy (replayed) term.")
+    tiers: tuple[float, float, float] = Field((0.40, 0.35, 0.25), description="Hard / Medium / Easy: tier "
+                                              "capacities, quantiles of R̄(q) and draw shares.")
+    baseline_window: int = Field(20, ge=1, description="VCRS R̄(q): mean of a prompt's last N on-policy rollout "
+                                                       "rewards (AVATAR: 20).")
+    min_std: float = Field(0.1, gt=0, description="Floor of Eq. 11's σ_R,off: drawn rewards with less spread (one "
+                                                  "draw, or equal rewards such as every well-formed wrong MCQ) are "
+                                                  "not divided by ~0; σ is taken over every rank's draws.")
+
+
+class GRPOConfig(BaseModel):
+    """PARA-GRPO settings. Defaults follow the paper's Table 4 where it gives a value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["para-grpo", "vanilla-grpo", "dapo", "custom"] = Field(
+        "para-grpo", description="Defaults for think_prefix / gating / reward.anchor / reward.answer_suffix (and "
+        "DAPO's objective options); explicit fields win.")
+    model: str = Field(description="Initial policy: a model directory (e.g. the SFT cold start).")
+    data: str | None = Field(None, description="RL Parquet file or dataset directory (None for `online`).")
+    video_root: str | None = Field(None, description="Relative video paths in the data are resolved against this.")
+    eval_data: str | None = Field(None, description="Held-out RL Parquet scored greedily before and after, with "
+                                                    "`paravt-train eval`'s protocol and scorer.")
+    eval_n_frames: int | None = Field(None, ge=1, description="Overview frames of the held-out evaluation; None = "
+                                      "the agent config's protocol (64 at 1 fps), as `paravt-train eval` uses.")
+    eval_limit: int | None = Field(None, ge=1, description="At most this many held-out prompts.")
+    output_dir: str = Field("runs/grpo", description="Checkpoints, metrics.jsonl, summary.json and the final model.")
+    report_to: ReportTo = Field(default_factory=list, description="Experiment trackers that also receive every "
+                                 "metric of metrics.jsonl and the run's config (rank 0): tensorboard, mlflow, wandb, "
+                                 "trackio, several at once (a list or tensorboard,mlflow); none by default. Where "
+                                 "each writes: paravt_train/infra/tracking.py.")
+    backend: str = Field("local", description="The rollout policy, by name from the policy registry (any backend "
+                                              "that returns token ids and logprobs): local (in this process with "
+                                              "the trained parameters: one process, CPU or one GPU) or sglang (an "
+                                              "SGLang server; torchrun + FSDP2 for the actor), or a plugin.")
+    endpoint: str | None = Field(None, description="Rollout server URL (backend sglang; weight syncs go there).")
+    weight_sync: Literal["disk", "tensor", "distributed"] = Field(
+        "disk", description="How updated weights reach the SGLang server: disk = /update_weights_from_disk (the "
+                            "server reads a directory rank 0 writes); tensor = /update_weights_from_tensor "
+                            "(co-located server on the same machine: tensors pass as shared-memory/CUDA IPC "
+                            "handles, nothing is written); distributed = /init_weights_update_group + "
+                            "/update_weights_from_distributed (a server on another node: tensors broadcast over "
+                            "a process group, no shared disk).")
+    sync_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="dtype the tensor and distributed syncs send (the serving dtype): auto = bfloat16 on "
+                            "GPUs, float32 on CPU.")
+    sync_bucket_mb: int = Field(512, ge=1, description="Bucket size of the tensor and distributed syncs (MB): the "
+                                                       "sending rank holds at most two buckets.")
+    sync_master_address: str = Field("127.0.0.1", description="weight_sync distributed: this trainer node's "
+                                                              "address, as the servers reach it.")
+    sync_master_port: int = Field(29600, ge=1, le=65535, description="weight_sync distributed: the rendezvous "
+                                                                      "port on that address.")
+    sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight_sync distributed: the process "
+                                                                     "group's backend (gloo for CPU tests).")
+    collective_timeout_minutes: float = Field(60.0, gt=0, description="Under torchrun: how long a rank waits in a "
+                                              "collective (e.g. while rank 0 alone evaluates or pushes weights) "
+                                              "before the job fails.")
+    sync_pause_mode: Literal["retract", "in_place", "abort"] = Field(
+        "retract", description="/pause_generation mode around a weight swap: retract (running requests go back "
+                               "to the queue keeping their tokens and continue on the new weights; the cache is "
+                               "flushed) is safe while serving; in_place holds them where they are and skips the "
+                               "flush SGLang refuses then (old-weight prefixes stay cached until a flush once idle); "
+                               "abort ends them (the client retries).")
+    sglang_tp_size: int = Field(1, ge=1, description="Tensor-parallel size of the SGLang server (weight_sync: "
+                                                     "tensor sends one payload per TP rank).")
+    agent_config: str | None = Field(None, description="Agent YAML; default: the model's agent_config.yaml.")
+    # rollouts
+    steps: int = Field(100, ge=1, description="Policy updates.")
+    prompts_per_step: int = Field(4, ge=1, description="Prompts per update (paper, Table 4: 7; divisible by the "
+                                                       "number of training processes).")
+    group_size: int = Field(8, ge=2, description="G rollouts per prompt (paper: 8).")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature τ of every rollout call (paper: 0.7).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of rollouts.")
+    max_new_tokens: int = Field(2048, ge=1, description="Planner tokens per turn.")
+    subagent_max_new_tokens: int = Field(256, ge=1, description="Sub-agent summary tokens.")
+    think_prefix: str = Field("<think>\n", description="Pinned start of every planner response (paper, 3.2.1: "
+                                                       "Think Prefix, part of Exploration Anchoring); '' = off.")
+    gating: bool = Field(True, description="nFrames gating (paper, 3.2.2, Eq. 2): n per prompt drawn from "
+                                           "gating_choices, the same for all G rollouts.")
+    gating_choices: list[int] = Field(default_factory=lambda: [4, 8, 16, 32, 64],
+                                      description="The overview sizes gating draws from (paper: {4, 8, 16, 32, 64}).")
+    train_subagents: bool = Field(True, description="Sub-agent summaries share the episode's advantage and "
+                                                    "enter the loss (end-to-end, as in the paper).")
+    tool_model_calls: Literal["train", "freeze"] = Field(
+        "train", description="Model-backed tools' calls to the policy (temporal_grounding, frame_selection, "
+        "spatial_grounding; role tool:<name>): train them with the episode's advantage, or leave them frozen "
+        "(recorded, never in the loss). Calls to another endpoint (agent config tool_models) are never trained.")
+    failed_episodes: Literal["drop", "keep"] = Field(
+        "drop", description="Episodes whose graph raised (their trace has errors): drop them from the group "
+                            "and the loss, or keep them with their reward. Counted either way.")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal (no "
+                                                      "gradient) and roll out further prompts to refill the step.")
+    max_sampling_rounds: int = Field(3, ge=1, description="Dynamic sampling: rounds of extra prompts per step.")
+    concurrency: int = Field(4, ge=1, description="Prompts rolled out at once (each runs G rollouts).")
+    rollout_batch: int = Field(16, ge=1, description="Backend local: concurrent model calls generated as one "
+                                                     "batch (the G rollouts of a prompt, the K sub-agents).")
+    # objective
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward weights (reward_bias -0.2 "
+                                                                          "unless set, the paper's RL value).")
+    lr: float = Field(2e-6, gt=0, description="AdamW learning rate (paper, Table 4: 2e-6).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps, then constant.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip ε (ε_low with clip_high).")
+    clip_high: float | None = Field(None, gt=0, description="DAPO clip-higher ε_high (upper ratio bound 1 + "
+                                                           "ε_high); None = symmetric clip.")
+    kl_coef: float = Field(0.01, ge=0, description="KL to the frozen initial policy (paper: 0.01); 0 = no "
+                                                   "reference model.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimate: k1 = logp - ref, "
+                                                    "k2 = ½(logp - ref)², k3 = Schulman's exp(r) - r - 1.")
+    aggregation: Literal["seq-mean", "token-mean", "constant"] = Field(
+        "seq-mean", description="How token losses become the loss: seq-mean (GRPO) averages each episode's "
+        "trained tokens (planner and sub-agents together) then the episodes; token-mean (DAPO) averages every "
+        "trained token of the step; constant (Dr. GRPO) sums each episode's tokens / max_new_tokens.")
+    advantage_scale: Literal["std", "none"] = Field("std", description="Group advantage: (r - mean) / std, or "
+                                                                       "r - mean (Dr. GRPO).")
+    advantage_eps: float = Field(1e-6, gt=0, description="Added to the group std.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of rollouts (verl's ppo_epochs, TRL's "
+                                                 "num_iterations). With 1 pass and 1 mini-batch the ratio stays 1 "
+                                                 "and PPO's clip never acts.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass: the batch is split into this many "
+                                                   "mini-batches (verl's PPO mini-batches); from the second step "
+                                                   "on the ratio moves and the clip (ε, DAPO's ε_high) acts.")
+    max_staleness: int = Field(0, ge=0, description="η, AReaL's max_head_offpolicyness: rollouts run ahead of the "
+                                                    "update on the served policy, at most η versions old when they "
+                                                    "train (asynchronous PARA-GRPO, the paper's AReaL setup; needs "
+                                                    "backend sglang, sync_every 1 and sync_pause_mode retract; "
+                                                    "`online` takes the same bound and objective). 0 = the "
+                                                    "synchronous loop, exactly.")
+    behaviour_weight_cap: float = Field(5.0, gt=1, description="Decoupled PPO (η > 0): each token is weighted by "
+                                                               "π_prox / π_behav; tokens above this cap are left "
+                                                               "out of the loss (AReaL's behav_imp_weight_cap).")
+    stale_queue_on_resume: Literal["drop", "keep"] = Field(
+        "drop", description="η > 0: rollouts finished but not yet trained when a checkpoint is written are "
+                            "dropped on restart (rolled out again) or kept (stored with the checkpoint).")
+    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
+    tas_lambda: float = Field(0.0, ge=0, description="AVATAR Temporal Advantage Shaping λ (0 = off).")
+    replay: ReplaySettings = Field(default_factory=ReplaySettings, description="AVATAR's stratified replay.")
+    # bookkeeping
+    save_every: int = Field(10, ge=1, description="Steps between checkpoints (paper, Table 4: 5).")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept.")
+    sync_every: int = Field(1, ge=1, description="Steps between weight syncs to the rollout server.")
+    seed: int = Field(0, description="Prompt order, gating and rollout seeds.")
+    resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
+    bf16: Literal["auto", "true", "false"] = Field("auto", description="Actor and reference in bf16: auto = on GPUs.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data):
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        reward = data.get("reward")
+        if reward is None or isinstance(reward, dict):
+            reward = dict(reward or {})
+            reward.setdefault("reward_bias", -0.2)  # the paper's RL reward bias
+        preset = PRESETS.get(data.get("preset", "para-grpo"), {})
+        for key, value in preset.items():
+            if key == "reward":
+                if isinstance(reward, dict):
+                    for k, v in value.items():
+                        reward.setdefault(k, v)
+            else:
+                data.setdefault(key, value)
+        data["reward"] = reward
+        return data
+
+    @model_validator(mode="after")
+    def _asynchronous(self):
+        """η > 0 assumes the server holds the trainer's weights after every update, and that a push lets the
+        requests in flight go on (``retract``); the other combinations are refused here, not hours into a run."""
+        if self.max_staleness > 0 and self.sync_every > 1:
+            raise ValueError(
+                f"max_staleness {self.max_staleness} needs sync_every 1 (got {self.sync_every}): the asynchronous "
+                "loop bounds staleness by the trainer's version, assuming every update reaches the server; with "
+                "fewer pushes the server lags, the producer does not throttle to the version it actually serves, "
+                "and whole steps are rolled out only to be dropped as too stale")
+        if self.max_staleness > 0 and self.sync_pause_mode != "retract":
+            why = ("in_place keeps the old weights' prefixes in the server's cache until it is idle, which it never "
+                   "is while rollouts run ahead: tokens tagged with a version would be computed partly with older "
+                   "weights, and each push waits (up to a minute) for an idle server that does not come"
+                   if self.sync_pause_mode == "in_place" else
+                   "abort ends every request in flight at every push (rollouts are always in flight) and the "
+                   "policy retries them from scratch: the work is thrown away, and a turn aborted more often than "
+                   "the policy retries fails its episode")
+            raise ValueError(f"max_staleness {self.max_staleness} needs sync_pause_mode retract (got "
+                             f"{self.sync_pause_mode}): {why}")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path, overrides=None) -> GRPOConfig:
+        return load_yaml_model(cls, path, overrides)

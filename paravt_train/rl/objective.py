@@ -1,0 +1,201 @@
+"""The GRPO objective of PARA-GRPO, as pure functions on tensors, and AVATAR's replay buffer.
+
+Simplifications and choices, stated up front (nanochat style):
+
+* Advantages are group-normalised rewards: ``A_i = (r_i - mean(r)) / (std(r) + eps)``
+  over the G rollouts of one prompt (``scale="none"`` keeps ``r_i - mean``: Dr. GRPO).
+  Every token of a rollout — the planner's turns and, by default, its
+  sub-agents' summaries — shares the episode's advantage.
+* The policy term is PPO's clipped ratio ``min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A)`` with
+  ``ρ = exp(logp - logp_old)``; ``ε_high > ε_low`` is DAPO's clip-higher. On-policy
+  (one update per batch) ``ρ = 1`` and this is the plain policy gradient.
+* KL to a frozen reference, per token, estimator ``k1`` (``logp - logp_ref``),
+  ``k2`` (½(logp - logp_ref)²) or ``k3`` (Schulman's unbiased ``exp(r) - r - 1``
+  with ``r = logp_ref - logp``), coefficient 0.01.
+* Aggregation weighs *episodes*, not sequences (an episode is one rollout: its
+  planner sequence and its sub-agent sequences): ``seq-mean`` (GRPO) averages each
+  episode's trained tokens, then the episodes, so an episode with K tool calls
+  weighs the same as one without; ``token-mean`` (DAPO) averages every trained token
+  of the batch; ``constant`` (Dr. GRPO) sums each episode's tokens, divides by a
+  fixed normaliser (max new tokens) and averages the episodes. :func:`token_scales`
+  turns this into one scale per sequence, so a batch may hold any mix of sequences.
+* AVATAR options: Temporal Advantage Shaping weights the advantage of token t of
+  an L-token sequence by ``w_t = 1 + λ(2t/(L-1) - 1)²`` (λ = 0 is plain GRPO), and
+  a stratified replay buffer (:class:`ReplayBuffer`) whose samples enter with an
+  importance ratio from stored behaviour logprobs, weighted by α, with the
+  off-policy advantage of AVATAR Eq. 11 (the buffer: :mod:`paravt_train.rl.replay`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "episode_advantages",
+    "informative_group",
+    "group_advantages",
+    "kl_penalty",
+    "offpolicy_advantages",
+    "policy_loss",
+    "temporal_weights",
+    "token_scales",
+]
+
+
+def group_advantages(rewards: torch.Tensor, group: int, eps: float = 1e-6, scale: str = "std") -> torch.Tensor:
+    """``rewards`` of shape (P·G,), grouped consecutively per prompt → advantages of the same shape."""
+    r = rewards.view(-1, group).float()
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale == "std":
+        centred = centred / (r.std(dim=1, unbiased=False, keepdim=True) + eps)
+    elif scale != "none":
+        raise ValueError(f"unknown advantage scale {scale!r}; use std or none")
+    return centred.reshape(-1)
+
+
+def episode_advantages(group: list, keep_failed: bool = False, scale: str = "std", eps: float = 1e-6) -> list:
+    """Group-normalised advantages (set on each episode) over a group's usable episodes: failed ones are dropped
+    unless ``keep_failed``; fewer than two usable ones train nothing. Returns the episodes that train."""
+    usable = [e for e in group if e.failed is None or keep_failed]
+    if len(usable) < 2:
+        return []
+    r = torch.tensor([e.reward.total for e in usable])
+    centred = r - r.mean()
+    if scale == "std":
+        centred = centred / (r.std(unbiased=False) + eps)
+    for e, a in zip(usable, centred.tolist(), strict=True):
+        e.advantage = a
+    return usable
+
+
+def informative_group(group: list, keep_failed: bool = False) -> bool:
+    """Whether a group trains something (DAPO's dynamic sampling keeps these): two or more usable episodes whose
+    rewards differ."""
+    usable = [e for e in group if e.failed is None or keep_failed]
+    return len(usable) > 1 and len({round(e.reward.total, 9) for e in usable}) > 1
+
+
+def offpolicy_advantages(rewards: Sequence[float], baselines: Sequence[float], eps: float = 1e-6,
+                         sigma: float | None = None, min_std: float = 0.0) -> list[float]:
+    """AVATAR Eq. 11: ``A_off = (R(o) - R̄(q)) / σ_R,off``, with ``R̄(q)`` the prompt's moving-average reward
+    (VCRS) and ``σ_R,off`` the standard deviation of the off-policy batch's rewards (``sigma``: given when the
+    batch spans several ranks; else these rewards'). σ is floored at ``min_std``: with one draw, or draws of
+    equal reward, Eq. 11 would divide by ``eps`` alone (advantages of ~1e5)."""
+    if not rewards:
+        return []
+    if sigma is None:
+        r = torch.tensor(list(rewards), dtype=torch.float64)
+        sigma = float(r.std(unbiased=False)) if len(r) > 1 else 0.0
+    scale = max(sigma, min_std) + eps
+    return [(x - b) / scale for x, b in zip(rewards, baselines, strict=True)]
+
+
+def temporal_weights(lengths: Sequence[int], lam: float) -> list[torch.Tensor]:
+    """AVATAR's Temporal Advantage Shaping: ``w_t = 1 + λ(2t/(L-1) - 1)²`` per sequence (λ = 0: all ones)."""
+    out = []
+    for L in lengths:
+        if L <= 1 or lam == 0:
+            out.append(torch.ones(max(L, 0)))
+            continue
+        t = torch.arange(L, dtype=torch.float32)
+        out.append(1 + lam * (2 * t / (L - 1) - 1) ** 2)
+    return out
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL(π || π_ref) estimate."""
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k2":
+        return 0.5 * (logp - ref_logp) ** 2
+    if estimator == "k3":
+        r = ref_logp - logp
+        return torch.exp(r) - r - 1
+    raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
+
+
+def token_scales(episodes: Sequence, tokens: Sequence[int], how: str, constant: float | None = None,
+                 totals: tuple[int, float] | None = None) -> list[float]:
+    """The per-token loss scale of each sequence, so that ``Σ scale · per-token loss`` is the aggregated loss.
+
+    ``episodes[i]`` names the episode of sequence i, ``tokens[i]`` its trained tokens. ``totals`` =
+    (episodes, trained tokens) of the *global* batch (all micro-batches, all ranks); by default those of
+    the given sequences. ``seq-mean``: 1 / (tokens of the episode × episodes); ``token-mean``: 1 / tokens;
+    ``constant``: 1 / (constant × episodes).
+    """
+    per_episode: dict = defaultdict(int)
+    for e, n in zip(episodes, tokens, strict=True):
+        per_episode[e] += n
+    n_ep, n_tok = totals if totals is not None else (len(per_episode), float(sum(tokens)))
+    n_ep, n_tok = max(n_ep, 1), max(n_tok, 1.0)
+    if how == "seq-mean":
+        return [1.0 / (max(per_episode[e], 1) * n_ep) for e in episodes]
+    if how == "token-mean":
+        return [1.0 / n_tok for _ in episodes]
+    if how == "constant":
+        if not constant:
+            raise ValueError("constant aggregation needs a normaliser (e.g. max new tokens)")
+        return [1.0 / (constant * n_ep) for _ in episodes]
+    raise ValueError(f"unknown aggregation {how!r}; use seq-mean, token-mean or constant")
+
+
+@dataclass
+class LossOut:
+    loss: torch.Tensor
+    clip_fraction: float
+    kl: float
+    ratio_mean: float
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.01,
+    kl_estimator: str = "k3",
+    scales: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
+    sample_weights: torch.Tensor | None = None,
+    clip_high: float | None = None,
+) -> LossOut:
+    """Clipped GRPO loss over a padded batch: ``Σ_seq scale_seq · Σ_t mask · per-token loss``.
+
+    Shapes: ``logp``, ``old_logp``, ``mask``, ``ref_logp``, ``token_weights`` are (B, T); ``advantages``,
+    ``scales`` and ``sample_weights`` are (B,). ``scales`` come from :func:`token_scales` (default: each
+    row its own episode, ``seq-mean``). ``token_weights`` multiply the advantage per token (Temporal
+    Advantage Shaping); ``sample_weights`` scale whole sequences (replayed samples: α). The ratio is
+    clipped to [1 - clip, 1 + clip_high] (``clip_high`` None: symmetric).
+    """
+    mask = mask.float()
+    if scales is None:
+        scales = torch.tensor(token_scales(list(range(len(mask))), [int(m.sum()) for m in mask], "seq-mean"),
+                              dtype=torch.float32)
+    adv = advantages[:, None].float()
+    if token_weights is not None:
+        adv = adv * token_weights
+    high = clip if clip_high is None else clip_high
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip, 1 + high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl_val = 0.0
+    if ref_logp is not None and kl_coef:
+        kl = kl_penalty(logp, ref_logp, kl_estimator)
+        per_token = per_token + kl_coef * kl
+        kl_val = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+    row = scales.to(per_token.dtype)
+    if sample_weights is not None:
+        row = row * sample_weights.to(per_token.dtype)
+    loss = (per_token * mask * row[:, None]).sum()
+    with torch.no_grad():
+        active = ((ratio < 1 - clip) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
+        clipped_frac = float((active.float() * mask).sum() / mask.sum().clamp(min=1))
+        ratio_mean = float((ratio * mask).sum() / mask.sum().clamp(min=1))
+    return LossOut(loss, clipped_frac, kl_val, ratio_mean)

@@ -51,7 +51,8 @@ HELD_SEED0 = TEST_SEED0 + 7000
 
 
 def heldout(agent: Agent, worlds) -> list[float]:
-    items = [EvalItem("toy", q.qid, w.video, q.question, "mcq", q.answer, q.options) for w in worlds
+    items = [EvalItem(benchmark="toy", uid=q.qid, video=w.video, question=q.question, task="mcq",
+                      answer=q.answer, options=q.options) for w in worlds
              for q in w.questions]
     recs = agent.run(evaluate_items(agent, items, concurrency=8, progress=False))
     return [None if r["failed"] else r["correct"] for r in recs]  # None: the runtime failed it (not scored)

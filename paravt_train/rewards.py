@@ -326,7 +326,7 @@ def _term(name: str) -> TermFn:
     return _TERMS[name]
 
 
-@dataclass
+@dataclass(kw_only=True)  # six floats: built by name, never by position
 class RewardBreakdown:
     total: float
     acc: float
@@ -362,7 +362,8 @@ def score(
     is a single response."""
     cfg = cfg or RewardConfig()
     if is_degenerate(text, cfg.degenerate_count, cfg.degenerate_window):
-        return RewardBreakdown(cfg.min_total, 0.0, 0.0, 0.0, 0.0, 0.0, degenerate=True)
+        return RewardBreakdown(total=cfg.min_total, acc=0.0, fmt=0.0, base=0.0, anchor=0.0, tool=0.0,
+                               degenerate=True)
     acc = accuracy_reward(text if final is None else final, answer, task, options, judge, question)
     base = base_format_reward(text, cfg)
     anc = anchor_reward(text, cfg) if cfg.anchor else 0.0
@@ -371,7 +372,7 @@ def score(
     sample = RewardSample(answer, task, options, question, final, tools_worked)
     extra = {name: _term(name)(text, sample, cfg) for name, w in cfg.extra_terms.items() if w}
     total = acc + cfg.lambda_fmt * fmt + tool + sum(cfg.extra_terms[k] * v for k, v in extra.items()) + cfg.reward_bias
-    return RewardBreakdown(total, acc, fmt, base, anc, tool, extra=extra)
+    return RewardBreakdown(total=total, acc=acc, fmt=fmt, base=base, anchor=anc, tool=tool, extra=extra)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -382,11 +383,14 @@ def rollout_metrics(
     tasks: Sequence[str] | None = None,
     accs: Sequence[float] | None = None,
     cfg: RewardConfig | None = None,
+    tool_calls: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """Training-stream metrics (paper, Table 2 and Table 5).
 
     ``format_reward`` is f_τ: the mean R_fmt normalised by its maximum (1.45 with the
-    paper's weights), clipped to [0, 1]. ``tool_calls_per_rollout`` is κ.
+    paper's weights), clipped to [0, 1]. ``tool_calls_per_rollout`` is κ: the valid calls each rollout made,
+    as its trace recorded them (``tool_calls``: what the graph ran, every turn and agent; the transcripts are
+    parsed only when no trace is given).
     ``closure/think``: fraction with a properly closed reasoning block;
     ``closure/tool_call``: fraction with a closed and parseable ``<tool_call>`` block;
     ``closure/answer``: fraction with a properly bracketed answer block.
@@ -396,10 +400,10 @@ def rollout_metrics(
     if n == 0:
         return {}
     fmts, calls, think_ok, call_ok, ans_ok = [], [], 0, 0, 0
-    for t in texts:
+    for k, t in enumerate(texts):
         fmts.append(min(1.0, max(0.0, format_reward(t, cfg) / cfg.max_format)))
         parsed = parse_tool_calls(t)
-        calls.append(sum(1 for c in parsed if c.ok))
+        calls.append(tool_calls[k] if tool_calls is not None else sum(1 for c in parsed if c.ok))
         st = tag_stats(t)
         think_ok += st["think"].opened > 0 and st["think"].balanced
         call_ok += any(c.ok and c.tag == "tool_call" and c.closed for c in parsed)

@@ -55,7 +55,7 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, ast.AST, bool]]]
     for m, f in mods.items():
         found = []
 
-        def walk(node, in_function):
+        def walk(node, in_function, m=m, found=found):
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.Import | ast.ImportFrom):
                     names = [a.name for a in child.names] if isinstance(child, ast.Import) else \
@@ -66,7 +66,7 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, ast.AST, bool]]]
                         if target and target != m:
                             found.append((target, child, in_function))
                 else:
-                    walk(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+                    walk(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef), m, found)
 
         walk(ast.parse(f.read_text()), False)
         out[m] = found

@@ -34,8 +34,10 @@ def _cfg(model, toy_rl, out, **kw) -> GRPOConfig:
 
 def _episode(prompt: str, sample: int, versions: list[int], answer=None) -> Episode:
     seq = TokenSequence("planner", [1, 2, 3, 4], [0, 0, 1, 1], [0.0, 0.0, -0.5, -0.25], episode=f"{prompt}#{sample}")
-    return Episode(prompt, "mcq", sample, 4, answer, "<think>\nx</think><answer>A</answer>", [seq],
-                   reward=RewardBreakdown(1.0, 1.0, 1.0, 0.0, 0.0, 0.0), advantage=0.5, versions=versions)
+    reward = RewardBreakdown(total=1.0, acc=1.0, fmt=1.0, base=0.0, anchor=0.0, tool=0.0)
+    return Episode(prompt_id=prompt, task="mcq", sample=sample, n_frames=4, answer=answer,
+                   text="<think>\nx</think><answer>A</answer>", sequences=[seq], reward=reward, advantage=0.5,
+                   versions=versions)
 
 
 # --------------------------------------------------------------------------- paravt-train online, η > 0

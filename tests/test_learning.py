@@ -43,7 +43,8 @@ def _rl_rows(videos) -> list[dict]:
 
 
 def _heldout(agent: Agent, root, answer: str) -> list[float]:
-    items = [EvalItem("held", f"h{v}", str(root / f"v{v}.mp4"), QUESTION, "oe", answer) for v in HELD]
+    items = [EvalItem(benchmark="held", uid=f"h{v}", video=str(root / f"v{v}.mp4"), question=QUESTION,
+                      task="oe", answer=answer) for v in HELD]
     return [r["f1"] for r in agent.run(evaluate_items(agent, items, concurrency=4, progress=False))]
 
 

@@ -137,8 +137,10 @@ def test_evaluations_rerun_spoiled_items_and_count_the_rest_apart(media):
         return "<think>look</think>\n" + call
 
     agent = Agent(policy=ScriptedPolicy(script), config=AgentConfig(retries=0))
-    items = [EvalItem("toy", "a", media["video"], "Is it flaky?", "mcq", "A", ["red", "blue"]),
-             EvalItem("toy", "b", media["video"], "Is it broken?", "mcq", "A", ["red", "blue"])]
+    items = [EvalItem(benchmark="toy", uid="a", video=media["video"], question="Is it flaky?", task="mcq",
+                      answer="A", options=["red", "blue"]),
+             EvalItem(benchmark="toy", uid="b", video=media["video"], question="Is it broken?", task="mcq",
+                      answer="A", options=["red", "blue"])]
     recs = {r["uid"]: r for r in agent.run(evaluate_items(agent, items, concurrency=1, progress=False))}
     assert recs["a"]["tries"] == 2 and not recs["a"]["failed"] and recs["a"]["status"] == "ok"
     assert recs["b"]["tries"] == 2 and recs["b"]["failed"] and recs["b"]["status"] == "degraded"

@@ -54,8 +54,8 @@ def test_langgraph_server_graph_refuses_what_the_api_refuses(toy_policy_dir, toy
     without PARAVT_VIDEO_ROOT (the two ways server_graph resolves a video)."""
     import time
 
-    from paravt_agent.serving import server_graph
     from paravt_agent.errors import PromptTooLong, VideoError
+    from paravt_agent.serving import server_graph
 
     for k in ("PARAVT_VIDEO_ROOT", "PARAVT_ALLOW_URL_PREFIXES", "PARAVT_ENDPOINT", "PARAVT_PRESET"):
         monkeypatch.delenv(k, raising=False)

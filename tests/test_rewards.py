@@ -183,6 +183,9 @@ def test_metrics():
     # EX1 1.45 / 1.45; EX2 0.05 / 1.45; the third has no call: base 0.8 + anchor 0.35
     assert m["format_reward"] == pytest.approx((1.0 + 0.05 / 1.45 + 1.15 / 1.45) / 3)
     assert m["accuracy/mcq"] == 0.5 and m["accuracy/oe"] == 0.5
+    # in training κ comes from what each rollout's trace ran, not from parsing its transcript again
+    m = rollout_metrics(texts, tool_calls=[3, 0, 1])
+    assert m["tool_calls_per_rollout"] == pytest.approx(4 / 3) and m["tool_call_rate"] == pytest.approx(2 / 3)
 
 
 def test_llm_judge_and_fallback(json_server):

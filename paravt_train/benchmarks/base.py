@@ -15,7 +15,7 @@ class BenchmarkError(ParaVTError):
     """A benchmark folder, file or video is missing or malformed."""
 
 
-@dataclass
+@dataclass(kw_only=True)  # many fields of one type: built by name, never by position
 class EvalItem:
     """One question of a benchmark, in the one shape evaluation and RL share."""
 

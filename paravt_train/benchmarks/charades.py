@@ -27,6 +27,7 @@ def load_charades(root: Path) -> list[EvalItem]:
         head, sentence = line.split("##", 1)
         vid, start, end = head.split()
         q = f"When does this happen: \"{sentence.strip().rstrip('.')}\"? Answer [start, end] in seconds."
-        items.append(EvalItem("charades", f"{vid}-{i}", str(folder / f"{vid}.mp4"), q, "tvg",
-                              f"[{float(start)}, {float(end)}]", extra={"query": sentence.strip()}))
+        items.append(EvalItem(benchmark="charades", uid=f"{vid}-{i}", video=str(folder / f"{vid}.mp4"),
+                              question=q, task="tvg", answer=f"[{float(start)}, {float(end)}]",
+                              extra={"query": sentence.strip()}))
     return items

@@ -17,6 +17,8 @@ __all__ = ["load_longvideobench"]
 
 def load_longvideobench(root: Path) -> list[EvalItem]:
     data = json.loads(need(root / "lvb_val.json", "LongVideoBench annotations").read_text())
-    return [EvalItem("longvideobench", str(r.get("id", i)), str(root / "videos" / r["video_path"]), r["question"], "mcq",
-                     LETTERS[int(r["correct_choice"])], labelled(r["candidates"]), str(r.get("duration_group", "")))
+    return [EvalItem(benchmark="longvideobench", uid=str(r.get("id", i)),
+                     video=str(root / "videos" / r["video_path"]), question=r["question"], task="mcq",
+                     answer=LETTERS[int(r["correct_choice"])], options=labelled(r["candidates"]),
+                     group=str(r.get("duration_group", "")))
             for i, r in enumerate(data)]

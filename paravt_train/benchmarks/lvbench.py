@@ -75,8 +75,8 @@ def load_lvbench(root: Path) -> list[EvalItem]:
                                      f"{qa['answer']!r} of {qa['question'][:80]!r}")
             cats = qa.get("question_type") or []
             cats = [cats] if isinstance(cats, str) else list(cats)
-            items.append(EvalItem("lvbench", str(qa["uid"]), str(video), stem, "mcq", answer,
-                                  [f"{k}. {t}" for k, t in opts], cats[0] if cats else "",
+            items.append(EvalItem(benchmark="lvbench", uid=str(qa["uid"]), video=str(video), question=stem, task="mcq",
+                                  answer=answer, options=[f"{k}. {t}" for k, t in opts], group=cats[0] if cats else "",
                                   extra={"groups": cats, "video_type": v.get("type", ""),
                                          "time_reference": qa.get("time_reference", "")}))
     return items

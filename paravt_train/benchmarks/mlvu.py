@@ -40,9 +40,10 @@ def load_mlvu(root: Path) -> list[EvalItem]:
             continue  # a generation task: mlvu_generation
         if r["answer"] not in cands:
             raise BenchmarkError(f"MLVU {task_dir} row {i}: the answer {r['answer']!r} is not one of its candidates")
-        items.append(EvalItem("mlvu", f"{task_dir}-{i}", str(root / "video" / task_dir / r["video"]), r["question"],
-                              "mcq", LETTERS[cands.index(r["answer"])], labelled(cands),
-                              r.get("question_type", task_dir)))
+        items.append(EvalItem(benchmark="mlvu", uid=f"{task_dir}-{i}",
+                              video=str(root / "video" / task_dir / r["video"]), question=r["question"],
+                              task="mcq", answer=LETTERS[cands.index(r["answer"])], options=labelled(cands),
+                              group=r.get("question_type", task_dir)))
     return items
 
 
@@ -52,7 +53,9 @@ def load_mlvu_generation(root: Path) -> list[EvalItem]:
     for task_dir, i, r in _rows(root):
         if r.get("candidates"):
             continue
-        items.append(EvalItem("mlvu_generation", f"{task_dir}-{i}", str(root / "video" / task_dir / r["video"]),
-                              r["question"], "oe", str(r["answer"]), None, r.get("question_type", task_dir),
+        items.append(EvalItem(benchmark="mlvu_generation", uid=f"{task_dir}-{i}",
+                              video=str(root / "video" / task_dir / r["video"]), question=r["question"],
+                              task="oe", answer=str(r["answer"]), options=None,
+                              group=r.get("question_type", task_dir),
                               extra={"scoring_points": r.get("scoring_points") or []}))
     return items

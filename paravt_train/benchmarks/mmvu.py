@@ -35,11 +35,13 @@ def load_mmvu(root: Path) -> list[EvalItem]:
         subject = (r.get("metadata") or {}).get("subject", "")
         choices = {k: v for k, v in (r.get("choices") or {}).items() if str(v).strip()}
         if r.get("question_type") == "open-ended" or not choices:
-            items.append(EvalItem("mmvu", str(r["id"]), video, r["question"], "oe", str(r["answer"]), None,
-                                  "open-ended", extra={"subject": subject}))
+            items.append(EvalItem(benchmark="mmvu", uid=str(r["id"]), video=video, question=r["question"],
+                                  task="oe", answer=str(r["answer"]), options=None, group="open-ended",
+                                  extra={"subject": subject}))
             continue
         keys = sorted(choices)
         answer = r["answer"] if r["answer"] in keys else keys[[choices[k] for k in keys].index(r["answer"])]
-        items.append(EvalItem("mmvu", str(r["id"]), video, r["question"], "mcq", answer,
-                              [f"{k}. {choices[k]}" for k in keys], "multiple-choice", extra={"subject": subject}))
+        items.append(EvalItem(benchmark="mmvu", uid=str(r["id"]), video=video, question=r["question"],
+                              task="mcq", answer=answer, options=[f"{k}. {choices[k]}" for k in keys],
+                              group="multiple-choice", extra={"subject": subject}))
     return items

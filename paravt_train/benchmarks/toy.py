@@ -22,6 +22,7 @@ def load_toy(root: Path) -> list[EvalItem]:
                  path.parent.parent / "videos")
     items = []
     for s in load_rl(path, vroot):
-        items.append(EvalItem("toy", s.id or "", str(resolve_video(s.videos[0], vroot)), s.question_text(),
-                              s.task, s.answer, s.options, s.task))
+        items.append(EvalItem(benchmark="toy", uid=s.id or "", video=str(resolve_video(s.videos[0], vroot)),
+                              question=s.question_text(), task=s.task, answer=s.answer, options=s.options,
+                              group=s.task))
     return items

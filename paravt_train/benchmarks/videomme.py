@@ -34,6 +34,8 @@ def load_videomme(root: Path, subtitles: bool = False) -> list[EvalItem]:
                 if srt.is_file():
                     text = " ".join(t for _, _, t in read_subtitles(srt))
                     q = f"Subtitles: {text}\n{q}"
-            items.append(EvalItem(name, str(r["question_id"]), str(root / "data" / f"{vid}.mp4"), q, "mcq",
-                                  r["answer"], labelled(list(r["options"])), str(r.get("duration", ""))))
+            items.append(EvalItem(benchmark=name, uid=str(r["question_id"]),
+                                  video=str(root / "data" / f"{vid}.mp4"), question=q, task="mcq",
+                                  answer=r["answer"], options=labelled(list(r["options"])),
+                                  group=str(r.get("duration", ""))))
     return items

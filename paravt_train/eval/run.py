@@ -148,8 +148,9 @@ def heldout_scores(policy, config, prompts, concurrency: int = 4, progress: bool
     and every score (``None`` for a failed item)."""
 
     agent = Agent(policy=policy, config=config)
-    items = [EvalItem("heldout", p.id, p.video, p.question, p.task,
-                      json.dumps(p.answer) if isinstance(p.answer, list) else str(p.answer), p.options, p.task)
+    items = [EvalItem(benchmark="heldout", uid=p.id, video=p.video, question=p.question, task=p.task,
+                      answer=json.dumps(p.answer) if isinstance(p.answer, list) else str(p.answer),
+                      options=p.options, group=p.task)
              for p in prompts]
     every = agent.run(evaluate_items(agent, items, concurrency=concurrency, progress=progress))
     records = [r for r in every if not r.get("failed")]  # the runtime's failures are not the policy's scores

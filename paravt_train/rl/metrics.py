@@ -25,7 +25,16 @@ def episode_record(e) -> dict:
     return {"prompt": e.prompt_id, "task": e.task, "text": e.text, "reward": e.reward.total,
             "terms": e.reward.terms(), "degenerate": e.reward.degenerate, "n_frames": e.n_frames or 0,
             "failed": e.failed is not None, "failure": e.failed, "subagent_errors": e.subagent_errors,
-            "retokenized": e.retokenized_turns, "round_trip": e.round_trip_turns, "versions": e.versions}
+            "retokenized": e.retokenized_turns, "round_trip": e.round_trip_turns, "versions": e.versions,
+            "tool_calls": valid_calls(e)}
+
+
+def valid_calls(e) -> int:
+    """The valid tool calls an episode made, from its trace (every turn and collaborating agent; a call the model
+    wrote wrong is not one, a call the runtime failed is)."""
+    if e.answer is None:
+        return 0
+    return sum(1 for c in e.answer.trace.all_calls() if not (c.error and not c.runtime_error))
 
 
 def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: int, cfg, world: int = 1) -> dict:
@@ -50,7 +59,8 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
                   "sketches": [k for s in shards for k in s["sketches"]]}
     ok = [e for e in eps if not e["failed"]]  # what the model did; the infrastructure's failures apart
     n = max(len(ok), 1)
-    m = rollout_metrics([e["text"] for e in ok], [e["task"] for e in ok], [e["terms"]["acc"] for e in ok], cfg.reward)
+    m = rollout_metrics([e["text"] for e in ok], [e["task"] for e in ok], [e["terms"]["acc"] for e in ok], cfg.reward,
+                        tool_calls=[e["tool_calls"] for e in ok])
     rewards = torch.tensor([e["reward"] for e in ok]) if ok else torch.zeros(1)
     terms = {f"reward/{k}": sum(e["terms"].get(k, 0.0) for e in ok) / n for k in (ok[0]["terms"] if ok else {})}
     return {

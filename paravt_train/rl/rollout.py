@@ -159,7 +159,7 @@ class TokenSequence:
         return sum(self.loss_mask)
 
 
-@dataclass
+@dataclass(kw_only=True)  # built by name, never by position
 class Episode:
     prompt_id: str
     task: str
@@ -290,20 +290,24 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         inp = await asyncio.to_thread(cache.get, prompt.video, prompt.question, prompt.options, settings.n_frames)
     except Exception as exc:  # an unreadable video: the whole group fails, counted, and the run goes on
         why = f"unreadable video {prompt.video}: {exc.__class__.__name__}: {exc}"
-        return [Episode(prompt.id, prompt.task, i, settings.n_frames, None, "", [], failed=why, tag=settings.tag,
-                        reward=RewardBreakdown(settings.reward.min_total, 0.0, 0.0, 0.0, 0.0, 0.0))
+        failed = RewardBreakdown(total=settings.reward.min_total, acc=0.0, fmt=0.0, base=0.0, anchor=0.0,
+                                 tool=0.0)
+        return [Episode(prompt_id=prompt.id, task=prompt.task, sample=i, n_frames=settings.n_frames, answer=None,
+                        text="", sequences=[], failed=why, tag=settings.tag, reward=failed)
                 for i in range(settings.group)]
     banned = agent.policy.placeholder_ids
 
     async def one(i: int) -> Episode:
         t0 = time.perf_counter()
         rollout_seed = int.from_bytes(hashlib.sha256(f"{settings.seed}:{prompt.id}:{i}".encode()).digest()[:4], "big")
-        ep = Episode(prompt.id, prompt.task, i, settings.n_frames, None, "", [], tag=settings.tag)
+        ep = Episode(prompt_id=prompt.id, task=prompt.task, sample=i, n_frames=settings.n_frames, answer=None,
+                     text="", sequences=[], tag=settings.tag)
         try:
             ans = await agent.arun(inp, seed=rollout_seed)
         except Exception as exc:  # the graph raised before any planner turn: nothing to train on
             ep.failed = f"{exc.__class__.__name__}: {exc}"
-            ep.reward = RewardBreakdown(settings.reward.min_total, 0.0, 0.0, 0.0, 0.0, 0.0)
+            ep.reward = RewardBreakdown(total=settings.reward.min_total, acc=0.0, fmt=0.0, base=0.0, anchor=0.0,
+                                        tool=0.0)
             ep.seconds = time.perf_counter() - t0
             return ep
         ep.answer = ans

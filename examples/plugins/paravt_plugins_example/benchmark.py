@@ -12,6 +12,7 @@ def load_jsonl(root: Path) -> list[EvalItem]:
     for i, line in enumerate(path.read_text().splitlines()):
         r = json.loads(line)
         opts = r.get("options")
-        items.append(EvalItem("jsonl", str(i), str(Path(root) / r["video"]), r["question"], "mcq" if opts else "oe",
-                              r["answer"], labelled(opts) if opts else None))
+        items.append(EvalItem(benchmark="jsonl", uid=str(i), video=str(Path(root) / r["video"]),
+                              question=r["question"], task="mcq" if opts else "oe", answer=r["answer"],
+                              options=labelled(opts) if opts else None))
     return items

@@ -84,7 +84,7 @@ class ModelSpec(BaseModel):
     model: str | None = Field(None, description="Model name or directory (the backend's `model`).")
     endpoint: str | None = Field(None, description="Its OpenAI-compatible or SGLang endpoint URL.")
     api_key_env: str | None = Field(None, description="Environment variable holding its API key.")
-    box_coordinates: Literal["pixels", "relative-1000"] | None = Field(
+    box_coordinates: Literal["auto", "pixels", "relative-1000"] | None = Field(
         None, description="How this model writes boxes (spatial_grounding); None = AgentConfig.box_coordinates.")
 
 
@@ -164,9 +164,11 @@ class AgentConfig(BaseModel):
                                         description="Decoding of sub-agent summaries (greedy by default).")
     tool_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=128),
                                     description="Decoding of model-backed tools' model calls (greedy by default).")
-    box_coordinates: Literal["pixels", "relative-1000"] = Field(
-        "pixels", description="How the policy writes a box's bbox_2d (spatial_grounding): pixels of the image it was "
-        "shown (Qwen2.5-VL) or 0-1000 relative to its sides (Qwen3-VL). <|box_start|> boxes are always 0-1000.")
+    box_coordinates: Literal["auto", "pixels", "relative-1000"] = Field(
+        "auto", description="How the policy writes a box's bbox_2d (spatial_grounding): pixels of the image it was "
+        "shown (the Qwen2.5-VL family) or 0-1000 relative to its sides (the Qwen3-VL family, this project's); auto "
+        "= by the model's family, read from its config (model_type) or its served name, pixels when unknown. "
+        "<|box_start|> boxes are always 0-1000.")
     tool_models: dict[str, ModelSpec] = Field(
         default_factory=dict, description="Model-backed tools that ask another model than the agent's policy: tool "
         "name -> backend/model/endpoint. Unnamed tools ask the agent's policy (and RL may train those calls).")

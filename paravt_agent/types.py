@@ -152,7 +152,8 @@ class ToolModel:
     as a :class:`GenerationRecord` with role ``tool:<name>`` (token ids and logprobs where the backend gives
     them), so RL can train it or leave it frozen."""
 
-    #: how the model writes boxes: ``pixels`` of the image it was shown, or ``relative-1000``
+    #: how the model writes boxes: ``pixels`` of the image it was shown, or ``relative-1000`` (the graph resolves the
+    #: config's ``auto`` by the answering model's family)
     box_coordinates: str = "pixels"
 
     async def ask(self, messages: list[dict], max_new_tokens: int | None = None) -> str:  # pragma: no cover

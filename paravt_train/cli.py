@@ -78,14 +78,15 @@ def prefilter_cmd(
     src: Path = typer.Argument(..., help="RL Parquet file."),
     dst: Path = typer.Argument(..., help="Filtered RL Parquet file."),
     video_root: Path = typer.Option(None, help="Resolve relative video paths against this folder."),
-    model: str = typer.Option(None, help="Policy for the all-zero rollout check (omit: length rule only)."),
+    model: str = typer.Option(None, help="Policy for the zero-variance rollout check (omit: length rule only)."),
     backend: str = typer.Option("local", help="local, openai or sglang."),
     endpoint: str = typer.Option(None, help="Endpoint for openai/sglang."),
     group: int = typer.Option(8, help="Rollouts per prompt (G)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature of the rollouts (tau)."),
     max_answer_words: int = typer.Option(15, help="Drop open-ended samples with longer answers."),
 ) -> None:
-    """DAPO-style zero-gradient pre-filter: long open-ended answers, and prompts whose G rollouts all score 0."""
+    """DAPO-style zero-gradient pre-filter: long open-ended answers, and prompts whose G rollouts under the policy
+    all score alike under the RL reward (GRPO's advantages would all be 0)."""
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_train.data import load_rl, write_parquet

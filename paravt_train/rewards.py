@@ -2,11 +2,10 @@
 
     R(x, y) = R_acc(y, a*) + λ_fmt · R_fmt(y) + R_tool(y) + Σ_k w_k R_k(y) + bias,   R_fmt = R_base + λ_anchor · R_anchor
 
-``y`` is the rollout transcript the policy is scored on: every planner response,
-*including the pinned think prefix*, with the tool-response turns in between
-(:func:`transcript`); tool output is neutralised before it enters the context,
-so the ``<tool_response>`` wrapper is the only tag it contributes, and no
-instruction the agent injects is part of it.
+``y`` is the rollout transcript the policy is scored on: every planner response, *including the pinned think
+prefix*, with the tool-response turns in between (:func:`transcript`); tool output is neutralised before it
+enters the context, so the ``<tool_response>`` wrapper is the only tag it contributes, and no instruction the
+agent injects is part of it.
 
 R_base (paper's values): +0.2 a ``<think>`` with >= 10 characters; +0.3 an
 ``<answer>`` tag and +0.2 its ``</answer>``, credited only around a non-empty
@@ -388,9 +387,8 @@ def rollout_metrics(
     """Training-stream metrics (paper, Table 2 and Table 5).
 
     ``format_reward`` is f_τ: the mean R_fmt normalised by its maximum (1.45 with the
-    paper's weights), clipped to [0, 1]. ``tool_calls_per_rollout`` is κ: the valid calls each rollout made,
-    as its trace recorded them (``tool_calls``: what the graph ran, every turn and agent; the transcripts are
-    parsed only when no trace is given).
+    paper's weights), clipped to [0, 1]. ``tool_calls_per_rollout`` is κ: each rollout's valid calls as its trace
+    recorded them (``tool_calls``; the transcripts are parsed only when none are given).
     ``closure/think``: fraction with a properly closed reasoning block;
     ``closure/tool_call``: fraction with a closed and parseable ``<tool_call>`` block;
     ``closure/answer``: fraction with a properly bracketed answer block.

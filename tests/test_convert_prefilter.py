@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import torch
+
 from paravt_agent.agent import Agent
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.protocol import parse_tool_calls
@@ -83,17 +85,36 @@ def test_prefilter_rules(media, tmp_path):
     samples = load_rl(tmp_path / "rl.parquet")
     kept, dropped = prefilter(samples)
     assert [s.id for s in kept] == ["ok", "never", "short"] and sum(dropped.values()) == 1
-    # rollouts through the agent: a policy that always answers "A ... a man with a cup"
+    # rollouts through the agent: a group that varies trains, a group that scores alike does not (the multiple-
+    # choice prompts are answered A, B, A, ...; the open one always alike)
+    import itertools
+
     from paravt_agent.policy.base import text_of
 
+    flip = itertools.count()
+
     def script(role, msgs):
-        return "<think>looks</think><answer>" + ("A" if "Options:" in text_of(msgs[1]["content"]) else
-                                                 "a man with a cup") + "</answer>"
+        if "Options:" in text_of(msgs[1]["content"]):
+            return "<think>looks</think><answer>" + "AB"[next(flip) % 2] + "</answer>"
+        return "<think>looks</think><answer>a man with a cup</answer>"
 
     agent = Agent(policy=ScriptedPolicy(script))
     kept, dropped = prefilter(samples, agent, group=3, progress=False)
-    assert [s.id for s in kept] == ["ok", "short"]
-    assert dropped["all 3 rollouts scored zero"] == 1
+    assert [s.id for s in kept] == ["ok", "never"]
+    assert dropped == {"all 3 rollouts scored alike (right)": 1, "open-ended answer over 15 words": 1}
+
+
+def test_zero_variance_is_what_grpo_cannot_learn_from():
+    """A hand-built group: G rewards all alike (whatever their value) give every advantage 0; one differing
+    reward is a gradient."""
+    from paravt_train.data.prefilter import zero_variance
+    from paravt_train.rl.objective import group_advantages
+
+    for rewards, alike in (([-0.2] * 8, True), ([1.25] * 8, True), ([1.25] * 7 + [1.2], False), ([0.0], False)):
+        assert zero_variance(rewards) == alike
+        if len(rewards) > 1:
+            adv = group_advantages(torch.tensor(rewards), group=len(rewards))
+            assert bool((adv.abs() < 1e-6).all()) == alike
 
 
 def test_rl_validation(tmp_path):

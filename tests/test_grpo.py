@@ -156,8 +156,10 @@ def test_hard_rollouts_are_kept_when_easy_ones_flood_in():
     for k in range(30):  # many easy rollouts
         buf.observe(f"easy{k}", 1.0)
         buf.add(f"easy{k}", [f"e{k}"], 1.0)
-    hard = [it.prompt_id for it in buf.store["hard"]]
-    assert hard == [f"hard{p}" for p in range(4)]  # the easy flood never evicted a hard rollout
+    # the four tied hard rollouts were shared among the tiers (ties split as the quantiles say), and the easy flood
+    # never evicted one of them: a full tier evicts its oldest rollout at least as easy as the newcomer
+    kept = sorted(it.prompt_id for it in buf.items if it.prompt_id.startswith("hard"))
+    assert kept == [f"hard{p}" for p in range(4)]
     assert len(buf) <= 10 and all(len(buf.store[t]) <= buf.tier_capacity[t] for t in buf.store)
 
 

@@ -236,11 +236,13 @@ def test_sglang_disk_sync_names_its_version(toy_policy_dir, toy_rl, tmp_path, sg
     assert reply["meta_info"]["weight_version"] == "3"
     broken = tmp_path / "broken"
     shutil.copytree(tmp_path / "s" / "weights" / "current", broken)
-    sd = load_file(str(broken / "model.safetensors"))
+    shard = broken / sorted(set(json.loads((broken / "model.safetensors.index.json").read_text())["weight_map"]
+                                .values()))[0]  # the sync writes one file per part of the model
+    sd = load_file(str(shard))
     name = next(iter(sd))
     from safetensors.torch import save_file
 
-    save_file({**sd, name: torch.zeros(3)}, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    save_file({**sd, name: torch.zeros(3)}, str(shard), metadata={"format": "pt"})
     with pytest.raises(PolicyError, match="shape"):
         SGLangWeightSync(stub.url, tmp_path).load(broken, version="4")
     reply = stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})  # not left paused

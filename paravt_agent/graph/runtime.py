@@ -16,7 +16,13 @@ from paravt_agent import telemetry
 from paravt_agent.errors import ConfigError
 from paravt_agent.graph.context import AgentContext
 from paravt_agent.graph.frames import refs_of
-from paravt_agent.policy.base import SERVE_CLOCK, ServeClock, takes_role
+from paravt_agent.policy.base import (
+    SERVE_CLOCK,
+    ServeClock,
+    box_coordinates_of,
+    model_type_of_dir,
+    takes_role,
+)
 from paravt_agent.trajectory import Phase
 from paravt_agent.types import (
     Generation,
@@ -226,6 +232,10 @@ class ToolSession(ToolModel):
         spec = ctx.config.tool_models.get(tool)
         self.box_coordinates = (spec.box_coordinates if spec is not None and spec.box_coordinates
                                 else ctx.config.box_coordinates)
+        if self.box_coordinates == "auto":  # by the family of the model that will answer
+            family = ctx.policy.model_type if spec is None else (model_type_of_dir(spec.model or "")
+                                                                  or (spec.model or "").lower())
+            self.box_coordinates = box_coordinates_of(family)
 
     @property
     def records(self) -> list[GenerationRecord]:
@@ -236,8 +246,9 @@ class ToolSession(ToolModel):
         ctx = self.ctx
         policy, trainable = await ctx.tool_policy(self.tool)
         sampling = ctx.config.tool_sampling
-        if max_new_tokens:  # the tool knows what its answer needs (a box per object)
-            sampling = sampling.model_copy(update={"max_new_tokens": max_new_tokens})
+        if max_new_tokens:  # what the tool's answer needs at least (a box per object); never less than configured,
+            # so a reply that reasons before it answers is not cut (frame_selection asks 16: "confidence 0" otherwise)
+            sampling = sampling.model_copy(update={"max_new_tokens": max(max_new_tokens, sampling.max_new_tokens)})
         sampling = seeded(sampling, self.seed, self.turn, self.SEED_SLOT + 10_000 * self.index + k)
         msgs = await offload(ctx, ctx.frames.to_refs, messages)
         t0 = time.perf_counter()

@@ -26,7 +26,7 @@ import numpy as np
 
 from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["SERVE_CLOCK", "Continuation", "Generation", "Policy", "Sampling", "ServeClock", "being_served",
+__all__ = ["SERVE_CLOCK", "Continuation", "box_coordinates_of", "model_type_of_dir", "Generation", "Policy", "Sampling", "ServeClock", "being_served",
            "encode_image", "images_of", "map_images", "takes_role", "text_of"]
 
 
@@ -83,12 +83,40 @@ class Policy(ABC):
         """The model's context window in tokens, where the backend knows it."""
         return None
 
+    @property
+    def model_type(self) -> str | None:
+        """The model's family as its config names it (``qwen3_vl``, ``qwen2_5_vl``, ...), where the backend can tell:
+        a local model's config, a served model directory's config.json, or the served model's name."""
+        name = vars(self).get("model") or vars(self).get("path")  # attributes, never a property that loads a model
+        if not isinstance(name, str) or not name:
+            return None
+        return model_type_of_dir(name) or name.rstrip("/").rsplit("/", 1)[-1].lower()
+
     def generates_with(self, model) -> bool:
         """Whether this policy generates with ``model``'s parameters themselves (an in-process backend given
         the trained model): then a trainer has no weights to push to it."""
         return False
 
     async def aclose(self) -> None:
+        return None
+
+
+def box_coordinates_of(model_type: str | None) -> str:
+    """How a model family writes a grounding box's bbox_2d: Qwen3-VL (and later Qwen VL families) in 0-1000
+    relative coordinates, Qwen2.5-VL in pixels of the image it was shown; pixels when the family is unknown."""
+    kind = (model_type or "").lower().replace("-", "_").replace(".", "_")
+    return "relative-1000" if any(k in kind for k in ("qwen3_vl", "qwen3vl", "qwen3_5", "qwen3_omni")) else "pixels"
+
+
+def model_type_of_dir(path) -> str | None:
+    """``model_type`` of a model directory's config.json (None when it is not a local directory)."""
+    import json
+    from pathlib import Path
+
+    cfg = Path(str(path)) / "config.json"
+    try:
+        return json.loads(cfg.read_text()).get("model_type") if cfg.is_file() else None
+    except (OSError, ValueError):
         return None
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from paravt_agent.errors import PolicyError
-from paravt_agent.policy.base import Policy, images_of, text_of
+from paravt_agent.policy.base import Policy, images_of, model_type_of_dir, text_of
 from paravt_agent.policy.batcher import (
     QueuedBatcher,
     RowSampler,
@@ -130,6 +130,12 @@ class LocalPolicy(QueuedBatcher, Policy):
         if self._chat is None:
             self._chat = ChatTokenizer(self.processor)
         return self._chat
+
+    @property
+    def model_type(self) -> str | None:
+        if self._model is not None:
+            return getattr(self._model.config, "model_type", None)
+        return model_type_of_dir(self.path)  # without loading the model
 
     def generates_with(self, model) -> bool:
         return self._model is model

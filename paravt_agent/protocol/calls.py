@@ -132,8 +132,8 @@ def _json_objects(body: str) -> tuple[list, bool] | None:
         try:
             value, pos = dec.raw_decode(body, pos)
         except json.JSONDecodeError:
-            try:  # single quotes, True/False/None
-                value = ast.literal_eval(body[pos:])
+            try:  # single quotes, True/False/None (JSON values only: no ..., bytes, sets, complex numbers)
+                value = _json_value(ast.literal_eval(body[pos:]))
                 pos = len(body)
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError):
                 return out, True
@@ -143,14 +143,31 @@ def _json_objects(body: str) -> tuple[list, bool] | None:
     return out, False
 
 
+def _json_value(value):
+    """``value`` as a JSON value (a tuple becomes a list); ``TypeError`` for what JSON has not: ``...`` (Python's
+    Ellipsis), bytes, sets, complex numbers, non-string keys. A call carrying one is an invalid call, answered as
+    such, never an argument the episode cannot serialise."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("object keys must be strings")
+        return {k: _json_value(v) for k, v in value.items()}
+    raise TypeError(f"{'...' if value is Ellipsis else type(value).__name__} is not a JSON value")
+
+
 def _literal(node: ast.AST):
     if isinstance(node, ast.Constant):
-        return node.value
+        return _json_value(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         v = _literal(node.operand)
-        if isinstance(v, int | float):
+        if isinstance(v, int | float) and not isinstance(v, bool):
             return -v if isinstance(node.op, ast.USub) else v
-    return ast.literal_eval(node)
+    return _json_value(ast.literal_eval(node))
 
 
 def _time_like(value) -> bool:
@@ -183,8 +200,9 @@ def _python_calls(body: str, signatures: Mapping[str, Sequence[str]], raw, tag, 
         try:
             pos = [_literal(a) for a in node.args]
             kw = {k.arg: _literal(k.value) for k in node.keywords if k.arg}
-        except (ValueError, TypeError, SyntaxError):
-            calls.append(CallError(f"arguments of {name} must be literals", raw, tag, closed))
+        except (ValueError, TypeError, SyntaxError) as exc:
+            why = f" ({exc})" if isinstance(exc, TypeError) else ""
+            calls.append(CallError(f"arguments of {name} must be JSON literals{why}", raw, tag, closed))
             continue
         params = [p for p in signatures.get(name, []) if p not in kw]
         if params and params[0] == "video_path" and (not pos or _time_like(pos[0])):

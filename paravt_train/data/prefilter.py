@@ -1,12 +1,17 @@
 """DAPO-style zero-gradient pre-filter (paper, Section 3.1.3 and Appendix B).
 
-Runs once before RL and removes samples whose GRPO advantage would be zero
-whatever the policy does:
+Runs once before RL and removes samples whose GRPO advantage would be zero:
 
-* open-ended samples whose ground-truth answer exceeds ``max_answer_words`` (15);
-* prompts whose G rollouts under the given policy all score zero accuracy.
+* open-ended samples whose ground-truth answer exceeds ``max_answer_words`` (15): the F1 reward stays near zero
+  whatever the policy writes;
+* prompts whose G rollouts under the given (starting) policy all score alike (:func:`zero_variance`): the
+  group-normalised advantage of every rollout is 0, so the prompt teaches nothing — the paper's "unanimously
+  negative rollouts" are the commonest case, and an all-correct group is the other.
 
-The rollouts go through the same :class:`paravt_agent.Agent` that serves users.
+The rollouts go through the same :class:`paravt_agent.Agent` that serves users and are scored with the RL
+reward itself (R_acc + λ_fmt·R_fmt + R_tool, :func:`paravt_train.rewards.score`): alike means alike under what
+GRPO normalises. A rollout the runtime failed (a timeout, an endpoint error) is asked again once and otherwise
+left out of its group; a prompt left with fewer than two scorable rollouts is kept (nothing is known).
 """
 
 from __future__ import annotations
@@ -14,14 +19,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from paravt_train.data import RLSample, resolve_video
-from paravt_train.rewards import accuracy_reward
+from paravt_train.data.formats import RLSample, resolve_video
+from paravt_train.rewards import RewardConfig, score
+from paravt_train.rl.rollout import episode_transcript
 
-__all__ = ["long_answer", "prefilter"]
+__all__ = ["long_answer", "prefilter", "zero_variance"]
 
 
 def long_answer(sample: RLSample, max_words: int = 15) -> bool:
     return sample.task == "oe" and len(sample.answer.split()) > max_words
+
+
+def zero_variance(rewards: Sequence[float], tol: float = 1e-9) -> bool:
+    """Whether a group's rewards are all alike (GRPO's advantages would all be 0): at least two rewards, spread
+    within ``tol``."""
+    return len(rewards) >= 2 and max(rewards) - min(rewards) <= tol
 
 
 def prefilter(
@@ -31,9 +43,10 @@ def prefilter(
     max_answer_words: int = 15,
     video_root=None,
     progress: bool = True,
+    reward: RewardConfig | None = None,
 ) -> tuple[list[RLSample], Counter]:
     """``(kept samples, Counter of drop reasons)``. Without ``agent`` only the length rule runs."""
-
+    reward = reward or RewardConfig()
     dropped: Counter = Counter()
     kept = []
     for s in samples:
@@ -48,13 +61,17 @@ def prefilter(
         video = str(resolve_video(s.videos[0], video_root)) if s.videos else None
         for _ in range(group):
             items.append({"video": video, "question": s.question_text(), "options": s.options})
-    answers = agent.answer_many(items, concurrency=max(1, group), progress=progress)
+    answers = agent.answer_many(items, concurrency=max(1, group), progress=progress, reruns=1)
     out = []
     for k, s in enumerate(kept):
-        rollouts = answers[k * group : (k + 1) * group]
-        accs = [accuracy_reward(a.trace.response, s.answer_value, s.task, s.options) for a in rollouts]
-        if all(a == 0 for a in accs):
-            dropped[f"all {group} rollouts scored zero"] += 1
+        rollouts = [a for a in answers[k * group: (k + 1) * group] if a.trace.scorable]
+        totals = [score(episode_transcript(a), s.answer_value, s.task, s.options, reward,
+                        question=s.question_text(), final=a.trace.response).total for a in rollouts]
+        if zero_variance(totals):
+            accs = {round(score(episode_transcript(a), s.answer_value, s.task, s.options, reward).acc, 6)
+                    for a in rollouts}
+            kind = "wrong" if accs == {0.0} else "right" if accs == {1.0} else "alike"
+            dropped[f"all {len(totals)} rollouts scored alike ({kind})"] += 1
         else:
             out.append(s)
     return out, dropped

@@ -27,7 +27,7 @@ from paravt_agent.config import AGENT_CONFIG_FILE
 from paravt_agent.errors import ConfigError
 from paravt_train.infra.distributed import all_reduce_max, barrier, on_rank0, rank_world
 
-__all__ = ["CheckpointError", "complete_checkpoints", "export_model", "latest_checkpoint", "load_blobs",
+__all__ = ["CheckpointError", "ServerExport", "complete_checkpoints", "export_model", "latest_checkpoint", "load_blobs",
            "load_checkpoint", "load_rank_blobs", "prune_checkpoints", "resume_latest", "save_checkpoint"]
 
 STATE_FILE = "trainer_state.json"
@@ -176,6 +176,110 @@ def export_model(model, processor, path: Path, agent_config_yaml: str | None = N
         tmp.rename(path)
     barrier()
     return path
+
+
+class ServerExport:
+    """The model directory a rollout server loads (``weight_sync: disk``), kept up to date across updates.
+
+    Unlike :func:`export_model` (a model to keep), this writes what the server serves: every tensor in the serving
+    ``dtype`` (bfloat16 on GPUs: half the bytes of the fp32 the trainer holds), tied weights once, as one
+    safetensors file per part of the model (the vision tower, each decoder layer, the embeddings and head)
+    listed in ``model.safetensors.index.json``; and after the first export only the parts whose parameters
+    changed since the previous one (the optimizer updates parameters in place, which bumps their version
+    counter) are written again — a frozen vision tower or frozen layers cost nothing per sync. Config,
+    processor and agent config are written once. Every rank calls :meth:`write` (gathering a sharded model is a
+    collective); files are written under a temporary name and renamed."""
+
+    INDEX = "model.safetensors.index.json"
+
+    def __init__(self, path: Path, processor, dtype, agent_config_yaml: str | None = None):
+        self.path, self.processor, self.dtype, self.agent_yaml = Path(path), processor, dtype, agent_config_yaml
+        self._versions: dict[str, int] | None = None
+        self.written: list[str] = []  # the parts the last write wrote (others were current)
+        self.bytes = 0  # what the last write wrote
+
+    @staticmethod
+    def part_of(name: str) -> str:
+        parts = name.split(".")
+        if "layers" in parts:  # model.language_model.layers.3.mlp... -> model.language_model.layers.3
+            i = parts.index("layers")
+            return ".".join(parts[: i + 2])
+        if "blocks" in parts:  # the vision tower's blocks
+            i = parts.index("blocks")
+            return ".".join(parts[: i + 2])
+        return ".".join(parts[:2])
+
+    def _local_versions(self, model) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, p in model.named_parameters():
+            local = p._local_tensor if hasattr(p, "_local_tensor") else p  # an FSDP2 shard: its own counter
+            part = self.part_of(name)
+            out[part] = out.get(part, 0) + int(local._version)
+        return out
+
+    def write(self, model) -> Path:
+        rank, world = rank_world()
+        versions = self._local_versions(model)
+        changed = sorted(p for p in versions if self._versions is None or versions[p] != self._versions.get(p))
+        if world > 1:  # a part is rewritten when it changed on any rank
+            import torch.distributed as dist
+
+            shards: list = [None] * world
+            dist.all_gather_object(shards, changed)
+            changed = sorted({p for shard in shards for p in shard})
+        sd = None
+        if world > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            self._write_rank0(model, sd if sd is not None else model.state_dict(), set(changed))
+        self._versions = versions
+        barrier()
+        return self.path
+
+    def _write_rank0(self, model, sd: dict, changed: set[str]) -> None:
+        from safetensors.torch import save_file
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        first = not (self.path / self.INDEX).is_file()
+        tied = set((getattr(model, "all_tied_weights_keys", None) or {}).keys())
+        groups: dict[str, dict] = {}
+        for name, t in sd.items():
+            if name in tied:  # lm_head tied to the embeddings: the server ties it again
+                continue
+            groups.setdefault(self.part_of(name), {})[name] = t
+        weight_map, self.written, self.bytes = {}, [], 0
+        for part, tensors in groups.items():
+            file = f"{part}.safetensors"
+            weight_map.update({name: file for name in tensors})
+            if not first and part not in changed and (self.path / file).is_file():
+                continue
+            out = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu", self.dtype).contiguous()
+                   for k, v in tensors.items()}
+            tmp = self.path / f".{file}.tmp"
+            save_file(out, str(tmp), metadata={"format": "pt"})
+            tmp.replace(self.path / file)
+            self.written.append(part)
+            self.bytes += sum(v.numel() * v.element_size() for v in out.values())
+        index = {"metadata": {"total_size": sum(v.numel() * torch.tensor([], dtype=self.dtype).element_size()
+                                                for v in sd.values())}, "weight_map": weight_map}
+        tmp = self.path / f".{self.INDEX}.tmp"
+        tmp.write_text(json.dumps(index, indent=1))
+        tmp.replace(self.path / self.INDEX)
+        if first:
+            cfg = model.config.to_dict() if not hasattr(model, "module") else model.module.config.to_dict()
+            dtype_name = str(self.dtype).replace("torch.", "")
+            cfg["dtype"] = dtype_name
+            if isinstance(cfg.get("text_config"), dict):
+                cfg["text_config"]["dtype"] = dtype_name
+            (self.path / "config.json").write_text(json.dumps(cfg, indent=2))
+            gen = getattr(model, "generation_config", None)
+            if gen is not None:
+                gen.save_pretrained(self.path)
+            self.processor.save_pretrained(self.path)
+            if self.agent_yaml is not None:
+                (self.path / AGENT_CONFIG_FILE).write_text(self.agent_yaml)
 
 
 def _skeleton(model):

@@ -11,7 +11,18 @@ over the preset's.
 * ``vanilla-grpo``: all of Exploration Anchoring off (no think prefix, no answer
   suffix, no anchor reward) and no gating — the baseline of Table 2.
 * ``dapo``: the vanilla components with DAPO's objective: token-mean
-  aggregation, clip-higher (ε_low 0.2, ε_high 0.28), dynamic sampling, no KL.
+  aggregation, clip-higher (ε_low 0.2, ε_high 0.28), dynamic sampling, no KL, and
+  several optimizer steps per batch (``mini_batches`` 4: DAPO's recipe takes 16
+  mini-batches of its 512-prompt batch), so that the clip — clip-higher is DAPO's
+  point — acts from the second step on.
+
+The PPO trust region. ``para-grpo`` and ``vanilla-grpo`` take one optimizer step per
+batch (``ppo_epochs`` 1 × ``mini_batches`` 1), as the paper's released recipe does
+(AReaL ``ppo_n_minibatches: 1`` with ``recompute_logprob``: the ratio to the policy
+before the update is exactly 1, so the clip never acts; the step is bounded by the
+KL term, the learning rate and gradient clipping). ``metrics.jsonl`` logs
+``clip_fraction`` and ``ratio_dev_max`` (the largest |ratio − 1|) so this is visible;
+raise ``mini_batches`` for a trust region that acts (AReaL's own default is 4).
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ PRESETS: dict[str, dict] = {
     "para-grpo": {"think_prefix": "<think>\n", "gating": True, "reward": {"anchor": True, "answer_suffix": True}},
     "vanilla-grpo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False}},
     "dapo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False},
-             "aggregation": "token-mean", "clip_high": 0.28, "dynamic_sampling": True, "kl_coef": 0.0},
+             "aggregation": "token-mean", "clip_high": 0.28, "dynamic_sampling": True, "kl_coef": 0.0,
+             "mini_batches": 4},
     "custom": {},
 }
 
@@ -48,9 +60,14 @@ class ReplaySettings(BaseModel):
                                               "capacities, quantiles of R̄(q) and draw shares.")
     baseline_window: int = Field(20, ge=1, description="VCRS R̄(q): mean of a prompt's last N on-policy rollout "
                                                        "rewards (AVATAR: 20).")
-    min_std: float = Field(0.1, gt=0, description="Floor of Eq. 11's σ_R,off: drawn rewards with less spread (one "
-                                                  "draw, or equal rewards such as every well-formed wrong MCQ) are "
-                                                  "not divided by ~0; σ is taken over every rank's draws.")
+    min_std: float = Field(0.1, gt=0, description="Floor of Eq. 11's σ_R,off. σ is the spread of the step's rewards, "
+                                                  "the off-policy draws and the on-policy rollouts together, over "
+                                                  "every rank (the draws alone are often one or a few equal "
+                                                  "rewards, such as every well-formed wrong MCQ: dividing by their "
+                                                  "spread gave |A| of 10 and more).")
+    max_advantage: float | None = Field(None, gt=0, description="|A_off| is clipped here: a replayed rollout weighs "
+                                        "no more than an on-policy one can (None = √(G−1), the largest |A| a "
+                                        "group of G gives under group normalisation: 2.65 for G = 8).")
 
 
 class GRPOConfig(BaseModel):
@@ -184,7 +201,10 @@ class GRPOConfig(BaseModel):
     # bookkeeping
     save_every: int = Field(10, ge=1, description="Steps between checkpoints (paper, Table 4: 5).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept.")
-    sync_every: int = Field(1, ge=1, description="Steps between weight syncs to the rollout server.")
+    sync_every: int = Field(1, ge=1, description="Steps between weight syncs to the rollout server. Rollouts sampled "
+                            "between syncs come from an older version than the one being updated (the server "
+                            "reports which): their tokens are weighted by decoupled PPO's π_prox / π_behav "
+                            "(behaviour_weight_cap), never trained as on-policy.")
     seed: int = Field(0, description="Prompt order, gating and rollout seeds.")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")

@@ -93,16 +93,18 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
 def merge_stats(stats: list[dict]) -> dict:
     """Update statistics of every rank: sums of counts, token-weighted means of the rest."""
     out = {}
-    total = sum(s.get("trained_tokens", 0) for s in stats) or 1
-    for key in stats[0]:
-        if key in ("sequences", "trained_tokens"):
-            out[key] = sum(s[key] for s in stats)
+    keys = list(dict.fromkeys(k for s in stats for k in s))  # a rank without stale rows has no behaviour keys
+    for key in keys:
+        have = [s for s in stats if key in s]
+        if key in ("sequences", "trained_tokens", "stale_tokens"):
+            out[key] = sum(s[key] for s in have)
         elif key in ("grad_norm", "loss"):
-            out[key] = stats[0][key] if key == "grad_norm" else sum(s[key] for s in stats)
+            out[key] = have[0][key] if key == "grad_norm" else sum(s[key] for s in have)
         elif key.endswith("_max"):
-            out[key] = max(s[key] for s in stats)
+            out[key] = max(s[key] for s in have)
         else:
-            out[key] = sum(s[key] * s.get("trained_tokens", 0) for s in stats) / total
+            out[key] = sum(s[key] * s.get("trained_tokens", 0) for s in have) / (
+                sum(s.get("trained_tokens", 0) for s in have) or 1)
     return out
 
 

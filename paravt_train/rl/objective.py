@@ -46,15 +46,22 @@ __all__ = [
 ]
 
 
+#: rewards closer than this are alike (a group of them has no advantage)
+ALIKE = 1e-9
+
+
 def group_advantages(rewards: torch.Tensor, group: int, eps: float = 1e-6, scale: str = "std") -> torch.Tensor:
     """``rewards`` of shape (P·G,), grouped consecutively per prompt → advantages of the same shape."""
-    r = rewards.view(-1, group).float()
+    if scale not in ("std", "none"):
+        raise ValueError(f"unknown advantage scale {scale!r}; use std or none")
+    # float64, and exactly 0 where a group's rewards are alike: in float32 the mean of eight rewards of 1.45 is
+    # off by ~1e-7, which divided by the std's eps gave every rollout of such a group an advantage of 0.11
+    r = rewards.view(-1, group).double()
     centred = r - r.mean(dim=1, keepdim=True)
     if scale == "std":
         centred = centred / (r.std(dim=1, unbiased=False, keepdim=True) + eps)
-    elif scale != "none":
-        raise ValueError(f"unknown advantage scale {scale!r}; use std or none")
-    return centred.reshape(-1)
+    alike = (r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)) <= ALIKE
+    return torch.where(alike, torch.zeros_like(centred), centred).float().reshape(-1)
 
 
 def episode_advantages(group: list, keep_failed: bool = False, scale: str = "std", eps: float = 1e-6) -> list:
@@ -63,10 +70,12 @@ def episode_advantages(group: list, keep_failed: bool = False, scale: str = "std
     usable = [e for e in group if e.failed is None or keep_failed]
     if len(usable) < 2:
         return []
-    r = torch.tensor([e.reward.total for e in usable])
+    r = torch.tensor([e.reward.total for e in usable], dtype=torch.float64)
     centred = r - r.mean()
     if scale == "std":
         centred = centred / (r.std(unbiased=False) + eps)
+    if float(r.max() - r.min()) <= ALIKE:  # a group whose rewards are alike teaches nothing: exactly 0
+        centred = torch.zeros_like(centred)
     for e, a in zip(usable, centred.tolist(), strict=True):
         e.advantage = a
     return usable
@@ -80,18 +89,22 @@ def informative_group(group: list, keep_failed: bool = False) -> bool:
 
 
 def offpolicy_advantages(rewards: Sequence[float], baselines: Sequence[float], eps: float = 1e-6,
-                         sigma: float | None = None, min_std: float = 0.0) -> list[float]:
+                         sigma: float | None = None, min_std: float = 0.0, clip: float | None = None) -> list[float]:
     """AVATAR Eq. 11: ``A_off = (R(o) - R̄(q)) / σ_R,off``, with ``R̄(q)`` the prompt's moving-average reward
-    (VCRS) and ``σ_R,off`` the standard deviation of the off-policy batch's rewards (``sigma``: given when the
-    batch spans several ranks; else these rewards'). σ is floored at ``min_std``: with one draw, or draws of
-    equal reward, Eq. 11 would divide by ``eps`` alone (advantages of ~1e5)."""
+    (VCRS) and ``σ_R,off`` the spread of rewards the replayed rollouts are judged against (``sigma``: the trainer
+    passes the standard deviation over this step's off-policy draws and on-policy rollouts together, every rank's;
+    else these rewards'). σ is floored at ``min_std`` and ``|A|`` clipped at ``clip``: Eq. 11 normalises a
+    difference from a moving average by the spread of a handful of draws, which can be ~0 (one draw, or draws of
+    equal reward such as every well-formed wrong MCQ) — without the bounds a replayed draw's advantage reaches
+    10 or 1e5 while an on-policy group of G gives at most √(G−1)."""
     if not rewards:
         return []
     if sigma is None:
         r = torch.tensor(list(rewards), dtype=torch.float64)
         sigma = float(r.std(unbiased=False)) if len(r) > 1 else 0.0
     scale = max(sigma, min_std) + eps
-    return [(x - b) / scale for x, b in zip(rewards, baselines, strict=True)]
+    out = [(x - b) / scale for x, b in zip(rewards, baselines, strict=True)]
+    return out if clip is None else [max(-clip, min(clip, a)) for a in out]
 
 
 def temporal_weights(lengths: Sequence[int], lam: float) -> list[torch.Tensor]:
@@ -149,6 +162,7 @@ class LossOut:
     clip_fraction: float
     kl: float
     ratio_mean: float
+    ratio_dev: float = 0.0  # the largest |ratio - 1| on trained tokens: 0 when the clip cannot act
 
 
 def policy_loss(
@@ -198,4 +212,5 @@ def policy_loss(
         active = ((ratio < 1 - clip) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
         clipped_frac = float((active.float() * mask).sum() / mask.sum().clamp(min=1))
         ratio_mean = float((ratio * mask).sum() / mask.sum().clamp(min=1))
-    return LossOut(loss, clipped_frac, kl_val, ratio_mean)
+        ratio_dev = float(((ratio - 1).abs() * mask).max()) if bool(mask.any()) else 0.0
+    return LossOut(loss, clipped_frac, kl_val, ratio_mean, ratio_dev)

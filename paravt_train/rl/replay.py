@@ -39,7 +39,8 @@ class ReplayBuffer:
     """AVATAR's stratified replay buffer (AVATAR, Section 4.1 and Eq. 11).
 
     * Three fixed-capacity tiers, Hard / Medium / Easy = ``tiers`` (40 / 35 / 25 %) of ``capacity``;
-      each evicts its own oldest rollout, so easy rollouts never push hard ones out.
+      a full tier evicts its oldest rollout at least as easy as the newcomer (else its oldest), so easy
+      rollouts never push hard ones out (AVATAR: difficult samples are retained).
     * A rollout's tier comes from its prompt's moving-average reward ``R̄(q)`` (VCRS: the mean of the
       prompt's last ``baseline_window`` on-policy rollout rewards), placed against the 40 % and 75 %
       quantiles of ``R̄`` over the rollouts in the buffer: the bottom 40 % are Hard, the next 35 %
@@ -86,21 +87,41 @@ class ReplayBuffer:
         return sum(h) / len(h) if h else 0.0
 
     def tier_for(self, prompt_id: str) -> str:
-        """Hard / Medium / Easy for a rollout of ``prompt_id``: its ``R̄`` against the 40 % / 75 % quantiles
-        of ``R̄`` over the buffer's rollouts (and this one)."""
-        scores = [self.baseline(it.prompt_id) for it in self.items] + [self.baseline(prompt_id)]
-        value = scores[-1]
-        rank = sum(1 for s in scores if s < value) / len(scores)  # the share of rollouts with a lower R̄
+        """Hard / Medium / Easy for a rollout of ``prompt_id``: its ``R̄`` against the 40 % / 75 % quantiles of
+        ``R̄`` over the buffer's rollouts and this one (its rank: the share of rollouts with a lower ``R̄``).
+
+        Rollouts tied at one ``R̄`` (e.g. every prompt answered alike so far) span a range of quantiles, and are
+        shared among the tiers that range covers in proportion to the overlap — each goes where its tie group is
+        furthest below its share — so ten equal rollouts split 4 / 3-4 / 2-3 as the tiers intend, not 10 / 0 / 0.
+        (A full tier evicts its oldest rollout at least as easy as the newcomer, :meth:`add`.)"""
+        value = self.baseline(prompt_id)
+        scores = [self.baseline(it.prompt_id) for it in self.items]
+        n = len(scores) + 1
+        below = sum(1 for s in scores if s < value)
+        tied = sum(1 for s in scores if s == value) + 1
         q_hard, q_medium = self.tiers[0], self.tiers[0] + self.tiers[1]
-        return "hard" if rank < q_hard else "medium" if rank < q_medium else "easy"
+        if tied == 1:
+            rank = below / n
+            return "hard" if rank < q_hard else "medium" if rank < q_medium else "easy"
+        lo, hi = below / n, (below + tied) / n
+        bounds = {"hard": (0.0, q_hard), "medium": (q_hard, q_medium), "easy": (q_medium, 1.0)}
+        overlap = {t: max(0.0, min(hi, b) - max(lo, a)) for t, (a, b) in bounds.items()}
+
+        candidates = [t for t in ("hard", "medium", "easy") if overlap[t] > 1e-12]
+        have = {t: sum(1 for it in self.store[t] if self.baseline(it.prompt_id) == value) for t in candidates}
+        deficit = {t: overlap[t] / (hi - lo) * tied - have[t] for t in candidates}
+        return max(candidates, key=lambda t: (deficit[t], -candidates.index(t)))
 
     def add(self, prompt_id: str, sequences: list, reward: float) -> str:
         """Store one rollout (after :meth:`observe`); returns the tier it went to."""
         tier = self.tier_for(prompt_id)
         t = self.store[tier]
         t.append(ReplayItem(prompt_id, list(sequences), float(reward)))
-        while len(t) > self.tier_capacity[tier]:
-            t.popleft()
+        value = self.baseline(prompt_id)
+        while len(t) > self.tier_capacity[tier]:  # the oldest rollout at least as easy as the newcomer goes (else
+            # the oldest): a newcomer never pushes out a harder rollout while an easier one is there to go
+            at_least = [i for i, it in enumerate(t) if i < len(t) - 1 and self.baseline(it.prompt_id) >= value]
+            del t[at_least[0] if at_least else 0]
         return tier
 
     def sample(self, k: int) -> list[ReplayItem]:

@@ -56,14 +56,18 @@ def replay_batch(buffer: ReplayBuffer, cfg, groups, world: int = 1) -> tuple[lis
     r = cfg.replay
     drawn = buffer.sample(r.per_step) if r.per_step else []
     rewards = [it.reward for it in drawn]
-    everyone = rewards
-    if world > 1:  # σ_R,off over the whole off-policy batch: every rank's draws
+    # σ_R,off: the spread of this step's rewards, off-policy draws and on-policy rollouts together, every rank's
+    # (the draws alone are often a handful of equal rewards); |A| then stays on the on-policy scale
+    spread = rewards + [e.reward.total for g in groups for e in g if e.failed is None]
+    everyone = spread
+    if world > 1:
         shards: list = [None] * world
-        dist.all_gather_object(shards, rewards)
+        dist.all_gather_object(shards, spread)
         everyone = [x for shard in shards for x in shard]
     sigma = float(torch.tensor(everyone, dtype=torch.float64).std(unbiased=False)) if len(everyone) > 1 else 0.0
+    clip = r.max_advantage if r.max_advantage is not None else (cfg.group_size - 1) ** 0.5
     advs = offpolicy_advantages(rewards, [buffer.baseline(it.prompt_id) for it in drawn], sigma=sigma,
-                                min_std=r.min_std)
+                                min_std=r.min_std, clip=clip)
     items = [UpdateItem(s, a, r.alpha, True) for it, a in zip(drawn, advs, strict=True) for s in it.sequences]
     for g in groups:
         for e in g:

@@ -42,9 +42,7 @@ from paravt_agent.policy.chat import ChatTokenizer
 from paravt_agent.policy.registry import make_rollout_policy
 from paravt_train.data import prompts_from_rl
 from paravt_train.eval import heldout_scores
-from paravt_train.infra.checkpoint import (
-    export_model,
-)
+from paravt_train.infra.checkpoint import ServerExport, export_model
 from paravt_train.infra.distributed import (
     all_reduce_sum,
     barrier,
@@ -74,7 +72,7 @@ from paravt_train.rl.rollout import (
 )
 from paravt_train.rl.step import replay_batch, sample_groups, step_prompts
 from paravt_train.rl.update import PolicyUpdate, UpdateItem, collate, token_logprobs
-from paravt_train.sync import make_weight_sync
+from paravt_train.sync import make_weight_sync, serving_dtype
 
 __all__ = ["GRPOTrainer", "UpdateItem", "collate", "token_logprobs"]
 
@@ -191,7 +189,7 @@ class GRPOTrainer(TrainerCheckpoints):
         # nothing to push to a policy that generates with the trained parameters themselves; weights reach a
         # server through SGLang's admin API only (the sync named by weight_sync)
         self.syncer = make_weight_sync(cfg, policy, self.model, self.out / "weights",
-                                       export=lambda model, path: self.save_model(path), device=self.device)
+                                       export=self.export_for_server, device=self.device)
         self.agent = Agent(policy=policy, config=self.agent_config())
         self.cache = PromptCache(self.agent)
         self.update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,
@@ -201,13 +199,26 @@ class GRPOTrainer(TrainerCheckpoints):
         self.replay = ReplayBuffer.from_settings(cfg.replay, cfg.seed)
         self.extra_state: dict = {}
         self.metrics = MetricsLog(self.out, cfg.report_to, cfg.model_dump(mode="json"), rank=self.rank)
-        self._resume()  # starts self.metrics at the resumed step
+        self._resume()  # starts self.metrics at the resumed step (a resumed run pushes its checkpoint's weights)
+        if self.syncer is not None and self.step == 0:
+            # a fresh run pushes its starting weights as version "0": the server may hold another policy (an earlier
+            # run's pushes, another checkpoint), and step 1's rollouts must come from the policy they train
+            self.sync()
         self._ready = True
 
     def save_model(self, path: Path) -> Path:
         """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads."""
         agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
         return export_model(self.model, self.processor, path, agent.to_yaml())
+
+    def export_for_server(self, model, path: Path) -> Path:
+        """The model directory a server loads for ``weight_sync: disk`` (:class:`ServerExport`: the serving dtype,
+        only the parts that changed since the last export rewritten); every rank calls it."""
+        if getattr(self, "_server_export", None) is None or self._server_export.path != Path(path):
+            agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
+            self._server_export = ServerExport(Path(path), self.processor,
+                                               serving_dtype(self.cfg.sync_dtype, self.device), agent.to_yaml())
+        return self._server_export.write(model)
 
     def sync(self) -> dict | None:
         """Push the current weights to the rollout server (nothing to do for an in-process policy). Every rank
@@ -236,17 +247,22 @@ class GRPOTrainer(TrainerCheckpoints):
         step = self.step if step is None else step
         sem = asyncio.Semaphore(cfg.concurrency)
 
-        async def one(p: PromptItem):
+        repeat = [sum(q.id == p.id for q in prompts[:i]) for i, p in enumerate(prompts)]
+
+        async def one(i: int, p: PromptItem):
+            # the tag makes every draw's episode ids unique: the same prompt drawn twice in a step (at an epoch
+            # boundary) is two groups, never one id for two rollouts (ids key the per-episode loss normaliser),
+            # and the repeat samples with its own seed (else it would repeat the first group token for token)
             settings = RolloutSettings(group=cfg.group_size, n_frames=self.n_frames_for(p), reward=cfg.reward,
-                                       seed=cfg.seed * 1_000_003 + step * 101 + salt,
+                                       seed=cfg.seed * 1_000_003 + step * 101 + salt + 7919 * repeat[i],
                                        subagents=cfg.train_subagents, judge=self.judge,
                                        tool_models=cfg.tool_model_calls == "train",
-                                       tag=f"s{step}r{self.rank}x{salt}")
+                                       tag=f"s{step}r{self.rank}x{salt}d{i}")
             async with sem:
                 return await run_group(self.agent, self.cache, p, settings, self.eos_id)
 
         async def all_():
-            return await asyncio.gather(*(one(p) for p in prompts))
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
         if self.syncer is None:  # the policy generates with the trained model itself
             self.model.eval()
@@ -293,7 +309,10 @@ class GRPOTrainer(TrainerCheckpoints):
         failed = [e.failed for g in groups for e in g if e.failed]
         if failed:  # counted in the metrics; said here, with the first reason (an unreadable video names itself)
             self.log(f"step {self.step + 1} (rank {self.rank}): {len(failed)} episodes failed, e.g. {failed[0]}")
-        items = [UpdateItem(s, e.advantage) for g in groups for e in self.advantages(g) for s in e.sequences]
+        # rollouts a server sampled with older weights than these (sync_every > 1, η > 0) are corrected, not
+        # trained as on-policy: the versions the server reported say which
+        items = [UpdateItem(s, e.advantage, stale=any(v != self.step for v in e.versions))
+                 for g in groups for e in self.advantages(g) for s in e.sequences]
         replayed, n_drawn = replay_batch(self.replay, cfg, groups, self.world) if cfg.replay.enabled else ([], 0)
         t1 = time.perf_counter()
         stats = self.update(items + replayed)

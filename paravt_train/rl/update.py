@@ -53,6 +53,9 @@ class UpdateItem:
     advantage: float
     weight: float = 1.0
     off_policy: bool = False
+    #: sampled by another policy version than the one being updated (a server the trainer has not pushed to since:
+    #: ``sync_every`` > 1, or η > 0): decoupled PPO's behaviour weight corrects it (on-policy items only)
+    stale: bool = False
 
 
 def collate(seqs: list[TokenSequence], chat: ChatTokenizer) -> dict:
@@ -214,8 +217,12 @@ class PolicyUpdate:
         mb.old_logp = torch.where(off, behaviour, recomputed)
         on = (~off).float() * mask
         mb.mismatch = (float(((recomputed - behaviour).abs() * on).sum()), float(on.sum()))
-        if cfg.max_staleness > 0:
-            w, mb.behaviour = behaviour_weights(recomputed, behaviour, on, cfg.behaviour_weight_cap)
+        # decoupled PPO (AReaL): rows another policy version sampled are weighted π_prox / π_behav; with η > 0 every
+        # on-policy row (its version is bounded, not known to be current), else only the rows known to be stale
+        corrected = on if cfg.max_staleness > 0 else on * torch.tensor(
+            [c.stale and not c.off_policy for c in chunk], device=dev, dtype=on.dtype)[:, None]
+        if cfg.max_staleness > 0 or bool(corrected.any()):
+            w, mb.behaviour = behaviour_weights(recomputed, behaviour, corrected, cfg.behaviour_weight_cap)
             mb.token_weights = w if mb.token_weights is None else mb.token_weights * w
         return mb
 
@@ -250,8 +257,9 @@ class PolicyUpdate:
         batches, local_tok = self.plan(items)
         if not batches:
             return {"kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "loss": 0.0,
-                    "logprob_mismatch": 0.0, "sequences": 0, "trained_tokens": 0}
+                    "ratio_dev_max": 0.0, "logprob_mismatch": 0.0, "sequences": 0, "trained_tokens": 0}
         stats = {"kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "loss": 0.0}
+        ratio_dev = 0.0  # the largest |π/π_old - 1|: 0 in a single optimizer step (the clip cannot act)
         real_tok = max(float(sum(float(b.mask.sum()) for b in batches if not b.dummy)), 1.0)
         n_mini = max(1, min(cfg.mini_batches, len(batches)))
         bounds = [round(i * len(batches) / n_mini) for i in range(n_mini + 1)]  # the same cut on every rank
@@ -271,6 +279,7 @@ class PolicyUpdate:
                     frac = float(mask.sum()) / real_tok
                     stats["kl"] += out.kl * frac
                     stats["clip_fraction"] += out.clip_fraction * frac
+                    ratio_dev = max(ratio_dev, out.ratio_dev)
                     stats["entropy"] += float((ent * mask).sum()) / real_tok
                     stats["loss"] += float(out.loss.detach())
                 grad_norm = clip_grad_norm(self.params, cfg.max_grad_norm)
@@ -279,10 +288,11 @@ class PolicyUpdate:
         k = cfg.ppo_epochs
         stats = {key: v / k for key, v in stats.items()}
         stats["grad_norm"] = float(grad_norm)
+        stats["ratio_dev_max"] = ratio_dev
         mism = [b.mismatch for b in batches if not b.dummy]
         stats["logprob_mismatch"] = sum(m[0] for m in mism) / max(sum(m[1] for m in mism), 1.0)
-        if cfg.max_staleness > 0:  # decoupled PPO: how far the behaviour policy was from the proximal one
-            bw = [b.behaviour for b in batches if not b.dummy and b.behaviour is not None]
+        bw = [b.behaviour for b in batches if not b.dummy and b.behaviour is not None]
+        if cfg.max_staleness > 0 or bw:  # decoupled PPO: how far the behaviour policy was from the proximal one
             n = max(sum(x["n"] for x in bw), 1.0)
             stats["behaviour_weight"] = sum(x["sum"] for x in bw) / n if bw else 1.0
             stats["behaviour_weight_max"] = max((x["max"] for x in bw), default=1.0)
@@ -290,6 +300,7 @@ class PolicyUpdate:
             # the distribution, as a sketch step_metrics merges over the ranks into behaviour_weight_p10/p50/p90
             stats["behaviour_weight_sketch"] = weight_sketch(torch.cat([x["values"] for x in bw]) if bw else
                                                              torch.zeros(0))
+            stats["stale_tokens"] = sum(x["n"] for x in bw)
         stats["sequences"], stats["trained_tokens"] = len(items), int(local_tok)
         return stats
 

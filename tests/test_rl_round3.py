@@ -1,0 +1,269 @@
+"""PARA-GRPO correctness, round 3 (issue 47): each case the third review found, on real rollouts of the shipped toy
+policy where one is needed, by hand where the arithmetic is the point."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from paravt_agent.agent import Agent
+from paravt_agent.config import AgentConfig
+from paravt_agent.policy.base import text_of
+from paravt_agent.policy.scripted import ScriptedPolicy
+from paravt_agent.protocol import parse_tool_calls
+from paravt_train.data import prompts_from_rl
+from paravt_train.rewards import RewardBreakdown
+from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.objective import group_advantages
+from paravt_train.rl.replay import ReplayBuffer, ReplayItem
+from paravt_train.rl.rollout import Episode, TokenSequence
+from paravt_train.rl.step import replay_batch
+from paravt_train.rl.trainer import GRPOTrainer
+from paravt_train.rl.update import UpdateItem
+
+
+def _cfg(toy_policy_dir, toy_rl, out, **kw) -> GRPOConfig:
+    base = dict(model=toy_policy_dir, data=toy_rl["data"], video_root=toy_rl["video_root"], output_dir=str(out),
+                steps=1, prompts_per_step=2, group_size=2, max_new_tokens=96, subagent_max_new_tokens=40,
+                temperature=1.2, lr=1e-3, save_every=1, concurrency=2)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def rolled(toy_policy_dir, toy_rl, tmp_path_factory):
+    """A trainer on the shipped toy policy and one step's real rollouts (two prompts, G = 2)."""
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path_factory.mktemp("r3")), progress=False)
+    tr.setup()
+    prompts = prompts_from_rl(toy_rl["data"], toy_rl["video_root"])
+    groups = tr.rollout(tr.prompts_for(0, prompts))
+    return tr, groups, prompts
+
+
+def test_rollouts_of_an_older_version_are_corrected_not_trained_as_on_policy(rolled):
+    """``sync_every`` > 1 at η = 0: the server still serves version 0 while the trainer is at version 1. Those
+    rollouts enter the update with decoupled PPO's behaviour weight π_prox / π_behav (the server's logprobs),
+    counted as ``stale_tokens``; rollouts of the current version are untouched."""
+    tr, groups, _ = rolled
+    eps = [e for g in groups for e in g]
+    seqs = [s for e in eps for s in e.sequences][:3]
+    # the server's behaviour logprobs, as an older policy gave them: lower than this model's by 0.3 per token
+    old = [TokenSequence(s.role, s.input_ids, s.loss_mask, [lp - 0.3 * m for lp, m in zip(s.logprobs, s.loss_mask,
+                                                                                           strict=True)],
+                         s.images, s.turn, s.index, s.episode, s.image_grid_thw) for s in seqs]
+    stale = tr.update.plan([UpdateItem(s, 1.0, stale=True) for s in old])[0]
+    fresh = tr.update.plan([UpdateItem(s, 1.0) for s in old])[0]
+    assert all(b.token_weights is not None and b.behaviour is not None for b in stale)
+    w = torch.cat([b.token_weights[b.mask > 0] for b in stale])
+    assert float(w.mean()) == pytest.approx(float(torch.exp(torch.tensor(0.3))), rel=0.05)  # ≈ e^0.3, not 1
+    assert all(b.token_weights is None for b in fresh)
+    # the trainer marks them by the versions the server reported
+    tr.step = 1
+    for e in eps:
+        e.versions = [0]
+    items_stale = [UpdateItem(s, e.advantage, stale=any(v != tr.step for v in e.versions)) for e in eps
+                   for s in e.sequences]
+    assert all(it.stale for it in items_stale)
+    stats = tr.update([UpdateItem(s, 0.5, stale=True) for s in old])
+    assert stats["stale_tokens"] > 0 and stats["behaviour_weight"] > 1.0
+    tr.step = 0
+
+
+def _episode(pid, reward, sample=0):
+    r = RewardBreakdown(total=reward, acc=0.0, fmt=reward, base=0.0, anchor=0.0, tool=0.0)
+    return Episode(prompt_id=pid, task="mcq", sample=sample, n_frames=4, answer=None, text="", sequences=[],
+                   reward=r)
+
+
+def test_replayed_advantages_stay_on_the_on_policy_scale():
+    """AVATAR Eq. 11 with σ over the off-policy draws alone: a replayed well-formed wrong MCQ (reward 1.25 against
+    R̄ 2.3) divided by the floor 0.1 gave |A| = 10.5 while an on-policy group of 8 gives at most √7 = 2.65.
+    σ now spans the step's draws and on-policy rollouts, and |A| is clipped at √(G−1)."""
+    cfg = GRPOConfig(model="m", group_size=8, replay={"enabled": True, "per_step": 2})
+    buf = ReplayBuffer(capacity=20, seed=0)
+    for _ in range(5):
+        buf.observe("q", 2.3)
+    seq = TokenSequence("planner", [1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5], episode="old")
+    buf.add("q", [seq], 1.25)
+    buf.add("q", [seq], 1.25)
+    on_policy = [[_episode("p", r, i) for i, r in enumerate([1.25, 1.25, 2.45, 1.25, 2.45, 1.25, 1.25, 1.25])]]
+    from paravt_train.rl.objective import offpolicy_advantages
+
+    before = offpolicy_advantages([1.25, 1.25], [2.3, 2.3], min_std=0.1)  # σ over the draws alone, as before
+    assert abs(before[0]) > 10
+    items, drawn = replay_batch(buf, cfg, on_policy)
+    assert drawn == 2 and len(items) == 2 and all(it.off_policy and it.weight == 0.6 for it in items)
+    advs = [it.advantage for it in items]
+    assert all(-7 ** 0.5 <= a < -1.0 for a in advs)  # a real negative signal, within an on-policy group's bound
+    # with nothing to spread against (equal rewards everywhere) the clip holds the bound
+    buf2 = ReplayBuffer(capacity=20, seed=0)
+    for _ in range(5):
+        buf2.observe("q", 2.3)
+    buf2.add("q", [seq], 1.25)
+    items, _ = replay_batch(buf2, cfg.model_copy(update={"replay": cfg.replay.model_copy(update={"per_step": 1})}),
+                            [[_episode("p", 1.25, i) for i in range(8)]])
+    assert items[0].advantage == pytest.approx(-7 ** 0.5)
+
+
+def test_tied_moving_averages_split_across_the_tiers():
+    """Ten rollouts of prompts answered alike so far (one R̄): shared 4 / 4 / 2 by the 40 / 35 / 25 % quantiles,
+    not all put in the hard tier."""
+    buf = ReplayBuffer(capacity=100, seed=0)
+    tiers = []
+    for k in range(10):
+        buf.observe(f"p{k}", 1.25)
+        tiers.append(buf.add(f"p{k}", [], 1.25))
+    assert tiers.count("hard") == 4 and tiers.count("medium") == 4 and tiers.count("easy") == 2
+    assert {len(v) for v in buf.store.values()} == {4, 2}
+
+
+def test_the_same_prompt_drawn_twice_in_a_step_is_two_groups(rolled):
+    """At an epoch boundary a step may draw one prompt twice: two groups, with ids unique per draw (the loss
+    normaliser is keyed by episode id) and their own samples."""
+    tr, _, prompts = rolled
+    groups = tr.rollout([prompts[0], prompts[0]])
+    ids = [e.id for g in groups for e in g]
+    assert len(ids) == len(set(ids)) == 2 * tr.cfg.group_size
+    assert {s.episode for g in groups for e in g for s in e.sequences} == set(ids)
+    tokens = [[tuple(s.input_ids) for s in e.sequences] for g in groups for e in g]
+    assert tokens[:2] != tokens[2:]  # the repeat sampled on its own seed
+
+
+def test_a_method_preset_behaves_as_the_method(rolled):
+    """One optimizer step per batch (the paper's released recipe: AReaL ppo_n_minibatches 1) cannot move the
+    ratio, so its clip never acts, and the metrics say so; DAPO's preset takes several mini-batches so that its
+    clip-higher acts."""
+    tr, groups, _ = rolled
+    assert GRPOConfig(model="m", preset="dapo").mini_batches > 1
+    assert (GRPOConfig(model="m").ppo_epochs, GRPOConfig(model="m").mini_batches) == (1, 1)
+    eps = [e for g in groups for e in g]
+    items = [UpdateItem(s, 1.0 if i % 2 else -1.0) for i, e in enumerate(eps) for s in e.sequences]
+    one = tr.update(items)
+    assert one["ratio_dev_max"] < 1e-5 and one["clip_fraction"] == 0.0
+    tr.update.cfg = tr.cfg.model_copy(update={"mini_batches": 2, "micro_batch_size": 1})
+    try:
+        two = tr.update(items)
+    finally:
+        tr.update.cfg = tr.cfg
+    assert two["ratio_dev_max"] > 1e-4  # from the second optimizer step on, the ratio moves and the clip can act
+
+
+def test_the_disk_sync_writes_the_serving_dtype_and_only_what_changed(toy_policy_dir, tmp_path):
+    """``weight_sync: disk`` writes what the server loads: bf16 when serving bf16 (half the fp32 trainer's bytes),
+    tied weights once; a second export after an update of the language model alone rewrites only its parts."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from paravt_train.infra.checkpoint import ServerExport
+
+    model = AutoModelForImageTextToText.from_pretrained(toy_policy_dir)
+    proc = AutoProcessor.from_pretrained(toy_policy_dir)
+    exp = ServerExport(tmp_path / "current", proc, torch.bfloat16, "mode: parallel\n")
+    exp.write(model)
+    first = set(exp.written)
+    assert any(p.startswith("model.visual") for p in first) and any("layers" in p for p in first)
+    fp32 = sum(p.numel() * 4 for p in model.parameters())
+    assert exp.bytes < 0.55 * fp32
+    with torch.no_grad():
+        model.model.language_model.layers[1].mlp.down_proj.weight.add_(0.01)  # in place, as the optimizer does
+    exp.write(model)
+    assert exp.written == ["model.language_model.layers.1"]
+    loaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "current", dtype=torch.float32)
+    want = model.model.language_model.layers[1].mlp.down_proj.weight.to(torch.bfloat16).float()
+    assert torch.equal(loaded.model.language_model.layers[1].mlp.down_proj.weight, want)
+    assert json.loads((tmp_path / "current" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_box_coordinates_follow_the_model_family(red_video):
+    """``box_coordinates: auto`` (the default): a Qwen3-VL model is asked for 0-1000 boxes, a Qwen2.5-VL one for
+    pixels; an explicit setting wins."""
+    call = '<tool_call>{"name": "spatial_grounding", "arguments": {"objects": ["red"], "time": 18}}</tool_call>'
+    asked = []
+
+    def script(role, msgs):
+        if role.startswith("tool:"):
+            asked.append(text_of(msgs[-1]["content"]))
+            return "[]"
+        if "<tool_response>" in text_of(msgs[-1]["content"]):
+            return "<think>ok</think><answer>A</answer>"
+        return "<think>\nlook</think>" + call
+
+    for name, want in (("Qwen/Qwen3-VL-8B-Instruct", "from 0 to 1000"), ("Qwen/Qwen2.5-VL-7B-Instruct", "pixel")):
+        pol = ScriptedPolicy(script)
+        pol.model = name
+        Agent(policy=pol, config=AgentConfig(tools=["spatial_grounding"])).answer(red_video, "Where?")
+        assert want in asked[-1]
+    pol = ScriptedPolicy(script)
+    pol.model = "Qwen/Qwen2.5-VL-7B-Instruct"
+    Agent(policy=pol, config=AgentConfig(tools=["spatial_grounding"], box_coordinates="relative-1000")).answer(
+        red_video, "Where?")
+    assert "from 0 to 1000" in asked[-1]
+
+
+def test_a_tools_own_token_budget_never_cuts_the_configured_one(red_video):
+    """frame_selection asks 16 tokens for its confidence; the configured tool_sampling (128) wins, so a reply
+    that reasons first is not cut before its number."""
+    seen = []
+
+    class Recording(ScriptedPolicy):
+        async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
+            if role.startswith("tool:"):
+                seen.append(sampling.max_new_tokens)
+            return await super().generate(messages, sampling, prefix, continuation, role)
+
+    call = ('<tool_call>{"name": "frame_selection", "arguments": {"query": "red", "start_time": 16, '
+            '"end_time": 20}}</tool_call>')
+
+    def script(role, msgs):
+        if role.startswith("tool:"):
+            return "It looks red. 0.9"
+        if "<tool_response>" in text_of(msgs[-1]["content"]):
+            return "<think>ok</think><answer>A</answer>"
+        return "<think>\nlook</think>" + call
+
+    Agent(policy=Recording(script), config=AgentConfig(tools=["frame_selection"])).answer(red_video, "When red?")
+    assert seen and min(seen) == AgentConfig().tool_sampling.max_new_tokens
+
+
+def test_an_ellipsis_in_call_arguments_is_an_invalid_call_not_a_crash(media):
+    """A model that writes ``...`` (Python's Ellipsis under literal parsing) makes an invalid call, answered in
+    its slot as the model's error; the episode's trace serialises."""
+    for text in ("<tool_call>{'name': 'crop_video', 'arguments': {'start_time': ..., 'end_time': 5}}</tool_call>",
+                 "<tool_call>crop_video(start_time=..., end_time=5)</tool_call>"):
+        [c] = parse_tool_calls(text)
+        assert not c.ok
+    call = "<tool_call>crop_video(start_time=..., end_time=5)</tool_call>"
+
+    def script(role, msgs):
+        if "<tool_response>" in text_of(msgs[-1]["content"]):
+            return "<think>that call was wrong</think><answer>A</answer>"
+        return "<think>\nlook</think>" + call
+
+    ans = Agent(policy=ScriptedPolicy(script), config=AgentConfig(retries=0)).answer(media["video"], "q?")
+    [slot] = ans.trace.turns[0].calls
+    assert slot.error and "JSON" in slot.error and not slot.runtime_error and ans.trace.scorable
+    json.loads(ans.trace.to_json())
+
+
+def test_equal_rewards_give_exactly_zero_advantages():
+    """A group whose G rewards are alike teaches nothing. In float32 eight rewards of 1.45 (a well-formed wrong
+    answer's format score) had a mean off by ~1e-7, divided by the std's eps into advantages of 0.11 each."""
+    from paravt_train.rl.objective import episode_advantages
+
+    for value in (1.45, -0.2, 0.7):
+        assert float(group_advantages(torch.tensor([value] * 8), group=8).abs().max()) == 0.0
+        group = [_episode("p", value, i) for i in range(8)]
+        episode_advantages(group)
+        assert all(e.advantage == 0.0 for e in group)
+
+
+def test_replay_batch_uses_the_buffer_after_the_step(rolled):
+    """The step's finished episodes go into the buffer after the draw (a rollout is never replayed in its own
+    step) and observe their prompt's R̄."""
+    tr, groups, _ = rolled
+    cfg = tr.cfg.model_copy(update={"replay": tr.cfg.replay.model_copy(update={"enabled": True, "per_step": 4})})
+    buf = ReplayBuffer(capacity=20, seed=0)
+    items, drawn = replay_batch(buf, cfg, groups)
+    assert drawn == 0 and items == [] and len(buf) == sum(len(g) for g in groups)
+    assert all(isinstance(it, ReplayItem) for it in buf.items)

@@ -283,14 +283,15 @@ class Demo:
             msg = msg.replace(folder + os.sep, "").replace(folder, "")
         return msg
 
-    def feedback(self, trace_id, correct, thumbs):
+    def feedback(self, trace_id, correct, thumbs, request: gr.Request | None = None):
         if self.store is None:
             return "No trajectory store is configured (start the demo with --store PATH)."
         if not trace_id:
             return "Ask a question first."
-        try:
+        session = getattr(request, "session_hash", None) or "local"
+        try:  # an answer the question cannot have is refused with the store's message
             self.store.feedback(trace_id, answer=(correct or "").strip() or None,
-                                thumbs=None if thumbs is None else thumbs == "up")
+                                thumbs=None if thumbs is None else thumbs == "up", user=f"gradio:{session}")
         except Exception as exc:  # a message, never a crash
             return f"error: {self._public(exc, None)}"
         return f"Thanks, feedback stored for trace {trace_id[:8]}."

@@ -30,3 +30,17 @@ class PromptTooLong(PolicyError):
 
 class ConfigError(ParaVTError):
     """A configuration file or option is invalid."""
+
+
+class FeedbackError(ParaVTError):
+    """Feedback that cannot be trained on (an answer that is not one of the options, empty, too long, a span for a
+    multiple-choice question, a second answer that conflicts with the first): refused with what to send instead."""
+
+
+class StoreError(ParaVTError):
+    """The trajectory store could not be reached (a database that went away). ``retryable`` says whether the same
+    call may simply be made again: reads and idempotent writes may; the message says what to check otherwise."""
+
+    def __init__(self, message: str, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable

@@ -24,15 +24,19 @@ import json
 import sqlite3
 import threading
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from paravt_agent.errors import ConfigError, ParaVTError
+from paravt_agent.errors import ConfigError, FeedbackError, ParaVTError, StoreError
+from paravt_agent.feedback import check_answer, check_reward
 from paravt_agent.trajectory import Trace
 
 __all__ = ["PostgresTrajectoryStore", "SQLiteTrajectoryStore", "TrajectoryStore", "open_store"]
 
-FEEDBACK_KEYS = ("seq", "trace_id", "created", "answer", "reward", "thumbs", "note")
+FEEDBACK_KEYS = ("seq", "trace_id", "created", "answer", "reward", "thumbs", "note", "user_id")
+#: columns added since the first schema (an older store gains them when it is opened)
+_ADDED_COLUMNS = (("user_id", "TEXT"), ("key", "TEXT"))
 #: The advisory lock key that orders feedback inserts on PostgreSQL ("PVTF").
 _FEEDBACK_LOCK = 0x50565446
 
@@ -89,15 +93,41 @@ class TrajectoryStore:
         return Trace.from_json(rows[0][0])
 
     def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
-                 thumbs: bool | None = None, note: str | None = None) -> int:
-        """Attach feedback: the correct answer, a reward, or thumbs up/down. Returns its sequence number."""
+                 thumbs: bool | None = None, note: str | None = None, user: str | None = None,
+                 key: str | None = None) -> int:
+        """Attach feedback: the correct answer, a reward, or thumbs up/down, and who gave it (``user``: an API key's
+        id, a Gradio session, the SDK's ``user=``). Returns its sequence number.
+
+        What may become training data is checked here (:mod:`paravt_agent.feedback`): an answer must be one the
+        trace's question can have, and must not contradict an earlier answer for the same trace; otherwise a
+        :class:`FeedbackError` says what to send. ``key`` makes the write idempotent: the same key again returns
+        the first row's number (a client retrying after a lost connection writes nothing twice)."""
+        key = key or uuid.uuid4().hex
+        try:
+            return self._feedback(trace_id, answer, reward, thumbs, note, user, key)
+        except StoreError as exc:  # the database went away: once more on a new connection (the key dedupes)
+            if not exc.retryable:
+                raise
+            return self._feedback(trace_id, answer, reward, thumbs, note, user, key)
+
+    def _feedback(self, trace_id, answer, reward, thumbs, note, user, key) -> int:
         if answer is None and reward is None and thumbs is None:
-            raise ParaVTError("feedback needs an answer, a reward or thumbs up/down")
-        if reward is not None:
-            reward = float(reward)
-        self.get(trace_id)  # must exist
-        return self._insert_feedback(
-            (trace_id, time.time(), answer, reward, None if thumbs is None else int(thumbs), note))
+            raise FeedbackError("feedback needs an answer, a reward or thumbs up/down")
+        reward = check_reward(reward)
+        if thumbs is not None and not isinstance(thumbs, bool):
+            raise FeedbackError(f"thumbs is true or false; got {thumbs!r}")
+        if note is not None and (not isinstance(note, str) or len(note) > 10_000):
+            raise FeedbackError("a note is text of at most 10,000 characters")
+        trace = self.get(trace_id)  # must exist
+        if answer is not None:
+            answer = check_answer(trace, answer)
+            earlier = {r[0] for r in self._execute(
+                f"SELECT answer FROM feedback WHERE trace_id = {self._p} AND answer IS NOT NULL", (trace_id,))}
+            if earlier and answer not in earlier:
+                raise FeedbackError(f"trace {trace_id} already has the answer {sorted(earlier)[0]!r} from earlier "
+                                    f"feedback; {answer!r} conflicts with it and is not stored")
+        return self._insert_feedback((trace_id, time.time(), answer, reward, None if thumbs is None else int(thumbs),
+                                      note, None if user is None else str(user)[:200], key))
 
     def feedback_since(self, seq: int = 0) -> list[dict]:
         """Feedback rows after sequence number ``seq``, oldest first (for consumers that checkpoint ``seq``)."""
@@ -130,13 +160,20 @@ class SQLiteTrajectoryStore(TrajectoryStore):
     );
     CREATE INDEX IF NOT EXISTS feedback_trace ON feedback(trace_id);
     """
+    MIGRATE = "CREATE UNIQUE INDEX IF NOT EXISTS feedback_key ON feedback(key)"
 
     def __init__(self, target: str | Path):
         self.path = _sqlite_path(target)
         self.url = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._conn().executescript(self.SCHEMA)
+        conn = self._conn()
+        conn.executescript(self.SCHEMA)
+        have = {r[1] for r in conn.execute("PRAGMA table_info(feedback)").fetchall()}
+        for name, kind in _ADDED_COLUMNS:
+            if name not in have:
+                conn.execute(f"ALTER TABLE feedback ADD COLUMN {name} {kind}")
+        conn.execute(self.MIGRATE)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -152,9 +189,10 @@ class SQLiteTrajectoryStore(TrajectoryStore):
         return self._conn().execute(sql, params).fetchall()
 
     def _insert_feedback(self, row: tuple) -> int:
-        cur = self._conn().execute(
-            "INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note) VALUES (?, ?, ?, ?, ?, ?)", row)
-        return int(cur.lastrowid)
+        conn = self._conn()
+        conn.execute("INSERT OR IGNORE INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+        return int(conn.execute("SELECT seq FROM feedback WHERE key = ?", (row[-1],)).fetchone()[0])
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -178,6 +216,8 @@ class PostgresTrajectoryStore(TrajectoryStore):
         "traces(id), created DOUBLE PRECISION, answer TEXT, reward DOUBLE PRECISION, thumbs INTEGER, note TEXT)",
         "CREATE INDEX IF NOT EXISTS feedback_trace ON feedback(trace_id)",
     )
+    MIGRATE = (*(f"ALTER TABLE feedback ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in _ADDED_COLUMNS),
+               "CREATE UNIQUE INDEX IF NOT EXISTS feedback_key ON feedback(key)")
 
     def __init__(self, target: str, connect_timeout: float = 10.0):
         try:
@@ -197,6 +237,9 @@ class PostgresTrajectoryStore(TrajectoryStore):
             if conn.execute("SELECT to_regclass('feedback_trace')").fetchone()[0] is None:
                 for stmt in self.SCHEMA:
                     conn.execute(stmt)
+            if conn.execute("SELECT to_regclass('feedback_key')").fetchone()[0] is None:
+                for stmt in self.MIGRATE:
+                    conn.execute(stmt)
 
     def _conn(self):
         import psycopg
@@ -206,22 +249,51 @@ class PostgresTrajectoryStore(TrajectoryStore):
             try:
                 conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=int(self.connect_timeout))
             except psycopg.OperationalError as exc:
-                raise ParaVTError(f"cannot connect to the trajectory store {self.url}: {exc}") from exc
+                raise StoreError(f"cannot connect to the trajectory store {self.url}: {exc}; retry once it is "
+                                 "back") from exc
             self._local.conn = conn
         return conn
 
+    def _gone(self, exc, what: str, retryable: bool = True) -> StoreError:
+        """The database went away (restarted, the network dropped): this thread's connection is dropped (the next
+        call reconnects) and the error says whether the call can simply be made again."""
+        conn, self._local.conn = getattr(self._local, "conn", None), None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 (already broken)
+                pass
+        then = "retry it" if retryable else "check before retrying"
+        return StoreError(f"the trajectory store {self.url} went away during {what} ({exc.__class__.__name__}: "
+                          f"{str(exc).strip()[:200]}); {then}", retryable=retryable)
+
     def _execute(self, sql: str, params: tuple = ()) -> list[tuple]:
-        cur = self._conn().execute(sql, params)
-        return cur.fetchall() if cur.description is not None else []
+        import psycopg
+
+        try:
+            cur = self._conn().execute(sql, params)
+            return cur.fetchall() if cur.description is not None else []
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # reads and the trace upsert (keyed by trace id) are idempotent: safe to make again
+            raise self._gone(exc, sql.split(None, 1)[0].lower()) from exc
 
     def _insert_feedback(self, row: tuple) -> int:
-        conn = self._conn()
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FEEDBACK_LOCK,))
-            cur = conn.execute(
-                "INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note) "
-                "VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq", row)
-            return int(cur.fetchone()[0])
+        import psycopg
+
+        try:
+            conn = self._conn()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FEEDBACK_LOCK,))
+                cur = conn.execute(
+                    "INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING seq", row)
+                got = cur.fetchone()
+                if got is None:  # this key was written before (a retry): its row
+                    got = conn.execute("SELECT seq FROM feedback WHERE key = %s", (row[-1],)).fetchone()
+                return int(got[0])
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # idempotent by its key: the same call with the same key writes the row at most once
+            raise self._gone(exc, "a feedback write (idempotent by its key)") from exc
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

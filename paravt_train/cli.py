@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from paravt_train.rl.online_cli import app as online_app
+
 app = typer.Typer(
     help="ParaVT trainer: validate and convert data, SFT cold start, PARA-GRPO, online learning, the toy world.",
     no_args_is_help=True,
@@ -322,41 +324,7 @@ def plot_cmd(
     typer.echo(f"wrote {path}")
 
 
-@app.command("online")
-def online_cmd(
-    store: str = typer.Option(..., help="Trajectory store the serving agent writes to: a SQLite path "
-                                        "(sqlite:///PATH) or postgresql://user:pass@host/db."),
-    config: Path = typer.Option(..., "--config", help="GRPOConfig YAML (model, output_dir, backend, ...)."),
-    endpoint: str = typer.Option(None, help="SGLang server to push weights to (sets backend sglang)."),
-    set_: list[str] = typer.Option(None, "--set", help="Override key=value of the GRPO config."),
-    poll: float = typer.Option(30.0, help="Seconds between looks at the store when there is nothing to train."),
-    max_steps: int = typer.Option(None, help="Stop after this many updates (default: run until interrupted)."),
-    once: bool = typer.Option(False, "--once", help="Train on what is there now, then exit."),
-) -> None:
-    """Learn from user feedback: new feedback with a correct answer becomes RL prompts; each update
-    uses fresh on-policy rollouts (plus replayed ones when replay is enabled) and pushes the weights to
-    the endpoint every sync_every updates. Progress is checkpointed: a restart neither loses nor
-    re-trains feedback."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
-    from paravt_agent.errors import ConfigError
-    from paravt_train.infra.distributed import shutdown_distributed
-    from paravt_train.rl.config import GRPOConfig
-    from paravt_train.rl.online import OnlineLearner
-
-    overrides = list(set_ or [])
-    if endpoint:
-        overrides += ["backend=sglang", f"endpoint={endpoint}"]
-    try:
-        cfg = GRPOConfig.from_yaml(config, overrides)
-        learner = OnlineLearner(cfg, store)
-        n = learner.run(poll=poll, max_steps=max_steps, once=once)
-    except ConfigError as exc:
-        _fail(str(exc))
-    finally:
-        shutdown_distributed()
-    typer.echo(f"{n} updates; {learner.consumed} feedback rows consumed; checkpoints in {cfg.output_dir}")
-    if learner.stopped:
-        raise typer.Exit(stopped_exit_code())
+app.add_typer(online_app, name="online")
 
 
 if __name__ == "__main__":

@@ -23,61 +23,16 @@ import pytest
 
 from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
-from paravt_agent.prompts import NO_TOOL_SYSTEM_PROMPT, question_text
 from paravt_agent.store import TrajectoryStore
-from paravt_train.benchmarks import EvalItem
-from paravt_train.data import write_parquet
-from paravt_train.eval import evaluate_items
 from paravt_train.rl.config import GRPOConfig
-from paravt_train.toy.render import write_segments
-
-QUESTION = "Which word goes with this video?"
-THINK = "<think>\nA word for this video.</think>\n"
-COLOURS = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (255, 225, 25)]
-TRAIN, HELD = range(8), range(8, 12)
-
-
-def _rl_rows(videos) -> list[dict]:
-    return [{"id": f"q{v}", "prompt": [{"role": "user", "content": QUESTION}], "videos": [f"v{v}.mp4"],
-             "answer": "red", "question_type": "oe", "question": QUESTION} for v in videos]
-
-
-def _heldout(agent: Agent, root, answer: str) -> list[float]:
-    items = [EvalItem(benchmark="held", uid=f"h{v}", video=str(root / f"v{v}.mp4"), question=QUESTION,
-                      task="oe", answer=answer) for v in HELD]
-    return [r["f1"] for r in agent.run(evaluate_items(agent, items, concurrency=4, progress=False))]
+from tests.learnable import QUESTION, TRAIN, build
+from tests.learnable import heldout as _heldout
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Videos, a tiny model, its agent config (no tools), and the SFT run from it (the SFT loop under test)."""
-    from paravt_train.sft import train
-    from paravt_train.sft.config import SFTConfig
-    from paravt_train.toy.tiny import build_tiny_model
-
-    d = tmp_path_factory.mktemp("learnable")
-    for v in range(12):
-        write_segments(d / f"v{v}.mp4", [(COLOURS[(v + i) % 4], 1.0) for i in range(4)], fps=4, width=32, height=32)
-    rows = []
-    for v in TRAIN:
-        for k in range(10):
-            rows.append({"id": f"s{v}-{k}", "messages": [
-                {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
-                {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4"},
-                                             {"type": "text", "text": question_text(QUESTION)}]},
-                {"role": "assistant", "content": f"{THINK}<answer>{'red' if k < 4 else 'blue'}</answer>"}]})
-    write_parquet(rows, d / "sft.parquet")
-    write_parquet(_rl_rows(TRAIN), d / "rl.parquet")
-    write_parquet(_rl_rows(HELD), d / "held.parquet")
-    corpus = [NO_TOOL_SYSTEM_PROMPT, question_text(QUESTION), THINK + "<answer>red</answer>",
-              THINK + "<answer>blue</answer>"] * 4
-    base = build_tiny_model(d / "base", corpus, size="test")
-    (base / "agent_config.yaml").write_text(AgentConfig(mode="none", frames={"max_pixels": 1024}).to_yaml())
-    cfg = SFTConfig(model=str(base), data=str(d / "sft.parquet"), video_root=str(d), output_dir=str(d / "sft"),
-                    lr=3e-3, batch_size=8, micro_batch_size=8, max_steps=200, warmup_ratio=0.0, save_every=0,
-                    frames={"max_pixels": 1024}, seed=0)
-    result = train(cfg, progress=False)
-    return {"dir": d, "base": str(base), "sft": str(d / "sft" / "final"), "sft_result": result}
+    return build(tmp_path_factory.mktemp("learnable"))
 
 
 def test_sft_teaches_the_format_and_the_majority_answer(world):

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -16,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paravt_agent.agent import Agent
-from paravt_agent.errors import ParaVTError
+from paravt_agent.errors import ParaVTError, StoreError
 from paravt_agent.graph.runtime import event_json
 from paravt_agent.serving.request import ApiError, ApiSettings, Question, parse_request, resolve_video
 from paravt_agent.serving.responses import as_api_error, chunk, extension_of, run_failure, think_of, usage_of
@@ -76,15 +77,20 @@ async def feedback(request: Request):
     store = agent.store
     if store is None:
         raise ApiError(400, "this server keeps no traces (start it with --store)", code="no_store")
-    reward = body.get("reward")
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
-        raise ApiError(400, "`reward` must be a number")
-    thumbs = body.get("thumbs")
-    if thumbs is not None and not isinstance(thumbs, bool):
-        raise ApiError(400, "`thumbs` must be true or false")
-    try:
+    user = body.get("user")  # OpenAI's end-user id, under the caller's API key
+    if user is not None and (not isinstance(user, str) or len(user) > 200):
+        raise ApiError(400, "`user` must be a string of at most 200 characters")
+    token = request.headers.get("authorization", "")[7:].strip()
+    caller = "api:" + (hashlib.sha256(token.encode()).hexdigest()[:12] if token else "anonymous")
+    key = body.get("idempotency_key") or request.headers.get("idempotency-key")
+    try:  # the store checks what the row says (FeedbackError: 400 with what to send instead)
         seq = await asyncio.to_thread(store.feedback, body["trace_id"], answer=body.get("answer"),
-                                      reward=reward, thumbs=thumbs, note=body.get("note"))
+                                      reward=body.get("reward"), thumbs=body.get("thumbs"), note=body.get("note"),
+                                      user=f"{caller}/{user}" if user else caller,
+                                      key=str(key)[:200] if key else None)
+    except StoreError as exc:
+        raise ApiError(503, str(exc), kind="server_error", code="store_unavailable",
+                       headers={"Retry-After": "5"} if exc.retryable else {}) from None
     except ParaVTError as exc:
         raise ApiError(404 if "no trace" in str(exc) else 400, str(exc)) from None
     return {"object": "feedback", "seq": seq, "trace_id": body["trace_id"]}

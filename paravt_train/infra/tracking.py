@@ -242,6 +242,15 @@ class MetricsLog:
             for tracker in self.trackers.values():
                 tracker.log(metrics, step)
 
+    def log_event(self, metrics: dict, step: int) -> None:
+        """Numbers that are not a step's line (an online gate, a promotion) to every tracker at ``step``."""
+        if self.rank != 0 or not self.names:
+            return
+        if not self.trackers:
+            self._open()
+        for tracker in self.trackers.values():
+            tracker.log(flat_metrics(metrics), int(step))
+
     def close(self) -> None:
         for tracker in self.trackers.values():
             tracker.close()

@@ -47,7 +47,7 @@ class TrainerCheckpoints:
             return
         latest = resumed[0]
         self.log(f"resumed from {latest} (step {self.step})")
-        if self.syncer is not None:
+        if self.syncer is not None and self.auto_sync:
             self.sync()
 
     def save(self) -> Path:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from paravt_agent.config import load_yaml_model
 from paravt_train.infra.tracking import ReportTo
 from paravt_train.rewards import RewardConfig
+from paravt_train.rl.online_config import OnlineSettings
 
 __all__ = ["PRESETS", "GRPOConfig", "ReplaySettings"]
 
@@ -43,6 +44,16 @@ PRESETS: dict[str, dict] = {
     "dapo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False},
              "aggregation": "token-mean", "clip_high": 0.28, "dynamic_sampling": True, "kl_coef": 0.0,
              "mini_batches": 4},
+    # Weaver (weaver.txt, Sec. 3.4.3 and Table 7): tool-augmented GRPO with its tools frozen, R = 0.7 R_corr +
+    # 0.2 R_format + 0.1 R_tool (R_format: the answer tags; R_tool: a tool call that worked and a right answer)
+    "weaver": {"think_prefix": "", "gating": False, "tool_model_calls": "freeze", "kl_coef": 1e-3, "lr": 1e-6,
+               "reward": {"anchor": False, "answer_suffix": False, "acc_weight": 0.7, "lambda_fmt": 0.2,
+                          "format_reward": "answer", "tool_reward": "success", "tool_bonus": 0.1, "reward_bias": 0.0}},
+    # VideoChat-M1 (supplement A.6): GRPO for every collaborating agent, each with its own advantage (the
+    # collaborative mode's cpp protocol: paravt_train.rl.agent_rewards), τ = 1, KL 1e-5, lr 1e-7; agent dropout
+    # is the agent config's collab.dropout
+    "videochat-m1": {"think_prefix": "", "gating": False, "temperature": 1.0, "kl_coef": 1e-5, "lr": 1e-7,
+                     "reward": {"anchor": False, "answer_suffix": False, "reward_bias": 0.0}},
     "custom": {},
 }
 
@@ -75,9 +86,10 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    preset: Literal["para-grpo", "vanilla-grpo", "dapo", "custom"] = Field(
+    preset: Literal["para-grpo", "vanilla-grpo", "dapo", "weaver", "videochat-m1", "custom"] = Field(
         "para-grpo", description="Defaults for think_prefix / gating / reward.anchor / reward.answer_suffix (and "
-        "DAPO's objective options); explicit fields win.")
+        "DAPO's objective options; weaver: Weaver's frozen tools and reward; videochat-m1: VideoChat-M1's "
+        "multi-agent GRPO settings); explicit fields win.")
     model: str = Field(description="Initial policy: a model directory (e.g. the SFT cold start).")
     data: str | None = Field(None, description="RL Parquet file or dataset directory (None for `online`).")
     video_root: str | None = Field(None, description="Relative video paths in the data are resolved against this.")
@@ -198,6 +210,8 @@ class GRPOConfig(BaseModel):
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
     tas_lambda: float = Field(0.0, ge=0, description="AVATAR Temporal Advantage Shaping λ (0 = off).")
     replay: ReplaySettings = Field(default_factory=ReplaySettings, description="AVATAR's stratified replay.")
+    online: OnlineSettings = Field(default_factory=OnlineSettings, description="`paravt-train online` only: the "
+                                   "gate before a candidate is served, versions and rollback, per-user limits.")
     # bookkeeping
     save_every: int = Field(10, ge=1, description="Steps between checkpoints (paper, Table 4: 5).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept.")
@@ -219,7 +233,6 @@ class GRPOConfig(BaseModel):
         reward = data.get("reward")
         if reward is None or isinstance(reward, dict):
             reward = dict(reward or {})
-            reward.setdefault("reward_bias", -0.2)  # the paper's RL reward bias
         preset = PRESETS.get(data.get("preset", "para-grpo"), {})
         for key, value in preset.items():
             if key == "reward":
@@ -228,6 +241,8 @@ class GRPOConfig(BaseModel):
                         reward.setdefault(k, v)
             else:
                 data.setdefault(key, value)
+        if isinstance(reward, dict):
+            reward.setdefault("reward_bias", -0.2)  # the paper's RL reward bias (a preset may set its own)
         data["reward"] = reward
         return data
 

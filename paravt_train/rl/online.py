@@ -1,119 +1,196 @@
-"""Online learning from the trajectory store: served traces + user feedback → PARA-GRPO updates.
+"""Online learning from the trajectory store: served traces + user feedback → PARA-GRPO updates → gated versions.
 
-The serving agent writes traces (``Agent(store=...)``) and users attach feedback
-(``agent.feedback(trace_id, answer=...)``, the Gradio page's feedback panel, the
-API). :class:`OnlineLearner` polls the store for feedback newer than its cursor;
-each feedback row carrying a correct answer becomes an RL prompt (the trace's
-video, question and options; the task is MCQ with options, grounding when the
-answer is a span, else open-ended). Rows with only a reward or thumbs are counted
-and skipped: without a reference answer there is nothing to score fresh rollouts
-against.
+The loop, top to bottom (``OnlineLearner.run``)::
 
-Each update runs fresh on-policy rollouts of up to ``prompts_per_step`` queued
-prompts (plus replayed rollouts when ``replay.enabled``), then pushes the weights
-to the serving endpoint every ``sync_every`` updates. With ``max_staleness`` η > 0
-(``backend: sglang`` only) the updates take the asynchronous loop's objective and
-bound (:meth:`GRPOTrainer.train_step`): decoupled PPO, and a group sampled more
-than η versions before its update (a served policy that lags the trainer, e.g. a
-server restarted on older weights) is dropped, counted in ``dropped_stale``, and
-its prompt queued again, first, for the next update (rolled out on the weights
-that update pushed): no feedback is lost to the bound. Under ``torchrun`` every
-rank reads the same store and queue, takes its share of each update's prompts and
-trains in step with the others (a rank whose share is empty still runs the
-collectives).
+    poll the store          feedback rows newer than the cursor; each row is checked again (an answer the trace's
+                            question can have, no conflict with an earlier answer, its user within
+                            ``max_rows_per_user`` per window): a row that fails is skipped with a counted reason;
+                            a row with an answer is also a label of the answer its user got (live accuracy of
+                            the version that served it)
+    take a batch            up to ``prompts_per_step`` queued prompts, at most ``max_user_share`` from one user
+    update                  fresh rollouts (on the served policy: rollouts of an older version are corrected by
+                            decoupled PPO's behaviour weight) → one PARA-GRPO update of the learner's weights
+    every promote_every     the candidate is exported and, with the gate on, evaluated on the pinned set against
+                            the served version (paravt_train.rl.gate): promoted (pushed: pause → update →
+                            continue; recorded as a version) or kept aside (refused; the learner reverts to the
+                            served weights or goes on, ``on_refuse``)
+    live accuracy           when the served version's accuracy on the feedback about its own answers falls below
+                            the previous version's by ``rollback.margin``, the previous version goes back
 
-Crash safety: the cursor and the queue of not-yet-trained prompts are saved in
-the same atomic checkpoint as the weights and the optimizer, every ``save_every``
-updates (the newest ``keep_checkpoints`` are kept; at 8B a checkpoint with the
-optimizer is ~96 GB, too much to write after every update). After every update a
-small ``online_state.json`` says where the learner is (step, cursor, queue,
-prompts trained into the weights the server now holds). A restart resumes from
-the newest checkpoint: feedback read after it is read again and the updates after
-it are redone, so no feedback is lost and none is trained on twice.
+Every promoted version is kept (``OUTPUT_DIR/versions``, :mod:`paravt_train.rl.versions`);
+``paravt-train online versions | promote V | rollback [V] | status`` act on it, and a running learner follows an
+operator's promote or rollback (it continues from the version that serves). The learner never pushes a
+candidate by itself (``GRPOTrainer.auto_sync`` is off): the server only ever gets promoted versions. At start it
+puts the serving version on the server again, so a learner killed during a gate or a promotion restarts with the
+server on a promoted version.
+
+Crash safety: the cursor, the queue, the live counts and the users' counts are in the same atomic checkpoint as
+the weights and the optimizer (every ``save_every`` updates); ``online_state.json`` says where the learner is
+after every update. A restart resumes from the newest checkpoint: feedback read after it is read again and the
+updates after it are redone, so no feedback is lost and none is trained on twice.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import time
 from dataclasses import asdict
 from pathlib import Path
 
-from paravt_agent.errors import ParaVTError
+from paravt_agent import telemetry
+from paravt_agent.errors import FeedbackError, ParaVTError
+from paravt_agent.feedback import check_answer, task_of
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.video.fetch import local_video
+from paravt_train.data import prompts_from_rl
+from paravt_train.infra.distributed import barrier, on_rank0
 from paravt_train.infra.interrupt import GracefulStop
+from paravt_train.rewards import accuracy_reward
 from paravt_train.rl.async_loop import require_served_policy
 from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.gate import decide, evaluate_dir
 from paravt_train.rl.rollout import PromptItem
 from paravt_train.rl.trainer import GRPOTrainer
+from paravt_train.rl.versions import VersionRegistry, push_version
 
-__all__ = ["OnlineLearner", "prompt_from_feedback"]
+__all__ = ["OnlineLearner", "check_row", "prompt_from_feedback"]
+
+
+def check_row(row: dict, trace) -> str | None:
+    """Why a feedback row cannot be trained on (None: it can): no answer, or an answer the trace's question cannot
+    have (:func:`paravt_agent.feedback.check_answer`)."""
+    if row.get("answer") is None:
+        return "no answer (a reward or thumbs only)"
+    try:
+        check_answer(trace, row["answer"])
+    except FeedbackError as exc:
+        return f"invalid answer ({str(exc).split(';')[0][:80]})"
+    return None
 
 
 def prompt_from_feedback(row: dict, store: TrajectoryStore) -> PromptItem | None:
-    """An RL prompt from one feedback row, or None when the row has no correct answer."""
-    if not row.get("answer"):
-        return None
+    """An RL prompt from one feedback row, or None when the row cannot be trained on."""
     trace = store.get(row["trace_id"])
-    answer = row["answer"].strip()
-    if trace.options:
-        task, value = "mcq", answer
-    elif parse_span(answer) is not None and "[" in answer:
-        task, value = "tvg", list(parse_span(answer))
-    else:
-        task, value = "oe", answer
+    if check_row(row, trace) is not None:
+        return None
+    answer = check_answer(trace, row["answer"])
+    task = task_of(trace)
+    value = list(parse_span(answer)) if task == "tvg" else answer
     return PromptItem(f"feedback-{row['seq']}", trace.video, trace.question, trace.options, value, task)
 
 
 class OnlineLearner:
     def __init__(self, cfg: GRPOConfig, store: str | Path | TrajectoryStore, progress: bool = True, log=print):
         self.trainer = GRPOTrainer(cfg, progress=progress, log=log)
+        self.trainer.auto_sync = False  # only promoted versions reach the server
+        self.cfg, self.online = cfg, cfg.online
         self.store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
+        self.registry = VersionRegistry(Path(cfg.output_dir) / "versions")
         self.log = log
         self.consumed = 0
         self.saved_step: int | None = None  # the newest checkpoint this run wrote
         self.stopped: str | None = None  # the signal that ended run() early
+        self._gate_prompts: list[PromptItem] | None = None
 
     @property
     def state(self) -> dict:
         st = self.trainer.extra_state
-        st.setdefault("cursor", 0)
-        st.setdefault("queue", [])
-        st.setdefault("skipped", 0)
-        st.setdefault("trained", [])
+        for key, empty in (("cursor", 0), ("queue", []), ("skipped", 0), ("skipped_by", {}), ("trained", []),
+                           ("pending", []), ("users", {}), ("answers", {}), ("live", {}), ("since_promotion", 0),
+                           ("serving", None)):
+            st.setdefault(key, empty)
         return st
 
+    # ------------------------------------------------------------------ feedback
+
+    def _skip(self, row: dict, reason: str) -> None:
+        st = self.state
+        st["skipped"] += 1
+        st["skipped_by"][reason.split(" (")[0]] = st["skipped_by"].get(reason.split(" (")[0], 0) + 1
+        self.log(f"feedback {row['seq']}: {reason}; skipped")
+
+    def _within_limit(self, user: str, created: float) -> bool:
+        """Counts the row against its user's window; False when the user is over ``max_rows_per_user``."""
+        cap, window = self.online.max_rows_per_user, self.online.user_window_hours * 3600
+        times = [t for t in self.state["users"].get(user, []) if t > created - window]
+        if cap is not None and len(times) >= cap:
+            self.state["users"][user] = times
+            return False
+        self.state["users"][user] = [*times, created]
+        return True
+
     def poll(self) -> int:
-        """Queue the prompts of feedback newer than the cursor; returns how many were queued."""
+        """Queue the prompts of feedback newer than the cursor (each row checked, its skip reason counted);
+        count each labelled row for the live accuracy of the version that served its trace. Returns how many
+        prompts were queued."""
         st = self.state
         added = 0
         for row in self.store.feedback_since(st["cursor"]):
-            try:
-                item = prompt_from_feedback(row, self.store)
-            except ParaVTError as exc:  # the trace is gone: skip the row, say so
-                self.log(f"feedback {row['seq']}: {exc}; skipped")
-                item = None
-            if item is not None:
-                try:  # a trace of a URL: its download (cached) is the video
-
-                    item.video = local_video(item.video)
-                except ParaVTError as exc:
-                    self.log(f"feedback {row['seq']}: {exc}; skipped")
-                    item = None
-            if item is None:
-                st["skipped"] += 1
-            elif not Path(item.video).is_file():
-                self.log(f"feedback {row['seq']}: video {item.video} is not readable here; skipped")
-                st["skipped"] += 1
-            else:
-                st["queue"].append(asdict(item))
-                added += 1
             st["cursor"] = row["seq"]
             self.consumed += 1
+            try:
+                trace = self.store.get(row["trace_id"])
+            except ParaVTError as exc:
+                self._skip(row, f"trace not found ({exc})")
+                continue
+            why = check_row(row, trace)
+            if why is not None:
+                self._skip(row, why)
+                continue
+            answer = check_answer(trace, row["answer"])
+            first = st["answers"].setdefault(row["trace_id"], answer)
+            if first != answer:
+                self._skip(row, f"conflicts with earlier feedback ({first!r} vs {answer!r})")
+                continue
+            self._count_live(trace, answer)
+            user = row.get("user_id") or "anonymous"
+            if not self._within_limit(user, row.get("created") or time.time()):
+                self._skip(row, f"user over max_rows_per_user ({user})")
+                continue
+            item = prompt_from_feedback(row, self.store)
+            try:  # a trace of a URL: its download (cached) is the video
+                item.video = local_video(item.video)
+            except ParaVTError as exc:
+                self._skip(row, f"video unreadable ({exc})")
+                continue
+            if not Path(item.video).is_file():
+                self._skip(row, f"video unreadable (not at {item.video})")
+                continue
+            st["queue"].append({**asdict(item), "user": user, "seq": row["seq"]})
+            added += 1
         return added
 
+    def _count_live(self, trace, answer: str) -> None:
+        """A label of the answer the trace's user got: right or wrong, for the version that served it."""
+        vid = self.registry.served_at(trace.created)
+        if vid is None:
+            return
+        task = task_of(trace)
+        value = list(parse_span(answer)) if task == "tvg" else answer
+        right = accuracy_reward(trace.response, value, task, trace.options) >= 0.5
+        live = self.state["live"].setdefault(vid, [0, 0])
+        live[0] += int(right)
+        live[1] += 1
+
+    def take_batch(self) -> list[dict]:
+        """Up to ``prompts_per_step`` queued prompts, oldest first, at most ``ceil(max_user_share · P)`` from one
+        user (the rest stay queued, in order)."""
+        P = self.cfg.prompts_per_step
+        cap = max(1, math.ceil(self.online.max_user_share * P))
+        batch, per_user = [], {}
+        for d in self.state["queue"]:
+            if len(batch) == P:
+                break
+            user = d.get("user", "anonymous")
+            if per_user.get(user, 0) < cap:
+                batch.append(d)
+                per_user[user] = per_user.get(user, 0) + 1
+        return batch
+
     def _poll_everywhere(self) -> None:
-        """Rank 0 reads the store; every rank then holds the same cursor and queue."""
+        """Rank 0 reads the store; every rank then holds the same state."""
         tr = self.trainer
         if tr.world == 1:
             self.poll()
@@ -122,13 +199,12 @@ class OnlineLearner:
 
         if tr.rank == 0:
             self.poll()
-        st = self.state
-        box = [{k: st[k] for k in ("cursor", "queue", "skipped")}]
+        keys = ("cursor", "queue", "skipped", "skipped_by", "users", "answers", "live")
+        box = [{k: self.state[k] for k in keys}]
         dist.broadcast_object_list(box, src=0)
-        st.update(box[0])
+        self.state.update(box[0])
 
     def _stale_everywhere(self) -> set[str]:
-        """The prompts of the last update whose groups were dropped as too stale, over every rank."""
         tr = self.trainer
         mine = list(tr.stale_prompts)
         if tr.world == 1:
@@ -139,20 +215,175 @@ class OnlineLearner:
         dist.all_gather_object(shards, mine)
         return {p for shard in shards for p in shard}
 
-    def write_progress(self) -> None:
-        """``online_state.json`` (rank 0, atomically): step, cursor, queue length, skipped rows and the prompts
-        trained since the start — what the served weights have learned, after every update."""
-        import json
+    # ------------------------------------------------------------------ versions
 
+    def gate_prompts(self) -> list[PromptItem]:
+        if self._gate_prompts is None:
+            g = self.online.gate
+            self._gate_prompts = prompts_from_rl(g.eval_set, g.video_root, g.limit) if g.enabled else []
+        return self._gate_prompts
+
+    def _gate_config(self):
+        cfg = self.trainer.eval_agent_config()
+        n = self.online.gate.n_frames
+        return cfg if n is None else cfg.model_copy(update={"frames": cfg.frames.model_copy(update={"n_frames": n})})
+
+    def _scores(self, path: Path) -> list:
+        g = self.online.gate
+        endpoint = None
+        if g.mode == "shadow":
+            from paravt_train.sync.disk import SGLangWeightSync  # lazy: only the shadow gate pushes from here
+
+            SGLangWeightSync(g.shadow_endpoint, path).load(path, version=f"candidate-{path.name}")
+            endpoint = g.shadow_endpoint
+        return evaluate_dir(path, self._gate_config(), self.gate_prompts(), self.cfg.concurrency * 2, endpoint)
+
+    def _start_versions(self) -> None:
+        """The registry's first version is the starting weights; the serving version goes (back) on the server."""
+        tr, reg = self.trainer, self.registry
+        if tr.rank == 0 and not reg.versions():
+            gate = {}
+            if self.online.gate.enabled:
+                t0 = time.perf_counter()
+                scores = self._scores(Path(self.cfg.model))
+                gate = {"scores": scores, "candidate": _mean(scores), "seconds": time.perf_counter() - t0}
+            reg.add("v0", tr.step, self.cfg.model, "candidate", gate=gate, reason="the starting weights")
+            reg.set_serving("v0", reason="the starting weights")
+        tr_barrier(tr)
+        serving = reg.serving()
+        if tr.rank == 0:
+            push_version(self.cfg, serving, self.log)
+        tr_barrier(tr)
+        self.state["serving"] = serving["id"]
+
+    def _load_version(self, version: dict) -> None:
+        """Continue from ``version``'s weights (every rank); the optimizer's moments start again."""
+        from transformers import AutoModelForImageTextToText
+
+        tr = self.trainer
+        if tr.world > 1:  # rank 0 reads the directory, the shards are filled from it
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            sd = AutoModelForImageTextToText.from_pretrained(version["path"]).state_dict() if tr.rank == 0 else {}
+            set_model_state_dict(tr.model, sd, options=StateDictOptions(full_state_dict=True,
+                                                                        broadcast_from_rank0=True))
+        else:
+            tr.model.load_state_dict(AutoModelForImageTextToText.from_pretrained(version["path"]).state_dict())
+        tr.optimizer.state.clear()
+        self.state["serving"] = version["id"]
+
+    def promote_candidate(self) -> dict:
+        """Export the candidate, gate it (rank 0), then promote (push + record) or keep it aside."""
+        tr, reg, g = self.trainer, self.registry, self.online.gate
+        vid = f"v{tr.step}"
+        path = tr.save_model(reg.root / vid)  # every rank (gathered from the shards)
+        st = self.state
+        feedback = [d["seq"] for d in st["pending"]]
+
+        def judge() -> dict:
+            if not g.enabled:
+                return {"promote": True, "summary": "no gate"}
+            served = reg.serving()
+            t0 = time.perf_counter()
+            scores = self._scores(path)
+            res = decide(scores, served["gate"].get("scores", []), g, g.mode, time.perf_counter() - t0)
+            return {"promote": res.promote, "summary": res.summary(), **res.as_dict()}
+
+        with telemetry.span("paravt.online.gate", attributes={"paravt.version": vid, "paravt.gate.mode": g.mode,
+                                                               "paravt.gate.enabled": g.enabled}) as sp:
+            verdict = on_rank0(judge, "the gate") if tr.world > 1 else judge()
+            telemetry.set_attributes(sp, {f"paravt.gate.{k}": v for k, v in verdict.items()
+                                          if isinstance(v, bool | int | float | str)})
+        gate = {k: v for k, v in verdict.items() if k not in ("promote", "summary")}
+        if verdict["promote"]:
+            if tr.rank == 0:
+                reg.add(vid, tr.step, path, "candidate", feedback, gate, verdict["summary"])
+            with telemetry.span("paravt.online.promote", attributes={"paravt.version": vid, "paravt.step": tr.step}):
+                tr.sync()  # the candidate's weights to the server, as weight version str(step)
+            if tr.rank == 0:
+                reg.set_serving(vid, reason=f"promoted ({verdict['summary']})")
+            st["serving"], st["pending"] = vid, []
+        else:
+            if tr.rank == 0:
+                reg.add(vid, tr.step, path, "refused", feedback, gate, verdict["summary"])
+                reg.prune_refused(self.online.keep_refused)
+            if g.on_refuse == "revert":
+                self._load_version(reg.serving())
+                st["pending"] = []
+        st["since_promotion"] = 0
+        self._event({"event": "promoted" if verdict["promote"] else "refused", "version": vid,
+                     "gate": {k: v for k, v in gate.items() if k != "scores"}, "feedback": feedback})
+        self.log(f"candidate {vid}: {verdict['summary']}")
+        return verdict
+
+    def check_rollback(self) -> str | None:
+        """Roll back when the serving version's live accuracy is below the previous promoted version's by more
+        than the margin (each with at least ``min_rows`` labels). Returns the version rolled back to."""
+        r, reg = self.online.rollback, self.registry
+        if not r.enabled:
+            return None
+        serving = reg.serving()
+        before = [v for v in reg.promoted() if v["id"] != serving["id"] and v["promoted_at"] < serving["promoted_at"]]
+        if not before:
+            return None
+        prev = before[-1]
+        live = self.state["live"]
+        (a, n), (pa, pn) = live.get(serving["id"], [0, 0]), live.get(prev["id"], [0, 0])
+        if n < r.min_rows or pn < r.min_rows or a / n >= pa / pn - r.margin:
+            return None
+        why = (f"rollback: live accuracy of {serving['id']} {a / n:.2f} on {n} labels is below {prev['id']}'s "
+               f"{pa / pn:.2f} on {pn} by more than {r.margin:g}")
+        return self.rollback_to(prev, why)
+
+    def rollback_to(self, version: dict, why: str) -> str:
+        tr = self.trainer
+        if tr.rank == 0:
+            push_version(self.cfg, version, self.log)
+            self.registry.set_serving(version["id"], reason=why)
+        tr_barrier(tr)
+        self._load_version(version)
+        self._event({"event": "rolled-back", "version": version["id"], "reason": why})
+        self.log(why)
+        return version["id"]
+
+    def follow_operator(self) -> None:
+        """An operator promoted or rolled back (``paravt-train online promote|rollback``): continue from that."""
+        serving = self.registry.serving()
+        if serving is not None and serving["id"] != self.state["serving"]:
+            self.log(f"the server now holds {serving['id']} ({serving.get('reason', '')}); continuing from it")
+            self._load_version(serving)
+
+    def _event(self, rec: dict) -> None:
+        tr = self.trainer
+        if tr.rank != 0:
+            return
+        rec = {"time": time.time(), "step": tr.step, **rec}
+        with (tr.out / "online_events.jsonl").open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        gate = rec.get("gate") or {}
+        numbers = {f"online/{k}": v for k, v in gate.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        numbers["online/promoted"] = float(rec["event"] == "promoted")
+        tr.metrics.log_event(numbers, tr.step)
+
+    # ------------------------------------------------------------------ the loop
+
+    def write_progress(self) -> None:
+        """``online_state.json`` (rank 0, atomically): where the learner is after every update (what
+        ``paravt-train online status`` prints)."""
         tr = self.trainer
         if tr.rank != 0:
             return
         st = self.state
+        per_user: dict[str, int] = {}
+        for d in st["queue"]:
+            per_user[d.get("user", "anonymous")] = per_user.get(d.get("user", "anonymous"), 0) + 1
         path = tr.out / "online_state.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"step": tr.step, "cursor": st["cursor"], "queued": len(st["queue"]),
-                                   "skipped": st["skipped"], "trained": st["trained"],
-                                   "checkpoint_step": self.saved_step}))
+        tmp.write_text(json.dumps({
+            "step": tr.step, "cursor": st["cursor"], "queued": len(st["queue"]), "queued_by_user": per_user,
+            "skipped": st["skipped"], "skipped_by": st["skipped_by"], "trained": st["trained"],
+            "serving": st["serving"], "pending": [d["seq"] for d in st["pending"]], "live": st["live"],
+            "users": {u: len(t) for u, t in st["users"].items()}, "checkpoint_step": self.saved_step}, indent=1))
         tmp.replace(path)
 
     def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
@@ -163,28 +394,35 @@ class OnlineLearner:
             require_served_policy(tr)
         if self.saved_step is None and tr.step:  # resumed: that checkpoint is the newest
             self.saved_step = tr.step
-        P = tr.cfg.prompts_per_step
+        self._start_versions()
         steps = 0
         with GracefulStop() as stop:
             while max_steps is None or steps < max_steps:
                 if stop.requested():  # SIGTERM (here or on another rank): the updates so far are saved below
                     break
+                self.follow_operator()
                 self._poll_everywhere()
                 st = self.state
-                if not st["queue"]:
+                batch_rows = self.take_batch()
+                if not batch_rows:
                     if once:
                         break
                     stop.sleep(poll)
                     continue
-                rows = st["queue"][:P]
-                batch = [PromptItem(**d) for d in rows]
-                mine = batch[tr.rank :: tr.world]
-                rec = tr.train_step(mine)
+                batch = [PromptItem(**{k: v for k, v in d.items() if k not in ("user", "seq")}) for d in batch_rows]
+                rec = tr.train_step(batch[tr.rank:: tr.world])
                 stale = self._stale_everywhere()  # η > 0: too stale to train; queued again, first
-                st["queue"] = [d for d in rows if d["id"] in stale] + st["queue"][len(batch):]
-                st["trained"].extend(p.id for p in batch if p.id not in stale)
+                taken = {id(d) for d in batch_rows}
+                st["queue"] = [d for d in batch_rows if d["id"] in stale] + [d for d in st["queue"]
+                                                                             if id(d) not in taken]
+                st["trained"].extend(d["id"] for d in batch_rows if d["id"] not in stale)
+                st["pending"].extend(d for d in batch_rows if d["id"] not in stale)
+                st["since_promotion"] += 1
+                if st["since_promotion"] >= self.online.promote_every:
+                    self.promote_candidate()
+                self.check_rollback()
                 if tr.step % tr.cfg.save_every == 0:
-                    tr.save()  # weights, optimizer, cursor and queue together
+                    tr.save()  # weights, optimizer, cursor, queue, live counts together
                     self.saved_step = tr.step
                 self.write_progress()
                 steps += 1
@@ -200,3 +438,13 @@ class OnlineLearner:
         if self.stopped:
             self.log(f"stopped by {self.stopped} after update {tr.step}; the checkpoint holds it and the cursor")
         return steps
+
+
+def tr_barrier(tr) -> None:
+    if tr.world > 1:
+        barrier()
+
+
+def _mean(xs: list) -> float:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else 0.0

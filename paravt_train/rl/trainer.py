@@ -91,6 +91,9 @@ class GRPOTrainer(TrainerCheckpoints):
         self.stopped: str | None = None  # the signal that ended run() early
         self.restored_queue: dict | None = None  # its unused groups, from a checkpoint (stale_queue_on_resume)
         self.stale_prompts: list[str] = []  # train_step, η > 0: this rank's prompts whose groups were too stale
+        #: push weights to the server by itself (setup, resume, every sync_every updates); the online learner turns
+        #: it off and pushes only the versions it promotes
+        self.auto_sync = True
 
     # ------------------------------------------------------------------ agent configs
 
@@ -200,7 +203,7 @@ class GRPOTrainer(TrainerCheckpoints):
         self.extra_state: dict = {}
         self.metrics = MetricsLog(self.out, cfg.report_to, cfg.model_dump(mode="json"), rank=self.rank)
         self._resume()  # starts self.metrics at the resumed step (a resumed run pushes its checkpoint's weights)
-        if self.syncer is not None and self.step == 0:
+        if self.syncer is not None and self.step == 0 and self.auto_sync:
             # a fresh run pushes its starting weights as version "0": the server may hold another policy (an earlier
             # run's pushes, another checkpoint), and step 1's rollouts must come from the policy they train
             self.sync()
@@ -319,7 +322,7 @@ class GRPOTrainer(TrainerCheckpoints):
         t_upd = time.perf_counter() - t1
         self.step += 1
         t2 = time.perf_counter()
-        if self.syncer is not None and self.step % cfg.sync_every == 0:
+        if self.syncer is not None and self.auto_sync and self.step % cfg.sync_every == 0:
             self.sync()
         t_sync = time.perf_counter() - t2
         rec = step_metrics(self.step, groups, all_groups, prompts, stats, n_drawn, cfg, self.world)

@@ -1,0 +1,176 @@
+"""``paravt-train online``: run the online learner, and look after the versions it serves.
+
+    paravt-train online --store S --config C          learn from feedback (until interrupted)
+    paravt-train online status   --config C           the served version, the candidate, the last gate, the queue,
+                                                      rows skipped and why, per-user counts
+    paravt-train online versions --config C           every version: status, gate scores, feedback trained into it
+    paravt-train online promote V --config C          put version V on the server (pause → update → continue)
+    paravt-train online rollback [V] --config C       put back V (default: the version served before this one)
+
+A running learner follows a promote or rollback (it continues from the version that serves).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Online learning from user feedback, gated versions, promote and rollback.",
+                  add_completion=False, invoke_without_command=True)
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+def _config(config: Path, set_: list[str] | None):
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
+    from paravt_agent.errors import ConfigError
+    from paravt_train.rl.config import GRPOConfig
+
+    try:
+        return GRPOConfig.from_yaml(config, list(set_ or []))
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+def _registry(cfg):
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
+    from paravt_train.rl.versions import VersionRegistry
+
+    return VersionRegistry(Path(cfg.output_dir) / "versions")
+
+
+@app.callback()
+def run(
+    ctx: typer.Context,
+    store: str = typer.Option(None, help="Trajectory store the serving agent writes to: a SQLite path "
+                                         "(sqlite:///PATH) or postgresql://user:pass@host/db."),
+    config: Path = typer.Option(None, "--config", help="GRPOConfig YAML (model, output_dir, backend, online, ...)."),
+    endpoint: str = typer.Option(None, help="SGLang server to push promoted versions to (sets backend sglang)."),
+    set_: list[str] = typer.Option(None, "--set", help="Override key=value of the GRPO config."),
+    poll: float = typer.Option(30.0, help="Seconds between looks at the store when there is nothing to train."),
+    max_steps: int = typer.Option(None, help="Stop after this many updates (default: run until interrupted)."),
+    once: bool = typer.Option(False, "--once", help="Train on what is there now, then exit."),
+) -> None:
+    """Learn from user feedback: feedback with a correct answer becomes RL prompts (each row checked; one user's
+    rows limited); every `online.promote_every` updates the candidate is gated on a pinned evaluation set
+    (`online.gate`) and promoted to the server or kept aside; the served version's live accuracy can roll it back.
+    Progress is checkpointed: a restart neither loses nor re-trains feedback."""
+    ctx.ensure_object(dict).update(config=config, set_=set_)
+    if ctx.invoked_subcommand is not None:
+        return
+    if store is None or config is None:
+        _fail("the learner needs --store and --config (or a subcommand: status, versions, promote, rollback)")
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
+    from paravt_agent.errors import ConfigError
+    from paravt_train.infra.distributed import shutdown_distributed
+    from paravt_train.infra.interrupt import EXIT_CODE
+    from paravt_train.rl.online import OnlineLearner
+
+    overrides = list(set_ or [])
+    if endpoint:
+        overrides += ["backend=sglang", f"endpoint={endpoint}"]
+    cfg = _config(config, overrides)
+    try:
+        learner = OnlineLearner(cfg, store)
+        n = learner.run(poll=poll, max_steps=max_steps, once=once)
+    except ConfigError as exc:
+        _fail(str(exc))
+    finally:
+        shutdown_distributed()
+    typer.echo(f"{n} updates; {learner.consumed} feedback rows consumed; checkpoints in {cfg.output_dir}")
+    if learner.stopped:
+        raise typer.Exit(EXIT_CODE)
+
+
+def _opts(ctx: typer.Context, config: Path | None):
+    config = config or ctx.obj.get("config")
+    if config is None:
+        _fail("give --config (the learner's GRPOConfig YAML: its output_dir holds the versions)")
+    return _config(config, ctx.obj.get("set_"))
+
+
+@app.command("status")
+def status(ctx: typer.Context, config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML."),
+           as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
+    """The served version, the newest candidate, the last gate, the queue, rows skipped and why, per-user counts."""
+    cfg = _opts(ctx, config)
+    reg = _registry(cfg)
+    state_file = Path(cfg.output_dir) / "online_state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    versions = reg.versions()
+    serving = reg.serving()
+    newest = versions[-1] if versions else None
+    out = {**state, "serving": serving and {k: serving[k] for k in ("id", "step", "promoted_at", "reason")},
+           "newest_candidate": newest and {k: newest[k] for k in ("id", "status", "reason")},
+           "versions": len(versions)}
+    if as_json:
+        typer.echo(json.dumps(out, indent=1))
+        return
+    typer.echo(f"serving: {out['serving']['id'] if serving else '-'} ({serving.get('reason', '') if serving else ''})")
+    if newest:
+        typer.echo(f"newest candidate: {newest['id']} {newest['status']}: {newest['reason']}")
+    typer.echo(f"update {state.get('step', 0)}; queue {state.get('queued', 0)} "
+               f"{state.get('queued_by_user', {})}; skipped {state.get('skipped', 0)} {state.get('skipped_by', {})}")
+    typer.echo(f"per-user rows in the window: {state.get('users', {})}; live accuracy [right, labelled] by version: "
+               f"{state.get('live', {})}")
+
+
+@app.command("versions")
+def versions(ctx: typer.Context, config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML."),
+             as_json: bool = typer.Option(False, "--json", help="Print them as JSON.")) -> None:
+    """Every version: its status (serving, promoted, refused, rolled-back), gate scores and the feedback in it."""
+    cfg = _opts(ctx, config)
+    vs = _registry(cfg).versions()
+    if as_json:
+        typer.echo(json.dumps(vs, indent=1))
+        return
+    for v in vs:
+        g = v.get("gate") or {}
+        score = f" gate {g['candidate']:.3f} vs {g.get('served', float('nan')):.3f}" if "candidate" in g else ""
+        typer.echo(f"{v['id']:>6}  step {v['step']:>4}  {v['status']:<11}{score}  feedback {len(v['feedback'])}  "
+                   f"{v['reason']}")
+
+
+def _push(cfg, vid: str, why: str) -> None:
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
+    from paravt_agent.errors import ParaVTError
+    from paravt_train.rl.versions import push_version
+
+    reg = _registry(cfg)
+    try:
+        version = reg.get(vid)
+        push_version(cfg, version)
+        reg.set_serving(vid, reason=why)
+    except ParaVTError as exc:
+        _fail(str(exc))
+    typer.echo(f"{vid} now serves ({why})")
+
+
+@app.command("promote")
+def promote(ctx: typer.Context, version: str = typer.Argument(..., help="The version to serve (e.g. v12)."),
+            config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML.")) -> None:
+    """Serve a kept version (a refused candidate too, by the operator's decision)."""
+    cfg = _opts(ctx, config)
+    _push(cfg, version, "promoted by the operator")
+
+
+@app.command("rollback")
+def rollback(ctx: typer.Context, version: str = typer.Argument(None, help="The version to go back to (default: "
+                                                                          "the one served before the current)."),
+             config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML.")) -> None:
+    """Put an earlier version back on the server in one command."""
+    cfg = _opts(ctx, config)
+    reg = _registry(cfg)
+    if version is None:
+        serving = reg.serving()
+        before = [v for v in reg.promoted() if serving and v["id"] != serving["id"]
+                  and v["promoted_at"] < serving["promoted_at"]]
+        if not before:
+            _fail("no earlier served version to roll back to")
+        version = before[-1]["id"]
+    _push(cfg, version, "rollback by the operator")

@@ -1,0 +1,129 @@
+"""The versions an online learner made: every promoted one kept (its weights, its weight version, the feedback
+rows trained into it, its gate scores), refused candidates recorded, and which version serves.
+
+::
+
+    OUTPUT_DIR/versions/
+        index.json        [{id, step, weight_version, status, created, promoted_at, feedback, gate, reason, path}, ...]
+        serving.json      {"id": "v12", "since": <unix time>}     the version the server holds
+        v12/              a model directory (what the server loads; the agent config it was trained with)
+
+Statuses: ``serving`` (exactly one), ``promoted`` (served before), ``refused`` (a candidate the gate kept aside),
+``rolled-back`` (served, then taken back). Writes are atomic (temporary file, rename). :func:`push_version` puts
+a version on the servers (pause → update → continue), as ``paravt-train online promote|rollback`` and the
+learner do.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from paravt_agent.errors import ConfigError
+
+__all__ = ["VersionRegistry", "push_version"]
+
+
+class VersionRegistry:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def index_file(self) -> Path:
+        return self.root / "index.json"
+
+    def versions(self) -> list[dict]:
+        return json.loads(self.index_file.read_text()) if self.index_file.is_file() else []
+
+    def get(self, vid: str) -> dict:
+        for v in self.versions():
+            if v["id"] == vid:
+                return v
+        raise ConfigError(f"no version {vid!r} under {self.root} (see `paravt-train online versions`)")
+
+    def serving(self) -> dict | None:
+        f = self.root / "serving.json"
+        if not f.is_file():
+            return None
+        return self.get(json.loads(f.read_text())["id"])
+
+    def promoted(self) -> list[dict]:
+        """Versions that were served, oldest first."""
+        return sorted((v for v in self.versions() if v.get("promoted_at") is not None), key=lambda v: v["promoted_at"])
+
+    def served_at(self, t: float) -> str | None:
+        """The id of the version that served at Unix time ``t`` (by promotion times)."""
+        current = None
+        for v in self.promoted():
+            for at in v.get("served_from", [v["promoted_at"]]):
+                if at <= t and (current is None or at >= current[1]):
+                    current = (v["id"], at)
+        return current[0] if current else None
+
+    # ------------------------------------------------------------------ writing
+
+    def _write(self, name: str, obj) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{name}.tmp"
+        tmp.write_text(json.dumps(obj, indent=1))
+        tmp.replace(self.root / name)
+
+    def add(self, vid: str, step: int, path: str | Path, status: str, feedback: list[int] | None = None,
+            gate: dict | None = None, reason: str = "") -> dict:
+        rec = {"id": vid, "step": step, "weight_version": str(step), "status": status, "created": time.time(),
+               "promoted_at": None, "served_from": [], "path": str(path), "feedback": list(feedback or []),
+               "gate": gate or {}, "reason": reason}
+        self._write("index.json", [v for v in self.versions() if v["id"] != vid] + [rec])
+        return rec
+
+    def update(self, vid: str, **changes) -> dict:
+        out, rec = [], None
+        for v in self.versions():
+            if v["id"] == vid:
+                v = {**v, **changes}
+                rec = v
+            out.append(v)
+        if rec is None:
+            raise ConfigError(f"no version {vid!r} under {self.root}")
+        self._write("index.json", out)
+        return rec
+
+    def set_serving(self, vid: str, reason: str = "") -> dict:
+        """Mark ``vid`` as the served version (the one before it becomes ``promoted`` or, when ``reason`` says it
+        was taken back, ``rolled-back``)."""
+        now = time.time()
+        before = self.serving()
+        if before is not None and before["id"] != vid:
+            self.update(before["id"], status="rolled-back" if reason.startswith("rollback") else "promoted")
+        rec = self.get(vid)
+        self.update(vid, status="serving", promoted_at=rec.get("promoted_at") or now,
+                    served_from=[*rec.get("served_from", []), now], reason=reason or rec.get("reason", ""))
+        self._write("serving.json", {"id": vid, "since": now})
+        return self.get(vid)
+
+    def prune_refused(self, keep: int) -> None:
+        """Delete the weights of all but the newest ``keep`` refused candidates (their records stay)."""
+        refused = sorted((v for v in self.versions() if v["status"] == "refused" and Path(v["path"]).exists()),
+                         key=lambda v: v["created"])
+        for v in refused[: max(0, len(refused) - keep)]:
+            if Path(v["path"]).resolve().is_relative_to(self.root.resolve()):
+                shutil.rmtree(v["path"], ignore_errors=True)
+
+
+def push_version(cfg, version: dict, log=print) -> dict | None:
+    """Put a kept version on the config's servers (``/update_weights_from_disk``: pause → update → continue),
+    as its weight version. A config without a server (backend local) has nothing to push."""
+    if not cfg.endpoint or cfg.backend != "sglang":
+        log(f"no server to push {version['id']} to (backend {cfg.backend}); recorded as serving")
+        return None
+    # lazy: a command that only lists versions needs no HTTP client
+    from paravt_train.sync.disk import SGLangWeightSync
+
+    path = Path(version["path"])
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"the weights of {version['id']} are not at {path} (pruned?)")
+    return SGLangWeightSync(cfg.endpoint, path, pause_mode=cfg.sync_pause_mode).load(path, version=version["weight_version"])

@@ -1,0 +1,245 @@
+"""Online learning you can leave running (issue 48): feedback that cannot be trained on is refused or skipped
+with a counted reason, one user cannot dominate, the labels are what teaches, and a gate keeps a poisoned
+candidate off the server (without the gate the served model gets worse)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paravt_agent.agent import Agent
+from paravt_agent.errors import FeedbackError, ParaVTError
+from paravt_agent.policy.scripted import ScriptedPolicy
+from paravt_agent.store import TrajectoryStore
+from paravt_agent.trajectory import Trace
+from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.gate import decide
+from paravt_train.rl.online import OnlineLearner
+from paravt_train.rl.online_config import GateSettings
+from tests.learnable import QUESTION, TRAIN, build
+
+BIN = Path(sys.executable).parent
+
+
+def _mcq(store: TrajectoryStore, options=("red", "blue", "green", "cyan"), **kw) -> Trace:
+    t = Trace(video="v.mp4", question="What colour is shown at second 4?", options=list(options), duration=40.0,
+              answer="A", response="<answer>A</answer>", **kw)
+    store.add(t)
+    return t
+
+
+def test_malformed_feedback_is_refused_where_it_is_written(tmp_path):
+    """Each malformed row the held-out probe wrote is refused at write time with a clear error (the SDK and the
+    store; the API and Gradio answer the same messages): an option letter that does not exist, E on a 4-option
+    question, whitespace, a 1.1 MB answer, 'B ' × 500k, a span on an MCQ trace, control characters, the integer 3,
+    a trace that does not exist; a second answer that conflicts with the first."""
+    store = TrajectoryStore(tmp_path / "t.db")
+    t = _mcq(store)
+    bad = {"Z": "not an option", "E": "not an option", "   ": "empty", "x" * 1_100_000: "characters long",
+           "B " * 500_000: "characters long", "[3, 7]": "not a time span", "B\x07": "control characters",
+           3: "an answer is text", "purple": "not one of the options"}
+    for answer, why in bad.items():
+        with pytest.raises(FeedbackError, match=why):
+            store.feedback(t.id, answer=answer, user="mallory")
+    with pytest.raises(ParaVTError, match="no trace"):
+        store.feedback("missing", answer="A")
+    assert store.feedback_since(0) == []
+    seq = store.feedback(t.id, answer="(b)", user="alice")  # a letter written loosely is stored as the letter
+    assert store.feedback_since(0)[0]["answer"] == "B" and store.feedback_since(0)[0]["user_id"] == "alice"
+    assert store.feedback(t.id, answer="blue", user="bob") > seq  # the option's text: the same answer, accepted
+    with pytest.raises(FeedbackError, match="conflicts"):
+        store.feedback(t.id, answer="C", user="mallory")
+    with pytest.raises(FeedbackError, match="finite number"):
+        store.feedback(t.id, reward=float("nan"))
+    # grounding: a span within the video, nothing else
+    g = Trace(video="v.mp4", question="When is the segment of colour red shown? Answer [start, end] in seconds.",
+              duration=40.0)
+    store.add(g)
+    for answer in ("B", "red", "[10, 90]"):
+        with pytest.raises(FeedbackError):
+            store.feedback(g.id, answer=answer)
+    assert store.feedback(g.id, answer="from 10 to 14") and store.feedback_since(0)[-1]["answer"] == "[10, 14]"
+    # the SDK says who gave it; the same checks apply
+    agent = Agent(policy=ScriptedPolicy(lambda role, msgs: ""), store=store)
+    with pytest.raises(FeedbackError):
+        agent.feedback(t.id, answer="Z", user="carol")
+    # the idempotency key: a client retrying the same write (a lost connection) stores one row
+    k1 = store.feedback(g.id, thumbs=True, key="retry-1")
+    assert store.feedback(g.id, thumbs=True, key="retry-1") == k1
+
+
+def test_the_learner_skips_what_it_cannot_train_on_and_limits_each_user(tmp_path, toy_policy_dir, toy_rl):
+    """Rows written around the checks (an older writer, raw SQL) are skipped by the learner with a counted reason;
+    one user's rows are capped per window and in each update's batch."""
+    store = TrajectoryStore(tmp_path / "t.db")
+    w = toy_rl["worlds"][0]
+    q = next(q for q in w.questions if q.task == "mcq")
+    traces = []
+    for _ in range(8):
+        t = Trace(video=w.video, question=q.question, options=q.options)
+        store.add(t)
+        traces.append(t)
+    raw = "INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key) VALUES (?,?,?,?,?,?,?,?)"
+    rows = [(traces[0].id, "Z", "old"), (traces[1].id, "[1, 2]", "old"), ("gone", "A", "old"),
+            (traces[2].id, q.answer, "alice"), (traces[2].id, "A" if q.answer != "A" else "B", "bob"),
+            (traces[3].id, None, "alice")]
+    rows += [(traces[4 + k % 4].id, q.answer, "mallory") for k in range(6)]
+    conn = store._conn()
+    conn.execute("PRAGMA foreign_keys=OFF")
+    for i, (tid, answer, user) in enumerate(rows):
+        conn.execute(raw, (tid, 1000.0 + i, answer, None, None if answer else 1, None, user, f"k{i}"))
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(tmp_path / "o"), video_root=toy_rl["video_root"],
+                     prompts_per_step=4, online={"max_rows_per_user": 4, "max_user_share": 0.5})
+    learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+    learner.trainer.setup()
+    learner.poll()
+    st = learner.state
+    assert st["skipped_by"] == {"invalid answer": 2, "trace not found": 1, "conflicts with earlier feedback": 1,
+                                "no answer": 1, "user over max_rows_per_user": 2}
+    users = [d["user"] for d in st["queue"]]
+    assert users.count("mallory") == 4 and users.count("alice") == 1
+    batch = learner.take_batch()
+    assert [d["user"] for d in batch].count("mallory") == 2 and len(batch) == 3  # half of 4 at most; alice's too
+
+
+def test_the_gate_is_a_paired_non_inferiority_test():
+    g = GateSettings(enabled=True, eval_set="x", margin=0.05, confidence=0.9)
+    served = [1.0] * 20 + [0.0] * 20
+    assert decide(list(served), served, g, "in-process").promote  # the same answers
+    better = [1.0] * 30 + [0.0] * 10
+    assert decide(better, served, g, "in-process").promote
+    worse = [1.0] * 12 + [0.0] * 28  # 8 of 20 right answers lost
+    res = decide(worse, served, g, "in-process")
+    assert not res.promote and res.diff == pytest.approx(-0.2) and res.lower < -0.05 and res.n == 40
+    noisy = [0.0] + [1.0] * 19 + [0.0] * 20  # one answer lost: within the margin? the bound says no at 40 questions
+    assert decide(noisy, served, g.model_copy(update={"margin": 0.1}), "in-process").promote
+    assert decide([None, *served[1:]], served, g, "in-process").n == 39  # a failed item leaves its pair out
+
+
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory):
+    d = tmp_path_factory.mktemp("online")
+    blue = build(d, majority="blue", minority="red")
+    red = build(d, majority="red", minority="blue", base=blue["base"])
+    return {"dir": d, "blue": blue["sft"], "red": red["sft"]}
+
+
+def _served(learnable, tmp_path, model, feedback: list[tuple[str, str]]) -> Path:
+    """A store holding one answered trace per feedback row: ``(user, answer)``, the videos taken in turn."""
+    d = learnable["dir"]
+    store = TrajectoryStore(tmp_path / "traces.db")
+    for i, (user, answer) in enumerate(feedback):
+        t = Trace(video=str(d / f"v{TRAIN[i % len(TRAIN)]}.mp4"), question=QUESTION, answer="blue",
+                  response="<answer>blue</answer>")
+        store.add(t)
+        store.feedback(t.id, answer=answer, user=user)
+    return store.path
+
+
+def _learn(learnable, tmp_path, start, feedback, steps, **online) -> OnlineLearner:
+    d = learnable["dir"]
+    # lr 6e-4 with the KL term: at 1e-3 without it the tiny policy can collapse (format lost) whatever the labels
+    cfg = GRPOConfig(model=start, output_dir=str(tmp_path / "learner"), video_root=str(d), prompts_per_step=3,
+                     group_size=8, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=100, concurrency=3, seed=0,
+                     gating=False, resume=False, online=online)
+    learner = OnlineLearner(cfg, _served(learnable, tmp_path, start, feedback), progress=False, log=lambda *_: None)
+    assert learner.run(max_steps=steps, once=True) == steps
+    return learner
+
+
+def _accuracy(model_dir, learnable, answer="red") -> float:
+    from tests.learnable import heldout
+
+    scores = heldout(Agent(model=str(model_dir)), learnable["dir"], answer)
+    return sum(scores) / len(scores)
+
+
+def test_the_labels_are_what_teaches(learnable, tmp_path):
+    """From a start that answers "blue" (the truth is "red"), the users' honest labels move the served answers to
+    "red"; the same run with wrong labels ("blue") gains nothing — the format and the other reward terms are the
+    same for both words, so only the labels can carry the answer."""
+    start = learnable["blue"]
+    assert _accuracy(start, learnable) <= 0.25
+    honest = _learn(learnable, tmp_path / "honest", start, [(f"u{i % 3}", "red") for i in range(48)], 16)
+    wrong = _learn(learnable, tmp_path / "wrong", start, [(f"u{i % 3}", "blue") for i in range(48)], 16)
+    gain_honest = _accuracy(honest.registry.serving()["path"], learnable)
+    gain_wrong = _accuracy(wrong.registry.serving()["path"], learnable)
+    assert gain_honest >= 0.75 and gain_wrong <= 0.25, (gain_honest, gain_wrong)
+
+
+def test_a_gate_keeps_poisoned_candidates_off_the_server(learnable, tmp_path):
+    """The served policy answers "red" (right). Two adversarial users say "blue" beside an honest one. With the
+    gate, the candidates trained on the poison are refused and the served version never scores below the start by
+    more than the margin; without it the served model gets worse — the gate is what holds it."""
+    start = learnable["red"]
+    d = learnable["dir"]
+    before = _accuracy(start, learnable)
+    assert before >= 0.75
+    stream = [("alice", "red") if i % 3 == 0 else (f"mallory{i % 3}", "blue") for i in range(48)]
+    gate = {"enabled": True, "eval_set": str(d / "held.parquet"), "video_root": str(d), "margin": 0.1}
+    gated = _learn(learnable, tmp_path / "gated", start, stream, 16, gate=gate, rollback={"enabled": False})
+    open_ = _learn(learnable, tmp_path / "open", start, stream, 16)
+    versions = gated.registry.versions()
+    refused = [v for v in versions if v["status"] == "refused"]
+    served = [v for v in versions if v["promoted_at"] is not None]
+    assert refused, versions
+    assert all(v["gate"]["candidate"] >= before - 0.1 for v in served if "candidate" in v["gate"])
+    assert _accuracy(gated.registry.serving()["path"], learnable) >= before - 0.1
+    assert _accuracy(open_.registry.serving()["path"], learnable) < before - 0.1
+    # the operator's view, and their one-command rollback
+    cfg_file = tmp_path / "open.yaml"
+    cfg_file.write_text(json.dumps(open_.cfg.model_dump(mode="json")))
+    out = subprocess.run([BIN / "paravt-train", "online", "versions", "--config", str(cfg_file)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "v0" in out and "serving" in out
+    res = subprocess.run([BIN / "paravt-train", "online", "rollback", "v0", "--config", str(cfg_file)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "v0 now serves" in res.stdout, res.stderr
+    assert open_.registry.serving()["id"] == "v0"
+    status = json.loads(subprocess.run([BIN / "paravt-train", "online", "status", "--config", str(cfg_file), "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert status["serving"]["id"] == "v0" and status["step"] == 16
+
+
+def test_automatic_rollback_on_live_feedback(learnable, tmp_path):
+    """The served version's answers, labelled by the users' feedback, are worse than the previous version's:
+    the previous version goes back, and the learner says why."""
+    start = learnable["red"]
+    learner = _learn(learnable, tmp_path / "live", start, [("alice", "red")] * 3, 1)
+    reg = learner.registry
+    assert reg.serving()["id"] == "v1"
+    live = learner.state["live"]
+    live["v0"], live["v1"] = [18, 20], [5, 20]  # the labels of each version's own answers
+    assert learner.check_rollback() == "v0"
+    assert reg.serving()["id"] == "v0" and reg.get("v1")["status"] == "rolled-back"
+    assert "live accuracy of v1 0.25" in reg.serving()["reason"]
+    assert json.loads((Path(learner.cfg.output_dir) / "online_events.jsonl").read_text().splitlines()[-1])[
+        "event"] == "rolled-back"
+
+
+def test_a_store_that_went_away_raises_the_typed_error(postgres_db, tmp_path):
+    """PostgreSQL drops the connection (a restart): the call in flight raises StoreError saying it may be retried,
+    never psycopg's raw error, and the next call reconnects."""
+    import psycopg
+
+    from paravt_agent.errors import StoreError
+
+    store = TrajectoryStore(postgres_db)
+    t = Trace(video="v.mp4", question="q", options=["a", "b"])
+    store.add(t)
+    pid = store._execute("SELECT pg_backend_pid()")[0][0]
+    with psycopg.connect(postgres_db, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(StoreError) as err:
+        store.get(t.id)
+    assert err.value.retryable and "went away" in str(err.value)
+    assert store.get(t.id).id == t.id  # reconnected
+    # a feedback write that meets a dropped connection is retried once with its key: one row
+    pid = store._execute("SELECT pg_backend_pid()")[0][0]
+    with psycopg.connect(postgres_db, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    assert store.feedback(t.id, answer="A", key="once") and len(store.feedback_since(0)) == 1

@@ -123,6 +123,7 @@ def sft_cmd(
     """Supervised fine-tuning (cold start). Run under `torchrun --nproc_per_node N` for FSDP2."""
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError, ParaVTError
+    from paravt_train.infra.distributed import end_process
     from paravt_train.sft import train
     from paravt_train.sft.config import SFTConfig
 
@@ -132,9 +133,11 @@ def sft_cmd(
     except (ConfigError, ParaVTError) as exc:
         _fail(str(exc))
     if result.get("stopped"):
+        end_process(stopped_exit_code())
         raise typer.Exit(stopped_exit_code())
     typer.echo(f"trained {result['steps']} steps; final loss {result['losses'][-1]:.4f}; "
                f"model in {Path(result['output_dir']) / 'final'}" if result["losses"] else "nothing to train")
+    end_process(0)
 
 
 @app.command("toy")
@@ -289,7 +292,7 @@ def grpo_cmd(
     Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError, ParaVTError
-    from paravt_train.infra.distributed import shutdown_distributed
+    from paravt_train.infra.distributed import end_process, shutdown_distributed
     from paravt_train.rl.config import GRPOConfig
     from paravt_train.rl.trainer import GRPOTrainer
 
@@ -301,10 +304,12 @@ def grpo_cmd(
     finally:
         shutdown_distributed()
     if summary.get("stopped"):
+        end_process(stopped_exit_code())
         raise typer.Exit(stopped_exit_code())
     last = summary.get("last_step") or {}
     typer.echo(f"done: reward {last.get('reward', float('nan')):.3f}, f_tau {last.get('f_tau', float('nan')):.3f}, "
                f"kappa {last.get('kappa', float('nan')):.2f}; model in {summary['final_model']}")
+    end_process(0)
 
 
 @app.command("plot")

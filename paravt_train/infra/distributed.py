@@ -18,6 +18,7 @@ from paravt_agent.errors import PolicyError
 
 __all__ = [
     "shutdown_distributed",
+    "end_process",
     "all_reduce_sum",
     "on_rank0",
     "raise_everywhere",
@@ -61,6 +62,21 @@ def shutdown_distributed() -> None:
     (pytorch/pytorch#179291)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def end_process(code: int = 0) -> None:
+    """End a torchrun worker now, after :func:`shutdown_distributed`, without interpreter finalization: with the
+    group destroyed, a rank of a 4-rank GRPO run was still seen to abort at exit ("terminate called without an
+    active exception", exit -6, after its last checkpoint and model were written) while native threads were torn
+    down. Everything a run writes is closed before this (checkpoints, metrics, trackers); stdout and stderr are
+    flushed here. One process (no torchrun) exits normally."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def device() -> torch.device:

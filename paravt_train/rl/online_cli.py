@@ -67,7 +67,7 @@ def run(
         _fail("the learner needs --store and --config (or a subcommand: status, versions, promote, rollback)")
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError
-    from paravt_train.infra.distributed import shutdown_distributed
+    from paravt_train.infra.distributed import end_process, shutdown_distributed
     from paravt_train.infra.interrupt import EXIT_CODE
     from paravt_train.rl.online import OnlineLearner
 
@@ -83,6 +83,7 @@ def run(
     finally:
         shutdown_distributed()
     typer.echo(f"{n} updates; {learner.consumed} feedback rows consumed; checkpoints in {cfg.output_dir}")
+    end_process(EXIT_CODE if learner.stopped else 0)  # a torchrun worker ends here (infra.distributed)
     if learner.stopped:
         raise typer.Exit(EXIT_CODE)
 

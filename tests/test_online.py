@@ -243,3 +243,41 @@ def test_a_store_that_went_away_raises_the_typed_error(postgres_db, tmp_path):
     with psycopg.connect(postgres_db, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     assert store.feedback(t.id, answer="A", key="once") and len(store.feedback_since(0)) == 1
+
+
+def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
+    """With ``lora.enabled`` the learner trains adapters only; each version it keeps is the adapter (a small
+    fraction of the model's bytes), the gate evaluates it merged into the base, a refused candidate reverts the
+    adapter, and a push swaps the adapter in by name on the server (pause → unload → load → continue)."""
+    d = learnable["dir"]
+    srv = json_server(lambda path, body: (200, {"success": True, "workers": []} if path == "/workers"
+                                          else {"success": True}))
+    stream = [(f"u{i % 3}", "red") for i in range(6)]
+    gate = {"enabled": True, "eval_set": str(d / "held.parquet"), "video_root": str(d), "margin": 0.5}
+    cfg = GRPOConfig(model=learnable["blue"], output_dir=str(tmp_path / "learner"), video_root=str(d),
+                     prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=100,
+                     concurrency=3, seed=0, gating=False, resume=False, lora={"enabled": True, "r": 4, "alpha": 8},
+                     backend="sglang", endpoint=srv.url, weight_sync="lora", online={"gate": gate})
+    from paravt_train.rl.versions import VersionRegistry, push_version
+
+    # the learner itself rolls out in this process here (the recording server generates nothing): local backend
+    local = cfg.model_copy(update={"backend": "local", "endpoint": None, "weight_sync": "disk"})
+    learner = OnlineLearner(local, _served(learnable, tmp_path, local.model, stream), progress=False,
+                            log=lambda *_: None)
+    assert learner.run(max_steps=2, once=True) == 2
+    tr = learner.trainer
+    trainable = sum(p.numel() for p in tr.model.parameters() if p.requires_grad)
+    assert 0 < trainable < 0.1 * sum(p.numel() for p in tr.model.parameters())
+    reg = VersionRegistry(tmp_path / "learner" / "versions")
+    versions = reg.versions()
+    assert [v["id"] for v in versions] == ["v0", "v1", "v2"]
+    model_bytes = sum(f.stat().st_size for f in Path(learnable["blue"]).glob("*.safetensors"))
+    for v in versions:
+        files = list(Path(v["path"]).iterdir())
+        assert {f.name for f in files} == {"adapter_config.json", "adapter_model.safetensors"}
+        assert sum(f.stat().st_size for f in files) < 0.1 * model_bytes
+        assert "candidate" in v["gate"]
+    push_version(cfg, versions[-1])  # the adapter onto a server, by name
+    assert srv.paths[-4:] == ["/pause_generation", "/unload_lora_adapter", "/load_lora_adapter", "/continue_generation"]
+    load = srv.bodies[-2]
+    assert load["lora_name"] == "paravt" and load["lora_path"] == str(Path(versions[-1]["path"]).resolve())

@@ -35,6 +35,7 @@ from paravt_agent.config import load_yaml_model
 from paravt_train.infra.tracking import ReportTo
 from paravt_train.rewards import RewardConfig
 from paravt_train.rl.online_config import OnlineSettings
+from paravt_train.sft.config import LoraSettings
 
 __all__ = ["PRESETS", "GRPOConfig", "ReplaySettings"]
 
@@ -108,13 +109,19 @@ class GRPOConfig(BaseModel):
                                               "the trained parameters: one process, CPU or one GPU) or sglang (an "
                                               "SGLang server; torchrun + FSDP2 for the actor), or a plugin.")
     endpoint: str | None = Field(None, description="Rollout server URL (backend sglang; weight syncs go there).")
-    weight_sync: Literal["disk", "tensor", "distributed"] = Field(
+    weight_sync: Literal["disk", "tensor", "distributed", "lora"] = Field(
         "disk", description="How updated weights reach the SGLang server: disk = /update_weights_from_disk (the "
                             "server reads a directory rank 0 writes); tensor = /update_weights_from_tensor "
                             "(co-located server on the same machine: tensors pass as shared-memory/CUDA IPC "
                             "handles, nothing is written); distributed = /init_weights_update_group + "
                             "/update_weights_from_distributed (a server on another node: tensors broadcast over "
-                            "a process group, no shared disk).")
+                            "a process group, no shared disk); lora = the adapter alone (`lora.enabled`): "
+                            "/load_lora_adapter under `lora_name`, the previous adapter of that name unloaded.")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="Train LoRA adapters (peft) instead of every "
+                               "weight; the KL reference is the base (the adapter disabled). With backend sglang the "
+                               "adapter is what is pushed (`weight_sync: lora`) and what an online version keeps.")
+    lora_name: str = Field("paravt", description="weight_sync lora: the adapter's name on the server (the served "
+                           "agents name it per request: SGLang's `lora_path`).")
     sync_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="dtype the tensor and distributed syncs send (the serving dtype): auto = bfloat16 on "
                             "GPUs, float32 on CPU.")
@@ -266,6 +273,12 @@ class GRPOConfig(BaseModel):
                    "the policy retries fails its episode")
             raise ValueError(f"max_staleness {self.max_staleness} needs sync_pause_mode retract (got "
                              f"{self.sync_pause_mode}): {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _lora(self):
+        if self.weight_sync == "lora" and not self.lora.enabled:
+            raise ValueError("weight_sync lora pushes an adapter: set lora.enabled true")
         return self
 
     @classmethod

@@ -70,10 +70,23 @@ def decide(candidate: list, served: list, gate: GateSettings, mode: str, seconds
 def evaluate_dir(model_dir, agent_config, prompts, concurrency: int = 8, endpoint: str | None = None) -> list:
     """Per-question scores of the model in ``model_dir``: in this process (``endpoint`` None) or on the SGLang
     server at ``endpoint`` (a shadow server holding it)."""
+    from pathlib import Path
+
     from paravt_agent.policy.registry import make_policy
 
-    if endpoint is None:
-        policy = make_policy("local", str(model_dir), max_batch=16)
-    else:
+    adapter = Path(model_dir) / "adapter_config.json"
+    if endpoint is not None:
         policy = make_policy("sglang", str(model_dir), endpoint)
+    elif adapter.is_file():  # a LoRA version: its adapter merged into the base, in this process
+        import json
+
+        from peft import PeftModel
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        base = json.loads(adapter.read_text())["base_model_name_or_path"]
+        merged = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), str(model_dir))
+        policy = make_policy("local", base, model_obj=merged.merge_and_unload().eval(),
+                             processor=AutoProcessor.from_pretrained(base), max_batch=16)
+    else:
+        policy = make_policy("local", str(model_dir), max_batch=16)
     return heldout_scores(policy, agent_config, prompts, concurrency)["eval/scores"]

@@ -56,6 +56,7 @@ from paravt_train.infra.distributed import (
 from paravt_train.infra.interrupt import GracefulStop
 from paravt_train.infra.tracking import MetricsLog
 from paravt_train.judge import LLMJudge
+from paravt_train.rl import lora
 from paravt_train.rl.async_loop import AsyncRollouts, require_served_policy, within_staleness
 from paravt_train.rl.checkpoints import TrainerCheckpoints
 from paravt_train.rl.config import GRPOConfig
@@ -168,10 +169,12 @@ class GRPOTrainer(TrainerCheckpoints):
         self.chat = ChatTokenizer(self.processor)
         self.eos_id = self.chat.eos_id
         self.model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=torch.float32).to(self.device)
+        if cfg.lora.enabled:  # adapters only; the KL reference is the base with the adapter disabled (no copy)
+            self.model = lora.wrap(self.model, cfg.lora)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref = None
-        if cfg.kl_coef > 0:  # the frozen reference: bf16 on GPUs, sharded like the actor under FSDP2
+        if cfg.kl_coef > 0 and not cfg.lora.enabled:  # the frozen reference: bf16 on GPUs, sharded like the actor
             ref_dtype = torch.bfloat16 if use_bf16 else torch.float32
             self.ref = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=ref_dtype).to(self.device)
             self.ref.eval().requires_grad_(False)
@@ -210,13 +213,22 @@ class GRPOTrainer(TrainerCheckpoints):
         self._ready = True
 
     def save_model(self, path: Path) -> Path:
-        """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads."""
+        """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads (a LoRA
+        run's adapter merged into a fresh copy of the base)."""
         agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
+        if self.cfg.lora.enabled:
+            return lora.export_merged(self.model, self.processor, self.cfg.model, path, self.cfg.lora, agent.to_yaml())
         return export_model(self.model, self.processor, path, agent.to_yaml())
+
+    def save_adapter(self, path: Path) -> Path:
+        """A LoRA run's adapter directory (peft's layout: what SGLang's /load_lora_adapter loads)."""
+        return lora.save_adapter(self.model, path, self.cfg.lora, self.cfg.model)
 
     def export_for_server(self, model, path: Path) -> Path:
         """The model directory a server loads for ``weight_sync: disk`` (:class:`ServerExport`: the serving dtype,
         only the parts that changed since the last export rewritten); every rank calls it."""
+        if self.cfg.lora.enabled:
+            return self.save_adapter(path)
         if getattr(self, "_server_export", None) is None or self._server_export.path != Path(path):
             agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
             self._server_export = ServerExport(Path(path), self.processor,

@@ -209,6 +209,9 @@ class PolicyUpdate:
         with torch.no_grad(), self.autocast():
             if self.ref is not None:
                 mb.ref_logp, _ = token_logprobs(self.ref, t, cfg.temperature)
+            elif cfg.kl_coef > 0 and hasattr(self.model, "disable_adapter"):  # LoRA: the reference is the base
+                with self.model.disable_adapter():
+                    mb.ref_logp, _ = token_logprobs(self.model, t, cfg.temperature)
             recomputed, _ = token_logprobs(self.model, t, cfg.temperature)
         behaviour = t["behaviour_logp"][:, 1:]
         off = torch.tensor([c.off_policy for c in chunk], device=dev)[:, None]

@@ -122,8 +122,11 @@ def push_version(cfg, version: dict, log=print) -> dict | None:
         return None
     # lazy: a command that only lists versions needs no HTTP client
     from paravt_train.sync.disk import SGLangWeightSync
+    from paravt_train.sync.lora import SGLangLoraSync
 
     path = Path(version["path"])
+    if (path / "adapter_config.json").is_file():  # a LoRA version: the adapter, swapped in under the served name
+        return SGLangLoraSync(cfg.endpoint, path, name=cfg.lora_name, pause_mode=cfg.sync_pause_mode).load(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"the weights of {version['id']} are not at {path} (pruned?)")
     return SGLangWeightSync(cfg.endpoint, path, pause_mode=cfg.sync_pause_mode).load(path, version=version["weight_version"])

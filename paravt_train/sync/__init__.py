@@ -15,6 +15,7 @@ The loop, top to bottom (what ``GRPOTrainer.sync`` does after an update, every `
 - :mod:`~paravt_train.sync.http`: SGLang's admin routes (pause modes, sessions, routers, the idle flush).
 - :mod:`~paravt_train.sync.disk`: ``weight_sync: disk`` (any server that can read the directory).
 - :mod:`~paravt_train.sync.streamed`: ``weight_sync: tensor`` (co-located) and ``distributed`` (other nodes).
+- :mod:`~paravt_train.sync.lora`: ``weight_sync: lora`` (a LoRA run's adapter alone, swapped in by name).
 
 :func:`make_weight_sync` picks the sync by the config's name; the trainer never branches on it.
 """
@@ -27,6 +28,7 @@ from paravt_agent.errors import ConfigError
 from paravt_train.sync.base import WeightSync
 from paravt_train.sync.disk import SGLangWeightSync
 from paravt_train.sync.http import PAUSE_MODES, expand_routers, flush_when_idle
+from paravt_train.sync.lora import SGLangLoraSync
 from paravt_train.sync.streamed import (
     SGLangDistributedSync,
     SGLangTensorSync,
@@ -34,7 +36,8 @@ from paravt_train.sync.streamed import (
     stream_parameters,
 )
 
-__all__ = ["PAUSE_MODES", "SGLangDistributedSync", "SGLangTensorSync", "SGLangWeightSync", "WeightSync",
+__all__ = ["PAUSE_MODES", "SGLangDistributedSync", "SGLangLoraSync", "SGLangTensorSync", "SGLangWeightSync",
+           "WeightSync",
            "expand_routers", "flush_when_idle", "make_weight_sync", "serving_dtype", "stream_parameters"]
 
 
@@ -56,7 +59,11 @@ def _distributed(cfg, url: str, folder: Path, export, device) -> WeightSync:
 
 
 #: the syncs by their ``weight_sync`` name
-SYNCS = {"disk": _disk, "tensor": _tensor, "distributed": _distributed}
+def _lora(cfg, url: str, folder: Path, export, device) -> WeightSync:
+    return SGLangLoraSync(url, folder, name=cfg.lora_name, pause_mode=cfg.sync_pause_mode, export=export)
+
+
+SYNCS = {"disk": _disk, "tensor": _tensor, "distributed": _distributed, "lora": _lora}
 
 
 def make_weight_sync(cfg, policy, model, folder: Path, export=None, device=None) -> WeightSync | None:

@@ -1,0 +1,74 @@
+"""``weight_sync: lora``: a LoRA run pushes its adapter alone (megabytes, not the model).
+
+SGLang serves LoRA adapters by name (``--enable-lora``; a request names its adapter in ``lora_path``):
+``POST /load_lora_adapter {"lora_name", "lora_path"}`` loads a peft adapter directory and
+``POST /unload_lora_adapter {"lora_name"}`` drops one. A name is loaded once, so a new version of the served
+adapter goes in as: pause → unload the name → load the new directory under it → continue (a request is never
+served by half an adapter). :meth:`SGLangLoraSync.load_beside` loads a candidate under a name of its own, beside the
+served one, for a gate that evaluates it on the same server by naming it per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from paravt_agent.errors import PolicyError
+from paravt_train.sync.base import WeightSync
+from paravt_train.sync.http import PAUSE_MODES, Paused, expand_routers, json_of, urls_of
+
+__all__ = ["SGLangLoraSync"]
+
+
+class SGLangLoraSync(WeightSync):
+    def __init__(self, endpoint: str | Iterable[str], folder: Path, name: str = "paravt", timeout: float = 600.0,
+                 pause_mode: str = "retract", export=None):
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
+        self.urls, self.folder, self.name = urls_of(endpoint), Path(folder), name
+        self.timeout, self.pause_mode, self.export = timeout, pause_mode, export
+        self.bytes = 0  # what the last push sent (the adapter's files)
+
+    def push(self, model, version: str, rank: int = 0) -> dict | None:
+        """Every rank exports the adapter (gathered from the shards); rank 0 swaps it in on every server."""
+        if self.export is None:
+            raise TypeError("this LoRA sync was made without an export function: use load(adapter_dir)")
+        path = self.export(model, self.folder / f"adapter-{version}")
+        return self.load(path) if rank == 0 else None
+
+    def load(self, adapter_dir: str | Path, name: str | None = None) -> dict:
+        """The adapter in ``adapter_dir`` becomes ``name`` (default: the served name) on every server."""
+        import httpx
+
+        name = name or self.name
+        adapter_dir = Path(adapter_dir).resolve()
+        self.bytes = sum(f.stat().st_size for f in adapter_dir.iterdir() if f.is_file())
+        results = []
+        with httpx.Client(timeout=self.timeout) as client:
+            for url in expand_routers(client, self.urls):
+                try:
+                    with Paused(client, url, self.pause_mode):
+                        client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})  # absent: fine
+                        resp = client.post(f"{url}/load_lora_adapter",
+                                           json={"lora_name": name, "lora_path": str(adapter_dir)})
+                except httpx.HTTPError as exc:
+                    raise PolicyError(f"adapter sync to {url} failed: {exc}", transient=True) from exc
+                data = json_of(resp)
+                if resp.status_code != 200 or data.get("success") is False:
+                    raise PolicyError(f"{url}/load_lora_adapter refused {adapter_dir}: "
+                                      f"{data.get('message') or data.get('error_message') or resp.text[:300]}")
+                results.append(data)
+        return results[0] if len(results) == 1 else {"success": True, "servers": results}
+
+    def load_beside(self, adapter_dir: str | Path, name: str) -> dict:
+        """A candidate under its own name, beside the served adapter (no pause needed: nobody names it yet)."""
+        import httpx
+
+        with httpx.Client(timeout=self.timeout) as client:
+            for url in expand_routers(client, self.urls):
+                client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
+                resp = client.post(f"{url}/load_lora_adapter", json={"lora_name": name,
+                                                                      "lora_path": str(Path(adapter_dir).resolve())})
+                if resp.status_code != 200 or json_of(resp).get("success") is False:
+                    raise PolicyError(f"{url}/load_lora_adapter refused {adapter_dir}: {resp.text[:300]}")
+        return {"success": True, "name": name}

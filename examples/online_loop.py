@@ -1,139 +1,182 @@
-"""Online learning from feedback, end to end on the toy: a served agent gets better from its users' feedback.
+"""Online learning from feedback on the toy: the labels are what teaches, and a gate keeps poisoned updates away.
 
-    .venv/bin/python examples/online_loop.py            # 7.1 min on 2 cores (measured)
-    .venv/bin/python examples/online_loop.py --questions 40 --updates 6 --pace 1    # a quick look
+    .venv/bin/python examples/online_loop.py                       # the four runs below (time: docs/toy.md)
+    .venv/bin/python examples/online_loop.py --updates 6 --runs honest,wrong     # a quick look
 
-1. A server that speaks SGLang's HTTP API (``tests/sglang_server.py``: the real tiny model on CPU) serves
-   the tool-shy toy policy (``paravt_train.toy.toolshy``, the same start as ``examples/toy_rl.py``): a
-   policy that usually skips the tool on sparse overviews, so it gets colour-at-t questions wrong often.
-2. The served agent (``Agent(backend="sglang", store=...)``) answers the held-out questions: before.
-3. A scripted user asks ``--questions`` colour-at-t questions (MCQ, 8-frame overviews) through the served
-   agent, one every ``--pace`` seconds, and gives feedback on each (the right option), into the trajectory
-   store; how often the server answered the user right is printed per third of the questions.
-4. Meanwhile ``paravt-train online`` (its own process) learns from the store: each update rolls out fresh
-   groups through the same server, takes a PARA-GRPO step and pushes the weights to the server
-   (``/pause_generation`` retract → ``/update_weights_from_disk`` → ``/continue_generation``), while the
-   server keeps answering the user.
-5. The same server answers the held-out questions again: after. Prints accuracy before → after with 95%
-   intervals and the paired gain, and writes OUT/results.json.
+The start is the shipped toy policy made *systematically wrong* by a short SFT: on colour-at-t multiple-choice
+questions it crops the video as usual, reads the right colour, and then answers the option after it most of
+the time (``--bias``, 70 %). Format, tool use and every other reward term are the same whichever option it
+names, so only the users' labels can say which option is right.
+
+Each run starts a fresh trajectory store and learner from that start. Scripted users ask colour-at-t questions
+about videos no training saw, the served agent answers, and they give feedback (``Agent.feedback``, each with a
+``user``); ``OnlineLearner`` (``paravt-train online``'s loop, in this process, rollouts in-process) trains on the
+feedback, one candidate per ``--promote-every`` updates:
+
+* ``honest``: every label is the right option;
+* ``wrong``: every label is a wrong option (the control: if the feedback's content did not matter, this would
+  gain as much);
+* ``adversarial``: two users in three are honest, one gives a wrong option as every label; no gate;
+* ``adversarial+gate``: the same stream with the gate on (a pinned evaluation set of other held-out worlds,
+  margin ``--margin``): a candidate worse than the served version is kept aside and the learner reverts.
+
+After each run the held-out accuracy (greedy, n = 8, worlds of ``--seed`` on, disjoint from the users' and the
+gate's) of the version that served after every ``--promote-every`` updates is measured; the table prints
+accuracy through the run, the final gain with its paired 95% interval, and the candidates refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
+import random
+import shutil
 import sys
-import threading
 import time
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from paravt_agent.agent import Agent  # noqa: E402
-from paravt_agent.config import AgentConfig  # noqa: E402
+from paravt_agent.protocol import LETTERS, option_body  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
-from paravt_train.benchmarks import EvalItem  # noqa: E402
-from paravt_train.eval import evaluate_items  # noqa: E402
+from paravt_train.data import write_parquet  # noqa: E402
 from paravt_train.eval.stats import mean_ci, paired_diff_ci  # noqa: E402
-from paravt_train.toy.build import TEST_SEED0  # noqa: E402
+from paravt_train.rl.config import GRPOConfig  # noqa: E402
+from paravt_train.rl.gate import evaluate_dir  # noqa: E402
+from paravt_train.rl.online import OnlineLearner  # noqa: E402
+from paravt_train.sft import train  # noqa: E402
+from paravt_train.sft.config import SFTConfig  # noqa: E402
+from paravt_train.toy.build import TEST_SEED0, toy_agent_config  # noqa: E402
 from paravt_train.toy.quickstart import REPO_CHECKPOINT  # noqa: E402
-from paravt_train.toy.toolshy import build_toolshy  # noqa: E402
-from paravt_train.toy.world import make_worlds  # noqa: E402
-from tests.conftest import SGLangStub  # noqa: E402
+from paravt_train.toy.rows import rl_rows  # noqa: E402
+from paravt_train.toy.world import make_worlds, parallel_trace  # noqa: E402
+from tools import ToolRegistry  # noqa: E402
 
-USER_SEED0 = 800_000  # the user's videos: worlds no training saw
-HELD_SEED0 = TEST_SEED0 + 7000
+BIASED_SEED0 = 710_000  # the biased start's SFT worlds
+USER_SEED0 = 810_000  # the users' videos
+GATE_SEED0 = TEST_SEED0 + 8000  # the gate's pinned evaluation set
+RUNS = ("honest", "wrong", "adversarial", "adversarial+gate")
 
 
-def heldout(agent: Agent, worlds) -> list[float]:
-    items = [EvalItem(benchmark="toy", uid=q.qid, video=w.video, question=q.question, task="mcq",
-                      answer=q.answer, options=q.options) for w in worlds
-             for q in w.questions]
-    recs = agent.run(evaluate_items(agent, items, concurrency=8, progress=False))
-    return [None if r["failed"] else r["correct"] for r in recs]  # None: the runtime failed it (not scored)
+def biased_start(model: str, out: Path, bias: float, steps: int = 120, worlds: int = 60) -> Path:
+    """The toy policy answering the option after the right one in ``bias`` of its SFT traces (cached)."""
+    if (out / "config.json").is_file():
+        return out
+    work = out.with_name(out.name + ".build")
+    rng = random.Random(0)
+    ws = make_worlds(range(BIASED_SEED0, BIASED_SEED0 + worlds), work / "videos", False, mcq=3, oe=0, tvg=0)
+    schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
+    rows = []
+    for w in ws:
+        for q in w.questions:
+            msgs = parallel_trace(w, q, w.video, rng.choice((4, 8, 16)), schema)
+            if rng.random() < bias:  # the next option's colour instead of the right one
+                right = LETTERS.index(q.answer)
+                wrong = option_body(q.options[(right + 1) % len(q.options)]).strip()
+                text = msgs[-1]["content"]
+                msgs[-1] = {**msgs[-1], "content": text[: text.rindex("<answer>")] + f"<answer> {wrong}</answer>"}
+            rows.append({"id": q.qid, "messages": msgs})
+    data = write_parquet(rows, work / "sft.parquet")
+    cfg = SFTConfig(model=model, data=str(data), output_dir=str(work / "sft"), frames=toy_agent_config().frames,
+                    lr=5e-4, batch_size=8, micro_batch_size=1, max_steps=steps, warmup_ratio=0.1, save_every=0,
+                    seed=0, resume=False)
+    train(cfg, progress=False)
+    shutil.copytree(work / "sft" / "final", out, dirs_exist_ok=True)
+    return out
+
+
+def prompts_parquet(worlds, path: Path) -> Path:
+    return write_parquet(rl_rows(worlds, path.parent), path)
+
+
+def run(name: str, start: Path, users, out: Path, args, gate_set: Path, vids: Path) -> dict:
+    """One online run; returns the serving version after each promotion round and the refusals."""
+    d = out / name
+    shutil.rmtree(d, ignore_errors=True)
+    store = TrajectoryStore(d / "traces.db")
+    served = Agent(model=str(start), config=toy_agent_config().model_copy(
+        update={"frames": toy_agent_config().frames.model_copy(update={"n_frames": 8})}), store=store)
+    rng = random.Random(name)
+    k = 0
+    for w in users:
+        for q in w.questions:
+            ans = served.answer(w.video, q.question, q.options)
+            user = f"user{k % 3}"
+            honest = name == "honest" or (name.startswith("adversarial") and k % 3 != 2)
+            label = q.answer if honest else rng.choice([x for x in LETTERS[: len(q.options)] if x != q.answer])
+            served.feedback(ans.trace.id, answer=label, user=user)
+            k += 1
+    online = {"promote_every": args.promote_every, "max_user_share": 0.5, "rollback": {"enabled": False}}
+    if name.endswith("+gate"):
+        online["gate"] = {"enabled": True, "eval_set": str(gate_set), "video_root": str(vids), "n_frames": 8,
+                          "margin": args.margin}
+    cfg = GRPOConfig(model=str(start), output_dir=str(d / "learner"), video_root=str(vids), prompts_per_step=4,
+                     group_size=8, temperature=0.7, lr=args.lr, max_new_tokens=256, subagent_max_new_tokens=32,
+                     micro_batch_size=1, save_every=100, concurrency=4, gating_choices=[4, 8], resume=False,
+                     online=online)
+    learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+    t0 = time.time()
+    learner.run(max_steps=args.updates, once=True)
+    served_path = [v["path"] for v in learner.registry.promoted()]  # in the order they served
+    return {"versions": learner.registry.versions(), "served": served_path, "minutes": (time.time() - t0) / 60}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=str(REPO_CHECKPOINT), help="The toy SFT policy (default: checkpoints/toy).")
+    ap.add_argument("--model", default=str(REPO_CHECKPOINT), help="The toy policy (default: checkpoints/toy).")
     ap.add_argument("--out", default="runs/online_loop")
-    ap.add_argument("--start", default="runs/toy_rl/start", help="The tool-shy start (built here when missing; "
-                                                                 "examples/toy_rl.py builds the same one).")
-    ap.add_argument("--questions", type=int, default=120, help="Questions the scripted user asks.")
-    ap.add_argument("--updates", type=int, default=20, help="Updates the online learner makes.")
-    ap.add_argument("--pace", type=float, default=3.0, help="Seconds the user waits between questions (so the "
-                                                            "asking spans the training).")
-    ap.add_argument("--eval-worlds", type=int, default=40, help="Held-out worlds (2 MCQ each).")
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"Which of {', '.join(RUNS)}.")
+    ap.add_argument("--bias", type=float, default=0.7, help="Share of the start's SFT answers shifted one option.")
+    ap.add_argument("--updates", type=int, default=12, help="Updates per run (4 prompts each).")
+    ap.add_argument("--promote-every", type=int, default=3, help="Updates per candidate.")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--margin", type=float, default=0.05, help="The gate's non-inferiority margin.")
+    ap.add_argument("--seed", type=int, default=TEST_SEED0 + 7000, help="First seed of the held-out worlds.")
+    ap.add_argument("--eval-worlds", type=int, default=20, help="Held-out worlds (2 MCQ each).")
     args = ap.parse_args()
-
     out = Path(args.out)
-    t0 = time.time()
-    start = build_toolshy(args.model, args.start)
-    held = make_worlds(range(HELD_SEED0, HELD_SEED0 + args.eval_worlds), out / "videos", mcq=2, oe=0, tvg=0)
-    user_worlds = make_worlds(range(USER_SEED0, USER_SEED0 + (args.questions + 1) // 2), out / "videos", mcq=2,
-                              oe=0, tvg=0)
-    store_path = out / "traces.db"
-    store_path.unlink(missing_ok=True)
-    store = TrajectoryStore(store_path)
-    stub = SGLangStub(str(start), threads=1)
-    print(f"server up at {stub.url} serving {start} ({(time.time() - t0) / 60:.1f} min)")
-    try:
-        config = AgentConfig.for_model(start).model_copy(update={"frames": AgentConfig.for_model(start).frames.model_copy(
-            update={"n_frames": 8})})
-        served = Agent(backend="sglang", endpoint=stub.url, model=str(start), config=config, store=store)
-        before = heldout(served, held)
-        print(f"held-out before: {mean_ci(before)[0]:.3f} ({len(before)} questions, "
-              f"{before.count(None)} failed in the runtime)")
-        cfg = {"model": str(start), "output_dir": str(out / "learner"), "backend": "sglang", "endpoint": stub.url,
-               "prompts_per_step": 4, "group_size": 8, "temperature": 0.7, "lr": args.lr, "gating_choices": [4, 8],
-               "max_new_tokens": 256, "subagent_max_new_tokens": 32, "micro_batch_size": 1, "save_every": 1,
-               "resume": False, "sync_pause_mode": "retract"}
-        (out / "learner.yaml").write_text(yaml.safe_dump(cfg))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        learner = subprocess.Popen([sys.executable, "-m", "paravt_train.cli", "online", "--store", str(store_path),
-                                    "--config", str(out / "learner.yaml"), "--poll", "2",
-                                    "--max-steps", str(args.updates)], env=env)
-        asked = []
+    t_all = time.time()
+    vids = out / "videos"
+    start = biased_start(args.model, out / "start", args.bias)
+    held = make_worlds(range(args.seed, args.seed + args.eval_worlds), vids, False, mcq=2, oe=0, tvg=0)
+    gate_w = make_worlds(range(GATE_SEED0, GATE_SEED0 + 10), vids, False, mcq=2, oe=0, tvg=0)
+    users = make_worlds(range(USER_SEED0, USER_SEED0 + args.updates * 2), vids, False, mcq=2, oe=0, tvg=0)
+    held_set, gate_set = prompts_parquet(held, vids / "held.parquet"), prompts_parquet(gate_w, vids / "gate.parquet")
+    from paravt_train.data import prompts_from_rl
 
-        def user() -> None:  # asks, reads the answer, says what was right
-            for w in user_worlds:
-                for q in w.questions:
-                    if len(asked) >= args.questions:
-                        return
-                    ans = served.answer(w.video, q.question, q.options)
-                    served.feedback(ans.trace.id, answer=q.answer)
-                    asked.append(ans.choice == q.answer)
-                    time.sleep(args.pace)
+    held_prompts = prompts_from_rl(held_set, vids)
+    cfg8 = toy_agent_config().model_copy(update={"frames": toy_agent_config().frames.model_copy(update={"n_frames": 8})})
+    cache: dict[str, list] = {}
 
-        th = threading.Thread(target=user)
-        th.start()
-        th.join()
-        third = max(1, len(asked) // 3)
-        thirds = [asked[:third], asked[third:-third], asked[-third:]]
-        print(f"the user asked {len(asked)} questions while the learner trained: {sum(asked)} answered right; "
-              f"first / middle / last third: " + " / ".join(f"{sum(t) / max(1, len(t)):.2f}" for t in thirds)
-              + f" ({(time.time() - t0) / 60:.1f} min)")
-        code = learner.wait()
-        if code != 0:
-            raise SystemExit(f"the online learner exited with {code}")
-        after = heldout(served, held)
-    finally:
-        stub.close()
-    b, a, g = mean_ci(before), mean_ci(after), paired_diff_ci(before, after)
-    result = {"heldout_before": b, "heldout_after": a, "gain": g, "questions_asked": len(asked),
-              "heldout_failed": [before.count(None), after.count(None)],
-              "asked_right": sum(asked), "asked_right_by_third": [sum(t) / max(1, len(t)) for t in thirds],
-              "updates": args.updates, "minutes": (time.time() - t0) / 60}
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    print(f"\nheld-out accuracy (n = 8, {len(before)} questions, greedy, the same server): "
-          f"{b[0]:.2f} [{b[1]:.2f}, {b[2]:.2f}] → {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}]; gain {g[0]:+.2f} "
-          f"[{g[1]:+.2f}, {g[2]:+.2f}]; {result['minutes']:.1f} min")
+    def heldout(path) -> list:
+        if str(path) not in cache:
+            cache[str(path)] = evaluate_dir(path, cfg8, held_prompts)
+        return cache[str(path)]
+
+    before = heldout(start)
+    print(f"start ({args.bias:.0%} biased): held-out {mean_ci(before)[0]:.2f} on {len(before)} questions")
+    results = {}
+    for name in args.runs.split(","):
+        r = run(name, start, users, out, args, gate_set, vids)
+        curve = [mean_ci(heldout(p))[0] for p in r["served"]]
+        after = heldout(r["served"][-1])
+        refused = [v["id"] for v in r["versions"] if v["status"] == "refused"]
+        results[name] = {"curve": curve, "gain": paired_diff_ci(before, after), "after": mean_ci(after),
+                         "refused": refused, "minutes": r["minutes"]}
+        print(f"{name}: held-out through the run {' → '.join(f'{x:.2f}' for x in curve)}; refused {refused}; "
+              f"{r['minutes']:.1f} min", flush=True)
+    print("\n| run | held-out accuracy, each served version | after (95% CI) | gain (paired 95% CI) | "
+          "candidates refused | minutes |\n|---|---|---|---|---|---|")
+    for name, r in results.items():
+        a, g = r["after"], r["gain"]
+        print(f"| {name} | {' → '.join(f'{x:.2f}' for x in r['curve'])} | {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | "
+              f"{g[0]:+.2f} [{g[1]:+.2f}, {g[2]:+.2f}] | {len(r['refused'])} | {r['minutes']:.1f} |")
+    print(f"\n{len(before)} held-out questions (seeds {args.seed}-{args.seed + args.eval_worlds - 1}); "
+          f"{args.updates} updates of 4 prompts, a candidate every {args.promote_every}; "
+          f"{(time.time() - t_all) / 60:.1f} min in all")
+    (out / "results.json").write_text(json.dumps({"before": before, **results}, indent=1, default=str))
 
 
 if __name__ == "__main__":

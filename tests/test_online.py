@@ -281,3 +281,48 @@ def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
     assert srv.paths[-4:] == ["/pause_generation", "/unload_lora_adapter", "/load_lora_adapter", "/continue_generation"]
     load = srv.bodies[-2]
     assert load["lora_name"] == "paravt" and load["lora_path"] == str(Path(versions[-1]["path"]).resolve())
+
+
+def test_a_learner_killed_during_a_promotion_restarts_on_a_promoted_version(learnable, tmp_path):
+    """The push of a promotion dies half-way (the process is killed between recording the candidate and the
+    server taking it): the restarted learner puts the version the registry says serves back on the server first,
+    and trains no feedback twice."""
+    d = learnable["dir"]
+    cfg = GRPOConfig(model=learnable["red"], output_dir=str(tmp_path / "learner"), video_root=str(d),
+                     prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=1,
+                     concurrency=3, seed=0, gating=False)
+    store = _served(learnable, tmp_path, cfg.model, [(f"u{i % 3}", "red") for i in range(9)])
+
+    class Killed(Exception):
+        pass
+
+    first = OnlineLearner(cfg, store, progress=False, log=lambda *_: None)
+    first.trainer.setup()
+    pushed = []
+
+    def push(cfg_, version, log=print):  # the server as the registry sees it: what was pushed last
+        pushed.append(version["id"])
+
+    import paravt_train.rl.promotion as promotion
+
+    real = promotion.push_version
+    promotion.push_version = push
+    real_sync = first.trainer.sync
+
+    def sync():  # the learner's own push of a candidate: killed at the second promotion
+        if first.trainer.step == 2:
+            raise Killed
+        return real_sync()
+
+    first.trainer.sync = sync
+    try:
+        with pytest.raises(Killed):
+            first.run(max_steps=3, once=True)
+        assert first.registry.serving()["id"] == "v1" and first.registry.get("v2")["status"] == "candidate"
+        second = OnlineLearner(cfg, store, progress=False, log=lambda *_: None)
+        assert second.run(once=True) >= 1
+    finally:
+        promotion.push_version = real
+    assert pushed[:2] == ["v0", "v1"]  # each start puts the serving version (v0, then v1 after the kill) back
+    trained = second.state["trained"]
+    assert sorted(trained) == sorted(set(trained)) and len(trained) == 9  # nothing twice, nothing lost

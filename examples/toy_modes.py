@@ -1,20 +1,23 @@
 """Three families of video agents in one runtime, on the same held-out toy questions.
 
-    python examples/toy_modes.py [--model checkpoints/toy] [--worlds 16] [--n 8] [--out runs/toy_modes]
+    python examples/toy_modes.py [--model checkpoints/toy-modes] [--worlds 16] [--n 8] [--seed 900000]
 
-Rows (all with the shipped toy policy on the local backend, overview n frames):
+Rows (one toy policy on the local backend, overview n frames):
 
-* **ParaVT, parallel**: the planner dispatches K ``crop_video`` calls in one turn (what the policy was trained for);
-* **Weaver-style, sequential**: one call per turn, with Weaver's model-backed tools offered beside ``crop_video``
-  (``temporal_grounding``, ``frame_selection``, ``trim``; the policy itself answers their model calls);
+* **ParaVT, parallel**: the planner dispatches K ``crop_video`` calls in one turn;
+* **Weaver**: the ``weaver`` preset on the toy's frames (``paravt_train.toy.methods.toy_method_config``): one call
+  per turn, Weaver's six model-backed tools offered, tool outputs as frames in the planner's context (``trim``'s
+  frame, ``temporal_grounding``'s grounded clip); the policy itself answers the tools' model calls;
 * **sequential, crop_video only**: the paper's sequential baseline (separates the tool set from the dispatch);
-* **VideoChat-M1-style, collaborative**: two agents (the same policy) plan, call ``crop_video`` and share a memory
-  for two rounds; a synthesizer answers from the memory.
+* **VideoChat-M1**: the collaborative mode's cpp protocol, two agents (the same policy): plans, one tool step, a
+  decision after it, each agent's answer, the consensus with a reason summary.
 
 Columns: MCQ accuracy, open-ended token F1, grounding mIoU, tool calls, model calls and seconds per question (16
-questions at a time on one batched local model, after a warm-up), and the wall time of all questions.
-The toy policy was trained only on ParaVT's protocol; the other rows show what each mode does with a policy
-that never saw its prompts (training them is the GRPO path, `paravt-train grpo` with the mode's agent config).
+questions at a time on one batched local model, after a warm-up), the wall time of all questions, and ``errors``
+(the share of questions the runtime failed after a rerun, left out of the scores).
+
+The shipped policy (``checkpoints/toy``) knows ParaVT's protocol only; ``checkpoints/toy-modes`` (its
+``COMMAND.txt``: a warm start with ``ToyConfig.methods``) also learned Weaver's and VideoChat-M1's.
 """
 
 from __future__ import annotations
@@ -27,17 +30,17 @@ from pathlib import Path
 from paravt_agent.agent import Agent
 from paravt_agent.policy.local import LocalPolicy
 from paravt_train.toy.build import TEST_SEED0, toy_agent_config
+from paravt_train.toy.methods import toy_method_config
 from paravt_train.toy.quickstart import EVAL_QUESTIONS, REPO_CHECKPOINT, score_answers
 from paravt_train.toy.world import make_worlds
 
-WEAVER_TOOLS = ["crop_video", "temporal_grounding", "frame_selection", "trim"]
+MODES_CHECKPOINT = REPO_CHECKPOINT.parent / "toy-modes"
+#: row id -> (the table's name, the toy method's agent config, overrides)
 ROWS = {
-    "ParaVT, parallel (crop_video)": {"mode": "parallel"},
-    "Weaver-style, sequential (+ model-backed tools)": {"mode": "sequential", "tools": WEAVER_TOOLS},
-    "sequential, crop_video only": {"mode": "sequential"},
-    "VideoChat-M1-style, collaborative (2 agents x 2 rounds)": {
-        "mode": "collaborative", "collab": {"agents": [{"name": "scout"}, {"name": "checker"}], "turns": 2,
-                                            "agent_sampling": {"max_new_tokens": 256}}},
+    "parallel": ("ParaVT, parallel (crop_video)", "paravt", {"mode": "parallel"}),
+    "weaver": ("Weaver (weaver preset: tool loop, frames in context)", "weaver", {}),
+    "sequential": ("sequential, crop_video only", "paravt", {"mode": "sequential"}),
+    "collab": ("VideoChat-M1 (collaborative cpp, 2 agents)", "collab", {}),
 }
 
 
@@ -47,9 +50,8 @@ def evaluate(policy, worlds, n: int, rows: dict, log=print) -> dict:
     warm = Agent(policy=policy, config=toy_agent_config())  # the first row does not pay for loading and warm-up
     warm.answer_many([{"video": w.video, "question": q.question, "options": q.options, "n_frames": n}
                       for w, q in items[:16]], concurrency=16, progress=False)
-    for name, settings in rows.items():
-        cfg = toy_agent_config().override(
-            [f"{k}={json.dumps(v)}" for k, v in settings.items()])
+    for name, method, settings in rows.values():
+        cfg = toy_method_config(method).override([f"{k}={json.dumps(v)}" for k, v in settings.items()])
         agent = Agent(policy=policy, config=cfg)
         t0 = time.perf_counter()
         answers = agent.answer_many([{"video": w.video, "question": q.question, "options": q.options, "n_frames": n}
@@ -78,7 +80,9 @@ def table(results: dict, n: int, questions: int) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(REPO_CHECKPOINT), help="Toy policy directory (default: the shipped one).")
+    ap.add_argument("--model", default=str(MODES_CHECKPOINT if MODES_CHECKPOINT.is_dir() else REPO_CHECKPOINT),
+                    help="Toy policy directory (default: checkpoints/toy-modes, which learned every mode).")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"Which rows, comma-separated ({', '.join(ROWS)}).")
     ap.add_argument("--worlds", type=int, default=16, help="Held-out toy videos (5 questions each).")
     ap.add_argument("--n", type=int, default=8, help="Overview frames.")
     ap.add_argument("--out", default="runs/toy_modes", help="Where the videos and results.json go.")
@@ -89,7 +93,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     worlds = make_worlds(range(args.seed, args.seed + args.worlds), out / "videos", False, **EVAL_QUESTIONS)
     policy = LocalPolicy(args.model, max_batch=16)
-    results = evaluate(policy, worlds, args.n, ROWS)
+    rows = {k: v for k, v in ROWS.items() if k in args.rows.split(",")}
+    results = evaluate(policy, worlds, args.n, rows)
     md = table(results, args.n, sum(len(w.questions) for w in worlds))
     print("\n" + md)
     minutes = (time.perf_counter() - t0) / 60

@@ -97,22 +97,45 @@ class CollabAgent(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$", description="The agent's name (its memory key).")
     model: ModelSpec | None = Field(None, description="Its own model; None = the agent's policy.")
     focus: str = Field("", description="A line added to its instructions (e.g. 'look for people and actions').")
+    vision: bool = Field(True, description="A vision-language agent that sees the overview frames; false: a "
+                         "text-only agent (VideoChat-M1's LLM agents) whose prompts hold no frames: its tools see "
+                         "the video (a crop's summary and a model-backed tool ask the agent's policy, or tool_models, "
+                         "never the agent's own text model).")
 
 
 class CollabConfig(BaseModel):
     """The collaborative mode (VideoChat-M1): a pool of agents plan and use tools, share what they found in a
-    memory buffer each turn, and a synthesizer (the agent's policy) answers from the memory alone."""
+    memory buffer, and answer together (``protocol``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     agents: list[CollabAgent] = Field(
         default_factory=lambda: [CollabAgent(name="scout"), CollabAgent(name="checker")],
         description="The pool (1-8 agents); names are unique.")
-    turns: int = Field(2, ge=1, le=8, description="Rounds: each agent plans, calls tools and writes memory once per "
-                       "round, reading every other agent's shared memory from the rounds before.")
+    protocol: Literal["cpp", "rounds"] = Field(
+        "cpp", description="cpp: VideoChat-M1's collaborative policy planning (each agent plans an ordered tool "
+        "list, runs one tool per turn, after every tool step reads the memory buffer and the other agents' outputs "
+        "and decides continue() or add tool, then answers; the consensus answer wins, the synthesizer answers only "
+        "without one); rounds: each agent plans, calls tools, notes key info and decides whether to share, once a "
+        "round, and the synthesizer answers from the memory.")
+    turns: int = Field(5, ge=1, le=8, description="cpp: tool steps an agent takes at most (VideoChat-M1: 5 turns), "
+                       "then it answers; rounds: the rounds.")
+    consensus: Literal["majority", "unanimous"] = Field(
+        "majority", description="cpp: the answer that wins, with a reason summary over the agents that gave it: one "
+        "a strict majority of the pool gave (majority), or every agent (unanimous). Without one the synthesizer "
+        "answers from the memory. Answers agree when they name the same option (multiple choice), the same span "
+        "(IoU >= 0.5, grounding) or the same words (open-ended).")
+    reason_summary: bool = Field(True, description="cpp: with a consensus, the policy writes the reason summary of "
+                                 "the agreeing agents (VideoChat-M1's 'Reason Summary' prompt); false: their reasons "
+                                 "are joined as they are (one model call fewer).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="cpp: agent dropout (VideoChat-M1's regulariser): each agent "
+                           "is dropped from the communication with this probability per episode (it works and "
+                           "answers alone; the others do not see its outputs). Applied only where the agents sample "
+                           "(agent_sampling temperature > 0: RL rollouts), never in greedy runs.")
     max_memory_chars: int = Field(4000, ge=200, description="Characters of shared memory an agent or the "
-                                  "synthesizer reads at most (the newest rounds kept).")
-    max_calls_per_agent: int = Field(4, ge=0, description="Tool calls one agent may make in one round.")
+                                  "synthesizer reads at most (the newest entries kept).")
+    max_calls_per_agent: int = Field(4, ge=0, description="rounds: tool calls one agent may make in one round; cpp: "
+                                     "tools one plan may list.")
     agent_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=512),
                                      description="Decoding of the agents' turns.")
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from paravt_agent.protocol import format_time, neutralize
 
-__all__ = ["MODEL_OUTPUT_ERRORS", "MemoryEntry", "Phase", "PlannerTurn", "SubAgentRecord", "Trace"]
+__all__ = ["MODEL_OUTPUT_ERRORS", "MemoryEntry", "Phase", "PlannerTurn", "SubAgentRecord", "Trace", "agent_view"]
 
 #: How the errors about what the model wrote begin (see :meth:`Trace.run_errors`).
 MODEL_OUTPUT_ERRORS = ("degenerate output:", "empty answer:")
@@ -60,21 +60,34 @@ class SubAgentRecord(BaseModel):
 
 
 class MemoryEntry(BaseModel):
-    """What one collaborating agent wrote to the shared memory in one round (the collaborative mode): its plan,
-    its tool calls and their outputs, the key information it took from them, and whether it shares the entry
-    with the other agents (the synthesizer reads every entry)."""
+    """What one collaborating agent wrote to the shared memory in one round or turn (the collaborative mode).
+
+    ``collab.protocol: rounds``: its plan, its tool calls and their outputs, the key information it took from them,
+    and whether it shares the entry with the other agents (the synthesizer reads every entry).
+    ``cpp`` (VideoChat-M1's memory buffer, keyed by agent: :meth:`Trace.memory_buffer`): turn 0 holds the agent's
+    plan (the ordered tools) and key info; turn k the tool it ran (``calls``), the decision it took after reading
+    the others' outputs (``decision``: ``continue()`` or ``add tool``) and its key info; its last entry its own
+    ``answer`` and ``reason``."""
 
     agent: str
-    round: int
+    round: int  # the round (rounds) or the turn (cpp: 0 the plan, k the k-th tool step)
     plan: str = ""
     calls: list[SubAgentRecord] = Field(default_factory=list)
     info: str = ""
     share: bool = True
-    text: str = ""  # the agent's whole response
+    text: str = ""  # the agent's whole response (cpp: its plan or decision reply)
     latency: float = 0.0
-    prompt_tokens: int = 0  # the agent's own model call (its calls' are on their records)
+    prompt_tokens: int = 0  # the agent's own model calls (its tool calls' are on their records)
     completion_tokens: int = 0
     error: str | None = None  # the agent's model call failed after its retries (the round goes on without it)
+    decision: str = ""  # cpp: "continue()", "add tool <label>", or what it wrote when neither parsed
+    pending: list[str] = Field(default_factory=list)  # cpp: the tool calls left in its plan (their raw text)
+    answer: str | None = None  # cpp: the agent's own answer (the body of its <answer>), on its last entry
+    reason: str = ""  # cpp: the reasoning it gave with the answer
+    answer_text: str = ""  # cpp: its whole answer reply
+    dropped: bool = False  # cpp: agent dropout took it out of the communication this episode
+    replies: int = 0  # cpp: its model calls in this entry, and how many broke the protocol (R_format)
+    invalid: int = 0
 
     def render(self, limit: int = 600) -> str:
         """The entry as the agents and the synthesizer read it: every text neutralised (a tool's output or an
@@ -91,7 +104,40 @@ class MemoryEntry(BaseModel):
         label), the key info."""
         return [*([("no entry", self.error)] if self.error else []), *([("plan", self.plan)] if self.plan else []),
                 *((c.label or c.name or "call", c.slot_text) for c in self.calls),
-                *([("key info", self.info)] if self.info else [])]
+                *([("decision", self.decision)] if self.decision else []),
+                *([("key info", self.info)] if self.info else []),
+                *([("answer", self.answer)] if self.answer is not None else []),
+                *([("reason", self.reason)] if self.reason else [])]
+
+
+def _clip_text(text: str, limit: int = 600) -> str:
+    text = neutralize(" ".join(text.split()))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def agent_view(name: str, entries: list[MemoryEntry]) -> str:
+    """One agent's memory buffer as the agents read it (VideoChat-M1, Fig. 6): its plan, key info, each turn's
+    tool, output and decision, its answer and reason; every text neutralised."""
+    lines = [f"Agent: {name}"]
+    info = None
+    for e in sorted(entries, key=lambda e: e.round):
+        if e.error:
+            lines.append(f"Error: {_clip_text(e.error)}")
+        if e.round == 0 and e.plan:
+            lines.append(f"Plan: {_clip_text(e.plan)}")
+        if e.info and e.info != info:
+            lines.append(f"Key info: {_clip_text(e.info)}")
+            info = e.info
+        lines += [f"Turn {e.round}: {_clip_text(c.label or c.name or 'call', 200)} -> {_clip_text(c.slot_text)}" for c in e.calls]
+        if e.decision:
+            lines.append(f"Decision: {_clip_text(e.decision)}")
+        if e.answer is not None:
+            lines.append(f"Answer: {_clip_text(e.answer)}")
+            if e.reason:
+                lines.append(f"Reason: {_clip_text(e.reason)}")
+    return "\n".join(lines)
+
+
 
 
 class PlannerTurn(BaseModel):
@@ -106,6 +152,7 @@ class PlannerTurn(BaseModel):
     completion_tokens: int = 0
     batch_size: int = 1
     calls: list[SubAgentRecord] = Field(default_factory=list)
+    consensus: list[str] = Field(default_factory=list)  # collaborative cpp: the agents whose agreeing answer this is
 
 
 class Trace(BaseModel):
@@ -189,9 +236,17 @@ class Trace(BaseModel):
         retries, or timed out), as ``turn N call M: error``; invalid calls the model wrote are not among them."""
         return [f"turn {t.turn + 1} call {c.index + 1} ({c.label or c.name or 'call'}): {c.error}" for t in self.turns
                 for c in t.calls if c.error and c.runtime_error] + [
-            f"{m.agent} round {m.round + 1} call {c.index + 1}: {c.error}" for m in self.memory for c in m.calls
-            if c.error and c.runtime_error] + [f"{m.agent} round {m.round + 1}: {m.error}" for m in self.memory
-                                               if m.error]
+            f"{m.agent} round {m.round + 1} call {k + 1} ({c.label or c.name or 'call'}): {c.error}"
+            for m in self.memory for k, c in enumerate(m.calls) if c.error and c.runtime_error] + [
+            f"{m.agent} round {m.round + 1}: {m.error}" for m in self.memory if m.error]
+
+    def memory_buffer(self) -> dict[str, list[MemoryEntry]]:
+        """The collaborative mode's memory keyed by agent (VideoChat-M1's memory buffer): each agent's entries in
+        turn order."""
+        out: dict[str, list[MemoryEntry]] = {}
+        for m in sorted(self.memory, key=lambda m: m.round):
+            out.setdefault(m.agent, []).append(m)
+        return out
 
     def all_calls(self) -> list[SubAgentRecord]:
         """Every tool call of the run: the planner turns' and the collaborating agents'."""
@@ -276,6 +331,8 @@ class Trace(BaseModel):
             lines.append(f"-- planner turn {t.turn + 1}{tag} [{t.latency:.2f}s, {t.prompt_tokens}+{t.completion_tokens} tok]")
             if t.reasoning:
                 lines.append(f"   think: {clip(t.reasoning)}")
+            if t.consensus:
+                lines.append(f"   the consensus of {', '.join(t.consensus)}")
             for c in t.calls:
                 label = c.label or c.name or "call"
                 span = f"{format_time(c.window[0])}-{format_time(c.window[1])}" if c.window else ""
@@ -287,7 +344,11 @@ class Trace(BaseModel):
                     lines.append(f"       warning: {clip(w)}")
         if self.memory:
             lines.append("-- shared memory (collaborating agents)")
-            lines += ["   " + line for m in self.memory for line in m.render(width * 4).splitlines()]
+            if any(m.replies for m in self.memory):  # the cpp protocol: the memory buffer, agent by agent
+                lines += ["   " + line for name, es in self.memory_buffer().items()
+                          for line in agent_view(name, es).splitlines()]
+            else:
+                lines += ["   " + line for m in self.memory for line in m.render(width * 4).splitlines()]
         lines.append(f"Answer: {self.answer}" + (f"  (choice {self.choice})" if self.choice else "")
                      + (f"  (span {self.span[0]:g}-{self.span[1]:g}s)" if self.span else ""))
         if self.warnings:

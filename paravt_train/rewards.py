@@ -1,39 +1,37 @@
 """Rewards and rollout metrics of PARA-GRPO (paper, Section 3.2.3 and Appendix B). Pure functions.
 
-    R(x, y) = R_acc(y, a*) + λ_fmt · R_fmt(y) + R_tool(y) + Σ_k w_k R_k(y) + bias,   R_fmt = R_base + λ_anchor · R_anchor
+    R(x, y) = λ_acc · R_acc(y, a*) + λ_fmt · R_fmt(y) + R_tool(y) + Σ_k w_k R_k(y) + bias,   R_fmt = R_base + λ_anchor · R_anchor
+
+(λ_acc = 1 in the paper; Weaver's R = 0.7·R_corr + 0.2·R_format + 0.1·R_tool is ``acc_weight``, ``format_reward:
+answer``, ``tool_reward: success``; VideoChat-M1's per-agent R_res + R_format + R_col is
+:mod:`paravt_train.rl.agent_rewards`.)
 
 ``y`` is the rollout transcript the policy is scored on: every planner response, *including the pinned think
 prefix*, with the tool-response turns in between (:func:`transcript`); tool output is neutralised before it
 enters the context, so the ``<tool_response>`` wrapper is the only tag it contributes, and no instruction the
 agent injects is part of it.
 
-R_base (paper's values): +0.2 a ``<think>`` with >= 10 characters; +0.3 an
-``<answer>`` tag and +0.2 its ``</answer>``, credited only around a non-empty
-answer (with ``answer_suffix`` on, even when the structure before is imperfect);
-+0.3 think-before-tool order, credited only when a parseable tool call follows
-the closed ``</think>`` (a rollout that calls no tool earns no ordering credit:
-otherwise skipping the tool would be the cheaper path to full format reward);
-+0.1 every tag pair balanced. R_anchor (Eq. 1): +α when ``</think>`` closes the
-first ``<think>``, +β when the whole ``<think>`` → ``</think>`` → ``<answer>`` →
-``</answer>`` flow is kept, −γ when a ``<think>`` is opened and never closed.
+R_base (paper's values): +0.2 a ``<think>`` with >= 10 characters; +0.3 an ``<answer>`` tag and +0.2 its
+``</answer>``, credited only around a non-empty answer (with ``answer_suffix`` on, even when the structure before
+is imperfect); +0.3 think-before-tool order, credited only when a parseable tool call follows the closed
+``</think>`` (else skipping the tool would be the cheaper path to full format reward); +0.1 every tag pair
+balanced. R_anchor (Eq. 1): +α when ``</think>`` closes the first ``<think>``, +β when the whole ``<think>`` →
+``</think>`` → ``<answer>`` → ``</answer>`` flow is kept, −γ when a ``<think>`` is opened and never closed.
 
-The bias applies to every reward. A degenerate output (a chat-template loop)
-scores the lowest reward any rollout can get, never more than a malformed one.
-
-Extra terms: :func:`reward_term` registers a function ``(text, sample, cfg) -> float``
-under a name; its weight comes from ``RewardConfig.extra_terms[name]`` (terms
-are also found through the ``paravt.rewards`` entry-point group). Each term is
+The bias applies to every reward. A degenerate output (a chat-template loop) scores the lowest reward any rollout
+can get. Extra terms: :func:`reward_term` registers a function ``(text, sample, cfg) -> float`` under a name; its
+weight is ``RewardConfig.extra_terms[name]`` (terms are also found through the ``paravt.rewards`` entry points),
 logged as ``reward/<name>``.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,27 +46,10 @@ from paravt_agent.protocol import (
     tag_stats,
 )
 
-__all__ = [
-    "TASK_METRIC",
-    "JudgeSettings",
-    "RewardConfig",
-    "RewardBreakdown",
-    "RewardSample",
-    "accuracy_reward",
-    "anchor_reward",
-    "base_format_reward",
-    "format_reward",
-    "reward_term",
-    "rollout_metrics",
-    "score",
-    "temporal_iou",
-    "token_f1",
-    "tool_reward",
-    "transcript",
-]
+__all__ = ["TASK_METRIC", "JudgeSettings", "RewardConfig", "RewardBreakdown", "RewardSample", "accuracy_reward",
+           "anchor_reward", "answer_format_reward", "base_format_reward", "format_reward", "reward_term",
+           "rollout_metrics", "score", "temporal_iou", "token_f1", "tool_reward", "transcript", "worked_calls"]
 
-
-log = logging.getLogger(__name__)
 
 
 class JudgeSettings(BaseModel):
@@ -101,9 +82,21 @@ class RewardConfig(BaseModel):
     beta: float = Field(0.3, description="R_anchor: full think -> answer flow kept (Eq. 1).")
     gamma: float = Field(0.3, description="R_anchor: penalty for a <think> never closed (Eq. 1).")
     lambda_anchor: float = Field(0.5, description="ANCHOR_WEIGHT: R_fmt = R_base + λ_anchor R_anchor (Table 4).")
-    lambda_fmt: float = Field(1.0, description="FORMAT_WEIGHT: R = R_acc + λ_fmt R_fmt + R_tool (Eq. 3).")
+    lambda_fmt: float = Field(1.0, description="FORMAT_WEIGHT: R = R_acc + λ_fmt R_fmt + R_tool (Eq. 3). Weaver: "
+                              "λ2 = 0.2.")
+    acc_weight: float = Field(1.0, description="λ_acc, the weight of R_acc: 1 in the paper's Eq. 3; Weaver "
+                              "(Sec. 3.4.3, R = λ1 R_corr + λ2 R_format + λ3 R_tool): λ1 = 0.7.")
+    format_reward: Literal["paravt", "answer"] = Field(
+        "paravt", description="R_fmt: paravt = R_base + λ_anchor R_anchor (the paper's); answer = Weaver's R_format, "
+        "1 when the rollout has a non-empty <answer>...</answer>, else 0.")
     anchor: bool = Field(True, description="Exploration Anchoring's selective reward on (PARA-GRPO) or off.")
-    tool_bonus: float = Field(0.1, description="R_tool: bonus scaled by the fraction of well-formed <tool_call>s.")
+    tool_bonus: float = Field(0.1, description="R_tool's weight (Weaver: λ3 = 0.1).")
+    tool_reward: Literal["well_formed", "success"] = Field(
+        "well_formed", description="R_tool: well_formed = tool_bonus × the fraction of closed, parseable "
+        "<tool_call>s (the paper's); success = Weaver's tool-success reward (after DeepEyes): tool_bonus × R_acc "
+        "when the rollout made a tool call that worked, else 0 (tool use that led to a right answer).")
+    collaboration: float = Field(1.0, description="R_col's weight in a collaborating agent's reward (VideoChat-M1, "
+                                 "A.5: R = R_res + R_format + R_col; paravt_train.rl.agent_rewards).")
     reward_bias: float = Field(0.0, description="Added to every reward (the paper's RL: -0.2; GRPOConfig sets it).")
     degenerate_count: int = Field(5, description="<|im_start|> count that marks a degenerate output ...")
     degenerate_window: int = Field(300, description="... within this many characters.")
@@ -113,6 +106,8 @@ class RewardConfig(BaseModel):
 
     @property
     def max_format(self) -> float:
+        if self.format_reward == "answer":
+            return 1.0
         base = self.think_content + self.answer_open + self.answer_close + self.think_tool_order + self.balanced
         return base + (self.lambda_anchor * (self.alpha + self.beta) if self.anchor else 0.0)
 
@@ -120,7 +115,7 @@ class RewardConfig(BaseModel):
     def min_total(self) -> float:
         """The lowest reward a rollout can get: zero accuracy, the anchor's penalty, the bias (what a
         degenerate output scores)."""
-        penalty = self.lambda_anchor * self.gamma if self.anchor else 0.0
+        penalty = self.lambda_anchor * self.gamma if self.anchor and self.format_reward == "paravt" else 0.0
         return self.reward_bias - self.lambda_fmt * penalty - sum(abs(w) for w in self.extra_terms.values())
 
 
@@ -135,12 +130,6 @@ def transcript(responses: Sequence[str], tool_responses: Sequence[str] = ()) -> 
 
 
 # --------------------------------------------------------------------------- format
-
-
-def _first(text: str, *tags: str) -> int:
-    found = [text.find(t) for t in tags]
-    found = [f for f in found if f >= 0]
-    return min(found) if found else -1
 
 
 def _answer_body(text: str, start: int) -> tuple[str, int]:
@@ -199,9 +188,17 @@ def anchor_reward(text: str, cfg: RewardConfig | None = None) -> float:
     return r
 
 
+def answer_format_reward(text: str) -> float:
+    """Weaver's R_format: 1 when the text holds a non-empty ``<answer>...</answer>``, else 0."""
+    return float(bool(re.search(r"<answer>\s*\S.*?</answer>", text, re.S)))
+
+
 def format_reward(text: str, cfg: RewardConfig | None = None) -> float:
-    """R_fmt = R_base + λ_anchor · R_anchor (the anchor only when ``cfg.anchor``)."""
+    """R_fmt = R_base + λ_anchor · R_anchor (the anchor only when ``cfg.anchor``); Weaver's answer-tag reward
+    under ``format_reward: answer``."""
     cfg = cfg or RewardConfig()
+    if cfg.format_reward == "answer":
+        return answer_format_reward(text)
     r = base_format_reward(text, cfg)
     if cfg.anchor:
         r += cfg.lambda_anchor * anchor_reward(text, cfg)
@@ -249,11 +246,6 @@ def temporal_iou(pred: tuple[float, float] | None, gt: tuple[float, float]) -> f
     return inter / union if union > 0 else 0.0
 
 
-def _gt_letter(answer: str, options: Sequence[str] | None) -> str | None:
-    letter = extract_choice(answer, options) if answer else None
-    return letter
-
-
 def accuracy_reward(
     response: str,
     answer,
@@ -265,7 +257,7 @@ def accuracy_reward(
     """R_acc by task: ``mcq`` exact letter match, ``tvg`` temporal IoU, ``oe`` token F1 (or an LLM judge)."""
     pred = extract_answer(response)
     if task == "mcq":
-        want = _gt_letter(str(answer), options)
+        want = extract_choice(str(answer), options) if answer else None
         got = extract_choice(pred, options)
         return float(want is not None and got == want)
     if task == "tvg":
@@ -364,13 +356,19 @@ def score(
         return RewardBreakdown(total=cfg.min_total, acc=0.0, fmt=0.0, base=0.0, anchor=0.0, tool=0.0,
                                degenerate=True)
     acc = accuracy_reward(text if final is None else final, answer, task, options, judge, question)
-    base = base_format_reward(text, cfg)
-    anc = anchor_reward(text, cfg) if cfg.anchor else 0.0
+    if cfg.format_reward == "answer":  # Weaver's: the answer tags alone
+        base, anc = answer_format_reward(text), 0.0
+    else:
+        base, anc = base_format_reward(text, cfg), anchor_reward(text, cfg) if cfg.anchor else 0.0
     fmt = base + cfg.lambda_anchor * anc
-    tool = tool_reward(text, cfg)
+    if cfg.tool_reward == "success":  # Weaver's: a tool call that worked and a right answer
+        tool = cfg.tool_bonus * acc if worked_calls(text, tools_worked) > 0 else 0.0
+    else:
+        tool = tool_reward(text, cfg)
     sample = RewardSample(answer, task, options, question, final, tools_worked)
     extra = {name: _term(name)(text, sample, cfg) for name, w in cfg.extra_terms.items() if w}
-    total = acc + cfg.lambda_fmt * fmt + tool + sum(cfg.extra_terms[k] * v for k, v in extra.items()) + cfg.reward_bias
+    total = (cfg.acc_weight * acc + cfg.lambda_fmt * fmt + tool + sum(cfg.extra_terms[k] * v for k, v in extra.items())
+             + cfg.reward_bias)
     return RewardBreakdown(total=total, acc=acc, fmt=fmt, base=base, anchor=anc, tool=tool, extra=extra)
 
 
@@ -429,22 +427,23 @@ def rollout_metrics(
 _SLOT_ERROR_RE = re.compile(r"^\[\d+\][^\n]*?: error: |\[Error[: ]|^Error: ", re.M)
 
 
+def worked_calls(text: str, known: int | None = None) -> int:
+    """Tool calls that worked: ``known`` (the episode's trace count: any dispatch mode, collaborating agents'
+    calls included), else the transcript's tool-response slots that are not errors (any preset's layout)."""
+    if known is not None:
+        return known
+    responses = re.findall(r"<tool_response>(.*?)</tool_response>", text, re.S)
+    slots = sum(max(1, len(re.findall(r"^\[\d+\] ", r, re.M))) for r in responses)
+    return slots - sum(len(_SLOT_ERROR_RE.findall(r)) for r in responses)
+
+
 @reward_term("tool_success")
 def tool_success(text: str, sample: RewardSample, cfg: RewardConfig) -> float:
-    """Weaver's tool-success reward (``weaver.txt``, Sec. 3.3, after DeepEyes): the final answer's accuracy when the
-    episode made a tool call that worked, else 0. With ``extra_terms: {tool_success: 0.1}`` it rewards tool use that
-    led to a right answer, never tool use alone. Whether a call worked comes from the episode's trace
-    (``sample.tools_worked``: any dispatch mode, the collaborating agents' calls included); without it, from the
-    transcript's tool responses (a slot that is not an error, in any preset's layout)."""
-    worked = sample.tools_worked
-    if worked is None:
-        responses = re.findall(r"<tool_response>(.*?)</tool_response>", text, re.S)
-        slots = sum(max(1, len(re.findall(r"^\[\d+\] ", r, re.M))) for r in responses)
-        worked = slots - sum(len(_SLOT_ERROR_RE.findall(r)) for r in responses)
-    if worked <= 0:
+    """Weaver's tool-success reward (``weaver.txt``, Sec. 3.4.3, after DeepEyes) as an extra term
+    (``extra_terms: {tool_success: 0.1}``; ``tool_reward: success`` makes it R_tool): the final answer's accuracy
+    when the episode made a tool call that worked, else 0 — tool use that led to a right answer, never tool use
+    alone."""
+    if worked_calls(text, sample.tools_worked) <= 0:
         return 0.0
-    final = sample.final
-    if final is None:
-        final = text[text.rindex("</tool_response>") + len("</tool_response>"):] if "</tool_response>" in text \
-            else text
+    final = sample.final if sample.final is not None else text.rsplit("</tool_response>", 1)[-1]
     return accuracy_reward(final, sample.answer, sample.task, sample.options, None, sample.question)

@@ -67,7 +67,8 @@ def test_approve_windows_pauses_and_runs_the_edited_windows(demo):
 
 
 def test_collaborative_mode_shows_one_lane_per_agent(demo, red_video):
-    """The page in the collaborative mode: each agent's memory per round in its own lane, as the rounds finish."""
+    """The page in the collaborative mode (the rounds protocol): each agent's memory per round in its own lane, as
+    the rounds finish."""
     from paravt_agent.agent import Agent
     from paravt_agent.config import AgentConfig
     from paravt_agent.policy.scripted import ScriptedPolicy
@@ -81,7 +82,8 @@ def test_collaborative_mode_shows_one_lane_per_agent(demo, red_video):
                    f"<share>{'no' if name == 'right' else 'yes'}</share>"
         return "looked" if role == "subagent" else "<think>\nfrom memory</think><answer>red</answer>"
 
-    cfg = AgentConfig(mode="collaborative", collab={"agents": [{"name": "left"}, {"name": "right"}], "turns": 2})
+    cfg = AgentConfig(mode="collaborative", collab={"protocol": "rounds", "agents": [{"name": "left"}, {"name": "right"}],
+                                                          "turns": 2})
     demo._agents[("embedded", "", "", "collaborative", False)] = Agent(policy=ScriptedPolicy(script), config=cfg)
     outs = collect(demo.ask(red_video, "Which colour?", "", "embedded", "", "", 8, "collaborative"))
     status, *_, answer, stats, trace_id, windows, pending, lanes = outs[-1]

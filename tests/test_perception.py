@@ -91,10 +91,12 @@ def test_temporal_grounding_finds_the_span(red_video):
     a, b = (float(v) for v in re.search(r"\(\[([\d.]+), ([\d.]+)\]\)", slot.summary).groups())
     assert iou((a, b), (17.0, 20.0)) > 0.7  # frames sampled inside the window's seconds: within a second
     assert ans.span == (a, b)  # the planner copied the tool's span into its answer
-    (rec,) = [r for r in ans.records if r.role.startswith("tool:")]
-    assert (rec.role, rec.turn, rec.index, rec.trainable) == ("tool:temporal_grounding", 0, 0, True)
-    assert len(rec.images) == 16  # the window's frames at 1 fps, what the model was shown
+    recs = [r for r in ans.records if r.role.startswith("tool:")]
+    assert [(r.role, r.turn, r.index, r.trainable) for r in recs] == [("tool:temporal_grounding", 0, 0, True)] * 2
+    # the window cut into crops of 16 frames at the crop rate (2 fps: 8 s each), one model call per crop
+    assert [len(r.images) for r in recs] == [16, 16]
     assert [r for r, _ in pol.calls].count("subagent") == 0  # a text result needs no sub-agent
+    assert "frames" not in (slot.summary or "")  # the grounded clip's frames go only to a planner reading frames
 
 
 def test_temporal_grounding_defaults_to_the_whole_video_and_says_when_nothing_is_found(red_video):
@@ -176,12 +178,12 @@ def test_a_tool_may_ask_another_endpoint_recorded_but_never_trained(red_video, j
     spec = {"backend": "openai", "model": "grounder", "endpoint": srv.url + "/v1"}
     ans, pol = run(red_video, call, ["temporal_grounding"], tool_models={"temporal_grounding": spec})
     assert not any(r.startswith("tool:") for r, _ in pol.calls)  # the agent's own policy was not asked
-    (req,) = srv.bodies
-    assert srv.paths == ["/v1/chat/completions"] and req["model"] == "grounder"
-    assert sum(p.get("type") == "image_url" for m in req["messages"] for p in m["content"]
-               if isinstance(m["content"], list)) == 16
-    (rec,) = [r for r in ans.records if r.role == "tool:temporal_grounding"]
-    assert rec.trainable is False and "[17, 20]" in ans.trace.turns[0].calls[0].summary
+    assert srv.paths == ["/v1/chat/completions"] * 2 and {b["model"] for b in srv.bodies} == {"grounder"}
+    assert [sum(p.get("type") == "image_url" for m in req["messages"] for p in m["content"]
+                if isinstance(m["content"], list)) for req in srv.bodies] == [16, 16]  # one request per crop
+    recs = [r for r in ans.records if r.role == "tool:temporal_grounding"]
+    assert len(recs) == 2 and not any(r.trainable for r in recs)
+    assert "[17, 20]" in ans.trace.turns[0].calls[0].summary
 
 
 @pytest.mark.parametrize("tool,args", [
@@ -355,3 +357,152 @@ def test_sft_teaches_the_tiny_model_frame_selection(tmp_path, red_video):
     assert 17.0 <= t < 20.0, slot.summary  # the model's scores found the red frame
     replies = [r.generation.text.strip() for r in ans.records if r.role == "tool:frame_selection"]
     assert len(replies) == 16 and set(replies) <= {"0", "1"} and replies.count("1") == 3  # 17, 18, 19: red
+
+
+# --------------------------------------------------------------------------- Weaver's other tools and its preset
+
+
+@pytest.fixture(scope="module")
+def twice_red_video(tmp_path_factory):
+    """40 s at 10 fps, 64x48: blue, red on [5, 8) and again on [25, 28)."""
+    from paravt_train.toy.render import write_segments
+
+    blue, red = (20, 40, 200), (220, 30, 30)
+    return write_segments(tmp_path_factory.mktemp("twice") / "twice.mp4",
+                          [(blue, 5.0), (red, 3.0), (blue, 17.0), (red, 3.0), (blue, 12.0)], fps=10, width=64,
+                          height=48, gop=10)
+
+
+@pytest.fixture(scope="module")
+def moving_video(tmp_path_factory):
+    """10 s at 5 fps, 160x120 black; from second 2 a white 24x24 square moving right 3 px a frame from x 20."""
+    d = tmp_path_factory.mktemp("moving")
+
+    def frame(i):
+        img = np.zeros((120, 160, 3), np.uint8)
+        if i >= 10:
+            x = 20 + 3 * (i - 10)
+            img[40:64, x:x + 24] = 255
+        return img
+
+    return write_video(d / "moving.mp4", 50, frame, fps=5, width=160, height=120, gop=5)
+
+
+def test_temporal_count_splices_the_crops_where_the_event_occurs(twice_red_video):
+    """The window is cut into crops (8 s at the default 2 fps); the model says whether each shows red; the two that
+    do come back spliced, their frames, for the planner to count in."""
+
+    def script(role, msgs):
+        if role == "tool:temporal_count":
+            return "yes" if any(is_red(im) for _, im in images_of(msgs)) else "no"
+        if role == "subagent":
+            shown = images_of(msgs)
+            runs = sum(1 for k, (_, im) in enumerate(shown) if is_red(im) and (k == 0 or not is_red(shown[k - 1][1])))
+            return f"{runs} red stretches"
+        last = text_of(msgs[-1]["content"])
+        if "<tool_response>" in last:
+            n = re.search(r"(\d) red stretches", last).group(1)
+            return f"<think>\ncounted</think><answer>{n}</answer>"
+        return '<think>\ncount</think><tool_call>{"tool_name": "temporal_count", "query": "a red screen"}</tool_call>'
+
+    pol = ScriptedPolicy(script)
+    ans = Agent(policy=pol, config=AgentConfig(tools=["temporal_count"])).answer(twice_red_video, "How often red?")
+    (slot,) = ans.trace.turns[0].calls
+    assert "'a red screen' occurs in 2 of 5 clips between 00:00 and 00:40: [0, 7.5], [24, 31.5]" in slot.summary
+    assert [r.role for r in ans.records].count("tool:temporal_count") == 5  # one judgement per crop
+    assert all(0 <= t <= 7.5 or 24 <= t <= 31.5 for t in slot.frame_timestamps) and len(slot.frame_timestamps) == 32
+    assert ans.text == "2"  # the spliced clip holds both red stretches
+
+
+def box_script(question_call, answer="<think>\ndone</think><answer>{slot}</answer>"):
+    def script(role, msgs):
+        if role in ("tool:spatial_tracking", "tool:spatial_grounding"):
+            (_, im), = images_of(msgs)
+            ys, xs = np.nonzero(im.mean(-1) > 200)
+            return "[]" if not len(xs) else json.dumps([{"bbox_2d": [int(xs.min()), int(ys.min()),
+                                                                      int(xs.max()) + 1, int(ys.max()) + 1],
+                                                         "label": "square"}])
+        last = text_of(msgs[-1]["content"])
+        if "<tool_response>" in last:
+            return answer.format(slot=last.split("</tool_response>")[0].split("\n", 1)[1].strip())
+        return f"<think>\ntrack it</think><tool_call>{question_call}</tool_call>"
+
+    return script
+
+
+def test_spatial_tracking_follows_the_object_and_draws_its_boxes(moving_video):
+    """The model boxes the square in the first frame that shows it (it is asked about up to 4 frames), the tracker
+    follows the box, and the clip comes back with the boxes drawn (under layout evidence: frames, to the planner)."""
+    call = json.dumps({"name": "spatial_tracking", "arguments": {"objects": ["white square"], "start_time": 0,
+                                                                "end_time": 9}})
+    pol = ScriptedPolicy(box_script(call))
+    cfg = AgentConfig(tools=["spatial_tracking"], layout={"evidence": "frames"}, frames={"max_pixels": 160 * 120,
+                                                                                        "crop_fps": 1.0})
+    ans = Agent(policy=pol, config=cfg).answer(moving_video, "Where does the square go?")
+    (slot,) = ans.trace.turns[0].calls
+    asked = [r for r in ans.records if r.role == "tool:spatial_tracking"]
+    assert 2 <= len(asked) <= 4  # the first frames show nothing, a later one the square
+    m = re.search(r"square: \[(\d+), (\d+), (\d+), (\d+)\] at ([\d.]+)s -> \[(\d+), (\d+), (\d+), (\d+)\] at 9s",
+                  slot.summary)
+    assert m, slot.summary
+    x1_end, t_first = int(m.group(6)), float(m.group(5))
+    assert abs(x1_end - (20 + 3 * 35)) <= 3  # at 9 s (frame 45) the square's left edge is at 125
+    assert abs(int(m.group(1)) - (20 + 3 * (5 * t_first - 10))) <= 3
+    frames = images_of(pol.calls[-1][1][-1:])  # the planner's second turn shows the tracked clip
+    assert len(frames) == len(slot.frame_timestamps) == 10
+    late = frames[-1][1]
+    assert (late[38:66, :, 1] == 255).any() and (late[38:66, :, 0] == 0).any()  # the green box around the square
+
+
+def test_the_weaver_preset_runs_its_tool_loop_with_frames_in_the_context(red_video):
+    """Weaver's protocol: its system prompt, its flat tool calls, one call per turn, the tools' frames in the
+    planner's context (the trimmed window, the grounded clip), at most 10 responses."""
+    from paravt_agent.protocol.presets import WEAVER_SYSTEM_PROMPT, WEAVER_TOOLS
+
+    turns = ['<think>\nground it</think><tool_call>{"tool_name": "temporal_grounding", "query": "red"}</tool_call>',
+             '<think>\nlook</think><tool_call>{"tool_name": "trim", "start": 16, "end": 21}</tool_call>',
+             "<think>\nred from 17</think><answer>[17, 20]</answer>"]
+
+    def script(role, msgs):
+        if role == "tool:temporal_grounding":
+            shown = images_of(msgs)
+            red = [t for t, im in shown if is_red(im)]
+            return f"[{red[0]:g}, {red[-1] + 1:g}]" if red else "none"
+        return turns[sum(1 for m in msgs if m["role"] == "assistant")]
+
+    pol = ScriptedPolicy(script)
+    cfg = AgentConfig(preset="weaver", frames={"n_frames": 16, "max_pixels": 64 * 48})
+    assert cfg.tools == WEAVER_TOOLS and cfg.mode == "sequential" and cfg.layout.evidence == "frames"
+    ans = Agent(policy=pol, config=cfg).answer(red_video, "When is the screen red?")
+    assert ans.span == (17.0, 20.0)
+    last = pol.calls[-1][1]
+    assert last[0]["content"] == WEAVER_SYSTEM_PROMPT
+    shown = [t for m in last[2:] if not isinstance(m["content"], str) for p in m["content"]
+             if p.get("type") == "image" for t in [p["timestamp"]]]
+    assert any(17 <= t < 20 for t in shown) and any(16 <= t <= 21 for t in shown[-5:])  # both tools' frames
+    forever = ScriptedPolicy(lambda role, msgs: "<think>\nagain</think><tool_call>{\"tool_name\": \"trim\", "
+                             "\"start\": 1, \"end\": 2}</tool_call>")
+    looped = Agent(policy=forever, config=cfg).answer(red_video, "When?")
+    assert len(looped.trace.turns) == 10 and looped.trace.tool_calls == 9  # Table 7: 10 conversation turns
+
+
+def test_weavers_reward_is_configurable_and_frozen_tools():
+    """R = 0.7 R_corr + 0.2 R_format + 0.1 R_tool (R_tool only with a tool call that worked and a right answer), as
+    GRPOConfig's weaver preset sets it, with the tools' model calls frozen."""
+    from paravt_train.rewards import score
+    from paravt_train.rl.config import GRPOConfig
+
+    cfg = GRPOConfig(model="m", preset="weaver")
+    r = cfg.reward
+    assert (r.acc_weight, r.lambda_fmt, r.tool_bonus, r.format_reward, r.tool_reward, r.reward_bias) == (
+        0.7, 0.2, 0.1, "answer", "success", 0.0)
+    assert cfg.tool_model_calls == "freeze" and cfg.kl_coef == 1e-3
+    call = '<tool_call>{"tool_name": "trim", "start": 1, "end": 5}</tool_call>'
+    used = f"<think>\nlook</think>{call}<tool_response>\n[1] trim: 4 frames\n</tool_response>"
+    cases = {"tool, right": (used + "<answer>A</answer>", 1), "tool, wrong": (used + "<answer>B</answer>", 1),
+             "no tool, right": ("<answer>A</answer>", 0), "tool failed, right": (used + "<answer>A</answer>", 0),
+             "no answer tags": ("A", 0)}
+    got = {k: score(t, "A", "mcq", ["red", "blue"], r, tools_worked=w).total for k, (t, w) in cases.items()}
+    assert got == pytest.approx({"tool, right": 1.0, "tool, wrong": 0.2, "no tool, right": 0.9,
+                                 "tool failed, right": 0.9, "no answer tags": 0.7})
+    assert r.max_format == 1.0 and r.min_total == 0.0

@@ -32,6 +32,9 @@ class ToolResult:
     window: tuple[float, float] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # what the caller should know (frames a damaged file lacked)
+    #: the frames are optional evidence (the grounded clip of ``temporal_grounding``): they go to the planner
+    #: under ``layout.evidence: frames`` (Weaver's interleaved context); elsewhere the text alone is the result
+    frames_optional: bool = False
 
     @property
     def is_visual(self) -> bool:

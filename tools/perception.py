@@ -1,15 +1,21 @@
-"""Model-backed perception tools (Weaver's set): a tool that asks a model about the video's frames.
+"""Model-backed perception tools (Weaver's set, Table 1): a tool that asks a model about the video's frames.
 
 Each asks ``ctx.model`` (:class:`~paravt_agent.types.ToolModel`): the agent's own policy, or the endpoint the
 agent config names for the tool (``tool_models``). The graph records each of those model calls with role
-``tool:<name>``, so RL can train them or leave them frozen (``paravt-train grpo --set tool_model_calls=...``).
+``tool:<name>``, so RL can train them or leave them frozen (``paravt-train grpo --set tool_model_calls=...``;
+Weaver keeps its tools frozen).
 
-* ``temporal_grounding(query, start_time?, end_time?)``: the span where an event happens, as the model grounds
-  it over the window's labelled frames (its reply read by the protocol's span parser).
+* ``temporal_grounding(query, start_time?, end_time?)``: the span where an event happens. The window is cut into
+  crops at the crop protocol's rate (:func:`clips_of`: ``crop_max_frames`` frames at ``crop_fps``, at most
+  :data:`MAX_CLIPS`), the model grounds the query in each crop (concurrently; its reply read by the protocol's span
+  parser) and the spans found are merged. The grounded clip's frames are optional evidence: they reach the planner
+  under ``layout.evidence: frames`` (Weaver's interleaved context), elsewhere the text is the result.
+* ``temporal_count(query, start_time?, end_time?)``: the same crops; the model judges whether the query occurs in
+  each, and the crops where it does come back spliced together (their frames, merged where adjacent) for the
+  caller to count in.
 * ``frame_selection(query, start_time?, end_time?)``: the one frame that best matches; the model gives each of
   the window's frames a confidence (Weaver's frame selector) and the best is kept, with its time.
-* ``spatial_grounding(objects, time)``: boxes of the named objects in the frame at ``time`` in Qwen-VL's box
-  format (``[{"bbox_2d": [x1, y1, x2, y2], "label": ...}]``), and the crop of each box as evidence.
+* ``spatial_grounding``, ``spatial_tracking``: :mod:`tools.spatial`.
 * ``trim(start_time, end_time)``: ``crop_video``'s sibling that returns the window's frames themselves to the
   planner (the released protocols that want frames), whatever the layout's ``evidence``.
 """
@@ -17,7 +23,6 @@ agent config names for the tool (``tool_models``). The graph records each of tho
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 
@@ -27,12 +32,44 @@ from pydantic import BaseModel, Field, field_validator
 from paravt_agent.errors import ToolError, VideoError
 from paravt_agent.prompts import frame_parts
 from paravt_agent.protocol import format_time, parse_span, parse_time
-from paravt_agent.video import fit_size
 from tools.base import Tool, ToolContext, ToolResult, check_window
 from tools.builtin import CropVideo
+from tools.spatial import SpatialGrounding, SpatialTracking, parse_boxes
 
-__all__ = ["FrameSelection", "SpatialGrounding", "TemporalGrounding", "Trim", "PERCEPTION", "parse_boxes",
-           "parse_confidence"]
+__all__ = ["FrameSelection", "MAX_CLIPS", "PERCEPTION", "SpatialGrounding", "SpatialTracking", "TemporalCount",
+           "TemporalGrounding", "Trim", "clips_of", "merge_spans", "parse_boxes", "parse_confidence"]
+
+#: crops a query tool asks about at most: a longer window is cut into this many, each still ``crop_max_frames``
+MAX_CLIPS = 8
+
+
+def clips_of(start: float, end: float, frames) -> list[tuple[float, float]]:
+    """The crops a query tool cuts ``[start, end]`` into: consecutive windows of ``crop_max_frames`` frames at
+    ``crop_fps`` ([0, 15], [16, 31], ... at 16 frames and 1 fps), the last one ending at ``end``; at most
+    :data:`MAX_CLIPS` (a longer window is cut into that many equal crops, sampled more sparsely). Without a
+    ``crop_fps`` the window is one crop."""
+    if frames.crop_fps is None:
+        return [(start, end)]
+    span = frames.crop_max_frames / frames.crop_fps
+    n = math.ceil((end - start) / span - 1e-9)
+    if n <= 1:
+        return [(start, end)]
+    if n > MAX_CLIPS:
+        n, span = MAX_CLIPS, (end - start) / MAX_CLIPS
+    gap = span / frames.crop_max_frames  # one frame's spacing: the next crop starts a frame after this one ends
+    return [(start + i * span, min(end, start + (i + 1) * span - gap)) for i in range(n)]
+
+
+def merge_spans(spans: list[tuple[float, float]], gap: float) -> list[tuple[float, float]]:
+    """Spans sorted and merged where they touch or are at most ``gap`` apart (one frame: the same event seen by
+    two neighbouring crops)."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1] + gap + 1e-6:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 class QueryWindowArgs(BaseModel):
@@ -66,17 +103,38 @@ class _QueryWindowTool(Tool):
         where = "" if self.window(args) is None else f", {format_time(args.start_time)}-{format_time(args.end_time)}"
         return f"{self.name}({args.query!r}{where})"
 
-    async def frames(self, args: QueryWindowArgs, ctx: ToolContext):
+    async def frames(self, args: QueryWindowArgs, ctx: ToolContext, window: tuple[float, float] | None = None):
+        a, b = window or (args.start_time, args.end_time)
         try:
-            return await asyncio.to_thread(ctx.video.crop, args.start_time, args.end_time, ctx.frames)
+            return await asyncio.to_thread(ctx.video.crop, a, b, ctx.frames)
         except VideoError as exc:
             raise ToolError(str(exc)) from exc
+
+    async def ask_clips(self, args: QueryWindowArgs, ctx: ToolContext, prompt: str, max_new_tokens: int) -> list:
+        """``[(crop window, clip, reply)]``: the model asked ``prompt`` about each crop of the window
+        (:func:`clips_of`), concurrently."""
+        model = self.model(ctx)
+        wins = clips_of(args.start_time, args.end_time, ctx.frames)
+        clips = await asyncio.gather(*(self.frames(args, ctx, w) for w in wins))
+
+        async def one(clip):
+            content = [*frame_parts(clip.frames, clip.timestamps), {"type": "text", "text": prompt}]
+            return await model.ask([{"role": "user", "content": content}], max_new_tokens=max_new_tokens)
+
+        replies = await asyncio.gather(*(one(c) for c in clips))
+        return list(zip(wins, clips, replies, strict=True))
 
     @staticmethod
     def model(ctx: ToolContext):
         if ctx.model is None:
             raise ToolError("this tool asks a model, and none was given (run it through the agent graph)")
         return ctx.model
+
+
+def _spacing(clip, window: tuple[float, float]) -> float:
+    """The time between two of a crop's frames (its window when it has one frame)."""
+    ts = clip.timestamps
+    return (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else window[1] - window[0]
 
 
 GROUNDING_PROMPT = ("Find when this happens in the frames above: {query}\n"
@@ -86,27 +144,77 @@ GROUNDING_PROMPT = ("Find when this happens in the frames above: {query}\n"
 class TemporalGrounding(_QueryWindowTool):
     name = "temporal_grounding"
     description = ("Find WHEN an event happens: a model looks at frames of [start_time, end_time] (default: the "
-                   "whole video) and returns the span where `query` is shown, in seconds.")
+                   "whole video), crop by crop, and returns the span where `query` is shown, in seconds.")
 
     async def run(self, args: QueryWindowArgs, ctx: ToolContext) -> ToolResult:
-        clip = await self.frames(args, ctx)
         window = (args.start_time, args.end_time)
-        content = [*frame_parts(clip.frames, clip.timestamps), {"type": "text", "text": GROUNDING_PROMPT.format(
-            query=args.query.strip())}]
-        reply = await self.model(ctx).ask([{"role": "user", "content": content}], max_new_tokens=64)
-        span = parse_span(reply.split("</think>")[-1])
-        if span is None:
+        asked = await self.ask_clips(args, ctx, GROUNDING_PROMPT.format(query=args.query.strip()), 64)
+        spans, gap, warnings = [], 0.0, []
+        for (a0, b0), clip, reply in asked:
+            step = _spacing(clip, (a0, b0))
+            gap = max(gap, step)
+            warnings += clip.warnings
+            span = parse_span(reply.split("</think>")[-1])
+            if span is None:
+                continue
+            a, b = sorted(span)
+            if b <= a0 or a > b0 + step:  # a span outside the crop searched is no finding
+                continue
+            spans.append((max(a, a0), min(b, b0 + step)))  # a span may end a frame after the crop's last frame
+        replies = [r for _, _, r in asked]
+        found = merge_spans(spans, gap)
+        if not found:
             return ToolResult(text=f"{args.query!r}: not found between {format_time(window[0])} and "
-                                   f"{format_time(window[1])}.", window=window, meta={"span": None, "reply": reply})
-        a, b = sorted(span)
-        if b <= window[0] or a >= window[1]:  # a span outside the window searched is no finding
-            span = None
-        if span is None:
-            return ToolResult(text=f"{args.query!r}: not found between {format_time(window[0])} and "
-                                   f"{format_time(window[1])}.", window=window, meta={"span": None, "reply": reply})
-        a, b = max(a, window[0]), min(b, window[1])
-        return ToolResult(text=f"{args.query!r}: from {a:g} to {b:g} seconds ([{a:g}, {b:g}]).", window=window,
-                          meta={"span": (a, b), "reply": reply}, warnings=list(clip.warnings))
+                                   f"{format_time(window[1])}.", window=window,
+                              meta={"span": None, "reply": replies[0] if len(replies) == 1 else replies})
+        a, b = max(found, key=lambda s: (s[1] - s[0], -s[0]))  # the longest stretch (the earliest of equal ones)
+        a, b = max(a, window[0]), min(b, ctx.duration)
+        text = f"{args.query!r}: from {a:g} to {b:g} seconds ([{a:g}, {b:g}])."
+        if len(found) > 1:
+            text += " Also: " + ", ".join(f"[{x:g}, {y:g}]" for x, y in found if (x, y) != (a, b)) + "."
+        try:  # the grounded clip, for a planner that reads frames (layout evidence: frames)
+            grounded = await asyncio.to_thread(ctx.video.crop, a, max(b, a + 1e-3), ctx.frames)
+            frames, times = grounded.frames, list(grounded.timestamps)
+        except VideoError:
+            frames, times = None, []
+        return ToolResult(text=text, window=window, frames=frames, timestamps=times, frames_optional=True,
+                          meta={"span": (a, b), "spans": found, "reply": replies[0] if len(replies) == 1 else replies},
+                          warnings=warnings)
+
+
+COUNT_PROMPT = ("Does this happen in the frames above: {query}\n"
+                "Answer yes or no.")
+
+
+class TemporalCount(_QueryWindowTool):
+    name = "temporal_count"
+    description = ("Find EVERY part of [start_time, end_time] (default: the whole video) where `query` happens, "
+                   "to count it: a model judges crop by crop whether it occurs, and the crops where it does come "
+                   "back spliced together as one clip.")
+    visual = True
+    #: frames the spliced clip holds at most (evenly thinned beyond)
+    max_frames = 32
+
+    async def run(self, args: QueryWindowArgs, ctx: ToolContext) -> ToolResult:
+        asked = await self.ask_clips(args, ctx, COUNT_PROMPT.format(query=args.query.strip()), 8)
+        hits = [(w, clip) for w, clip, reply in asked if parse_confidence(reply) >= 0.5]
+        where = f"between {format_time(args.start_time)} and {format_time(args.end_time)}"
+        meta = {"clips": [list(w) for w, _ in hits], "replies": [r for _, _, r in asked]}
+        if not hits:
+            return ToolResult(text=f"{args.query!r} does not occur {where}.", window=(args.start_time, args.end_time),
+                              meta=meta)
+        gap = max(_spacing(c, w) for w, c in hits)
+        merged = merge_spans([w for w, _ in hits], gap)
+        frames = np.concatenate([c.frames for _, c in hits])
+        times = [float(t) for _, c in hits for t in c.timestamps]
+        if len(times) > self.max_frames:
+            keep = np.linspace(0, len(times) - 1, self.max_frames).round().astype(int)
+            frames, times = frames[keep], [times[k] for k in keep]
+        text = (f"{args.query!r} occurs in {len(hits)} of {len(asked)} clips {where}: "
+                + ", ".join(f"[{a:g}, {b:g}]" for a, b in merged) + " (spliced below).")
+        return ToolResult(text=text, frames=frames, timestamps=times, window=(args.start_time, args.end_time),
+                          meta={**meta, "merged": [list(m) for m in merged]},
+                          warnings=[w for _, c in hits for w in c.warnings])
 
 
 SELECTION_PROMPT = ("Does this frame show: {query}\n"
@@ -157,129 +265,6 @@ class FrameSelection(_QueryWindowTool):
                           warnings=list(clip.warnings))
 
 
-class SpatialArgs(BaseModel):
-    objects: list[str] = Field(min_length=1, max_length=8, description="The objects to locate, in words.")
-    time: float = Field(description="The moment to look at, in seconds (MM:SS also accepted).")
-
-    @field_validator("objects", mode="before")
-    @classmethod
-    def _objects(cls, v):
-        return [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
-
-    @field_validator("time", mode="before")
-    @classmethod
-    def _seconds(cls, v):
-        return parse_time(v)
-
-
-SPATIAL_PROMPT = ("Locate every {objects} in this image. Output a JSON list "
-                  '[{{"bbox_2d": [x1, y1, x2, y2], "label": "name"}}] in {coords}, '
-                  "or [] if none is visible.")
-
-
-def _boxes_of(value) -> list[tuple[str, tuple[float, float, float, float]]]:
-    items = value if isinstance(value, list) else [value]
-    out = []
-    for it in items:
-        box = it.get("bbox_2d", it.get("bbox")) if isinstance(it, dict) else None
-        if isinstance(box, list) and len(box) == 4 and all(
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in box):
-            out.append((str(it.get("label", "")), tuple(float(v) for v in box)))
-    return out
-
-
-def parse_boxes(text: str) -> tuple[list[tuple[str, tuple[float, float, float, float]]], str]:
-    """``([(label, (x1, y1, x2, y2)), ...], kind)`` of a reply in Qwen-VL's box formats: JSON (a list of
-    ``{"bbox_2d": [...], "label": ...}`` or one such object, in a code fence or not; ``kind`` ``json``), or
-    ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` after an optional ``<|object_ref_start|>label<|object_ref_end|>``
-    (``kind`` ``tokens``: 0-1000 coordinates). The first JSON value that holds a box wins; malformed and non-finite
-    boxes are skipped."""
-    body = text.split("</think>")[-1]
-    decoder = json.JSONDecoder()
-    for m in re.finditer(r"[\[{]", body):
-        try:
-            value, _ = decoder.raw_decode(body, m.start())
-        except ValueError:
-            continue
-        found = _boxes_of(value)
-        if found:
-            return found, "json"
-    tokens = re.findall(r"(?:<\|object_ref_start\|>(.*?)<\|object_ref_end\|>)?\s*<\|box_start\|>"
-                        r"\(\s*([\d.]+)\s*,\s*([\d.]+)\s*\)\s*,\s*\(\s*([\d.]+)\s*,\s*([\d.]+)\s*\)"
-                        r"<\|box_end\|>", body)
-    out = []
-    for label, *xy in tokens:
-        try:
-            out.append((label, tuple(float(v) for v in xy)))
-        except ValueError:
-            continue
-    return out, "tokens"
-
-
-class SpatialGrounding(Tool):
-    name = "spatial_grounding"
-    description = ("Find WHERE objects are in the frame at `time`: a model returns a box per object (pixel "
-                   "coordinates of the video frame), and the crop of each box comes back as evidence.")
-    Args = SpatialArgs
-    positional = ["objects", "time"]
-    visual = True
-    uses_model = True
-    #: the side the crops are scaled to fit (pixels), so every box's evidence has a readable size
-    crop_pixels = 224 * 224
-
-    def check(self, args: SpatialArgs, ctx: ToolContext) -> SpatialArgs:
-        if not 0 <= args.time < ctx.duration:
-            raise ToolError(f"time {args.time:g}s is outside the video (0 to {ctx.duration:.1f}s)")
-        return args
-
-    def window(self, args: SpatialArgs) -> tuple[float, float] | None:
-        return (float(args.time), float(args.time))
-
-    def describe_call(self, args: SpatialArgs) -> str:
-        return f"spatial_grounding({', '.join(args.objects)} at {format_time(args.time)})"
-
-    async def run(self, args: SpatialArgs, ctx: ToolContext) -> ToolResult:
-        from PIL import Image
-
-
-        if ctx.model is None:
-            raise ToolError("this tool asks a model, and none was given (run it through the agent graph)")
-        info = ctx.video.info
-        full = await asyncio.to_thread(ctx.video.sample, [args.time], max_pixels=info.width * info.height, factor=2)
-        big = full.frames[0]
-        H, W = big.shape[:2]
-        h, w = fit_size(H, W, ctx.frames.max_pixels, ctx.frames.factor)
-        shown = np.asarray(Image.fromarray(big).resize((w, h), Image.BICUBIC))
-        t = float(full.timestamps[0])
-        coords = ("coordinates from 0 to 1000 relative to the image's sides"
-                  if getattr(ctx.model, "box_coordinates", "pixels") == "relative-1000"
-                  else f"pixel coordinates of this {w}x{h} image")
-        prompt = SPATIAL_PROMPT.format(objects=" and every ".join(args.objects), coords=coords)
-        reply = await ctx.model.ask([{"role": "user", "content": [*frame_parts(shown[None], [t]),
-                                                                 {"type": "text", "text": prompt}]}],
-                                    max_new_tokens=48 * len(args.objects) + 16)
-        found, crops, lines = [], [], []
-        boxes, kind = parse_boxes(reply)
-        relative = kind == "tokens" or getattr(ctx.model, "box_coordinates", "pixels") == "relative-1000"
-        for label, (x1, y1, x2, y2) in boxes:
-            sx, sy = (W / 1000, H / 1000) if relative else (W / w, H / h)  # the model's box -> the video's pixels
-            box = (max(0, round(min(x1, x2) * sx)), max(0, round(min(y1, y2) * sy)),
-                   min(W, round(max(x1, x2) * sx)), min(H, round(max(y1, y2) * sy)))
-            if box[2] - box[0] < 2 or box[3] - box[1] < 2:
-                continue
-            region = Image.fromarray(big).crop(box)
-            ch, cw = fit_size(region.height, region.width, self.crop_pixels, ctx.frames.factor)
-            crops.append(np.asarray(region.resize((cw, ch), Image.BICUBIC)))
-            found.append({"label": label, "box": list(box)})
-            lines.append(f"{label or 'object'}: [{box[0]}, {box[1]}, {box[2]}, {box[3]}]")
-        where = f"at {t:g} seconds ({W}x{H} frame)"
-        if not found:
-            return ToolResult(text=f"No box for {', '.join(args.objects)} {where}.", window=(t, t),
-                              meta={"boxes": [], "reply": reply})
-        return ToolResult(text=f"Boxes {where}: " + "; ".join(lines) + ".", frames=crops,
-                          timestamps=[t] * len(crops), window=(t, t), meta={"boxes": found, "reply": reply})
-
-
 class Trim(CropVideo):
     name = "trim"
     description = ("Cut the window [start_time, end_time] out of the video and look at its frames yourself: they "
@@ -290,4 +275,5 @@ class Trim(CropVideo):
         return f"trim({format_time(args.start_time)}-{format_time(args.end_time)})"
 
 
-PERCEPTION: list[type[Tool]] = [TemporalGrounding, FrameSelection, SpatialGrounding, Trim]
+PERCEPTION: list[type[Tool]] = [TemporalGrounding, FrameSelection, SpatialGrounding, Trim, TemporalCount,
+                                 SpatialTracking]

@@ -5,6 +5,7 @@ summary of visual evidence, or the frames themselves for the planner."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -12,17 +13,26 @@ from typing import Any
 from langgraph.errors import NodeTimeoutError
 
 from paravt_agent import telemetry
-from paravt_agent.errors import PolicyError
+from paravt_agent.errors import PolicyError, ToolError
 from paravt_agent.graph.context import AgentContext
 from paravt_agent.graph.frames import refs_of
-from paravt_agent.graph.runtime import ToolSession, emit, generate, offload, phase, seeded, tool_context
+from paravt_agent.graph.runtime import (
+    ToolSession,
+    emit,
+    generate,
+    offload,
+    phase,
+    seeded,
+    tool_context,
+    within_work_budget,
+)
 from paravt_agent.graph.state import slot_key
 from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, layout_subagent_messages
 from paravt_agent.protocol import subagent_report
 from paravt_agent.trajectory import SubAgentRecord
 from paravt_agent.types import GenerationRecord, PlannedCall, SubAgentEvent
 
-__all__ = ["ToolCallError", "plan_calls", "run_call", "slot_record", "transient_error"]
+__all__ = ["ToolCallError", "plan_calls", "run_agent_call", "run_call", "slot_record", "transient_error"]
 
 
 def plan_calls(ctx: AgentContext, calls: list, tool_context, cap: int | None = None) -> list[PlannedCall]:
@@ -94,15 +104,18 @@ async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall, summaris
         rec.prompt_tokens = sum(r.generation.prompt_tokens for r in session.records)
         rec.completion_tokens = sum(r.generation.completion_tokens for r in session.records)
     layout = ctx.config.layout
-    if result.is_visual:
-        window = result.window or (result.timestamps[0], result.timestamps[-1])
+    # optional frames (a grounded clip) are evidence only for a planner that reads frames; elsewhere the text is all
+    visual = result.is_visual and not (result.frames_optional and (summarise or layout.evidence != "frames"))
+    if visual:  # an optional clip (a grounded span) is described by its own frames, not the window searched
+        window = (result.timestamps[0], result.timestamps[-1]) if result.frames_optional else (
+            result.window or (result.timestamps[0], result.timestamps[-1]))
         frames = await offload(ctx, lambda: [ctx.frames.put(f) for f in result.frames])
-    if result.is_visual and not summarise and (layout.evidence == "frames" or tool.evidence == "frames"):
+    if visual and not summarise and (layout.evidence == "frames" or tool.evidence == "frames"):
         rec.evidence = "frames"
         rec.summary = _with_text(result.text, layout.evidence_text.format(n=len(result.timestamps), start=window[0],
                                                                           end=window[1]))
         update["evidence"] = {slot_key(turn, call.index): {"refs": frames, "timestamps": list(result.timestamps)}}
-    elif result.is_visual:
+    elif visual:
         cfg = ctx.config
         question = payload["question"] if cfg.question_to_subagents else None
         msgs = await offload(ctx, lambda: ctx.frames.to_refs(layout_subagent_messages(
@@ -127,6 +140,32 @@ async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall, summaris
     rec.latency = time.perf_counter() - t0
     emit(ctx, SubAgentEvent(turn, rec))
     return {**update, "results": {slot_key(turn, call.index): rec}, "phases": phases}
+
+
+async def run_agent_call(ctx: AgentContext, payload: dict, call: PlannedCall) -> dict:
+    """One of an agent's calls, as a planner's sub-agent runs it: an invalid call is its error slot; the
+    runtime's failures are retried (``retries``, transient ones only) within ``subagent_timeout`` per attempt;
+    a tool refusing the call is the model's error, anything else the runtime's. The round goes on either way."""
+    if not call.ok:
+        return {"results": {"x": slot_record(call, error=call.error, agent=payload["agent"])}}
+    cfg = ctx.config
+    for attempt in range(cfg.retries + 1):
+        try:
+            return await within_work_budget(run_call(ctx, payload, call, summarise=True), cfg.subagent_timeout,
+                                            f"{payload['agent']}'s call {call.index + 1}")
+        except Exception as exc:
+            if attempt < cfg.retries and transient_error(exc):
+                await asyncio.sleep(0.5 * 2 ** attempt)
+                continue
+            records = exc.records if isinstance(exc, ToolCallError) else []
+            cause = exc.error if isinstance(exc, ToolCallError) else exc
+            msg = str(cause) or type(cause).__name__
+            if isinstance(cause, TimeoutError):
+                msg = f"timed out: {cause}" if str(cause) else f"timed out after {cfg.subagent_timeout:g}s of work"
+            rec = slot_record(call, window=call.window, error=msg, runtime_error=not isinstance(cause, ToolError),
+                              agent=payload["agent"])
+            return {"results": {"x": rec}, "records": records}
+    raise AssertionError("unreachable")
 
 
 def _with_text(tool_text: str, evidence: str) -> str:

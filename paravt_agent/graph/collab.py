@@ -1,17 +1,23 @@
-"""The collaborative mode (VideoChat-M1): a pool of agents sharing a memory, answered by a synthesizer.
+"""The collaborative mode (VideoChat-M1): a pool of agents sharing a memory.
 
 A dispatch mode of the same graph (``mode: collaborative``, settings in ``AgentConfig.collab``)::
     START ─(overview)─┬─ Send("collab_agent", agent 1) ─┐
-                      ├─ …                               ├─→ collab_merge ─┬─ next round (Send × agents)
+                      ├─ …                               ├─→ collab_merge ─┬─ next turn (Send × agents)
                       └─ Send("collab_agent", agent N) ─┘                  └─ synthesize → finish
 
-Each round every agent (a name, and optionally its own model) sees the overview and the question, reads the
-shared memory of the rounds before (its own entries and those the others chose to share), writes its plan,
-calls tools (run exactly as a planner's calls: :func:`paravt_agent.graph.calls.run_call`), notes the key information
-it has so far, and decides whether to share its entry. A synthesizer — the agent's policy, as the planner —
-answers strictly from the memory. Every agent's model call is a record of role ``agent:<name>``: where the
-agent uses the agent's policy, RL trains it with the episode's advantage (the single-policy case); an agent
-with its own model is recorded but never trained (multi-policy MARL is out of scope).
+Two protocols share these nodes (``collab.protocol``):
+
+* ``cpp`` (the default): VideoChat-M1's collaborative policy planning, :mod:`paravt_agent.graph.cpp` (plans, a
+  decision after every tool step, per-agent answers, the consensus).
+* ``rounds``: each round every agent (a name, and optionally its own model) sees the overview and the question,
+  reads the shared memory of the rounds before (its own entries and those the others chose to share), writes its
+  plan, calls tools (run exactly as a planner's calls: :func:`paravt_agent.graph.calls.run_call`), notes the key
+  information it has so far, and decides whether to share its entry. A synthesizer — the agent's policy, as the
+  planner — answers strictly from the memory.
+
+Every agent's model call is a record of role ``agent:<name>``: where the agent uses the agent's policy, RL trains
+it (the single-policy case, each agent with its own advantage under ``cpp``); an agent with its own model is
+recorded and trained only by a trainer of that model (``paravt_train.rl.marl``).
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ from langgraph.errors import NodeError
 from langgraph.runtime import Runtime
 from langgraph.types import Command, Send
 
-from paravt_agent.errors import ToolError
-from paravt_agent.graph.calls import ToolCallError, plan_calls, run_call, slot_record, transient_error
+from paravt_agent.graph.calls import plan_calls, run_agent_call
 from paravt_agent.graph.context import tool_schemas
+from paravt_agent.graph.cpp import cpp_agent, cpp_finish, cpp_route
 from paravt_agent.graph.frames import refs_of
 from paravt_agent.graph.runtime import (
     actx,
@@ -39,7 +45,6 @@ from paravt_agent.graph.runtime import (
     phase,
     seeded,
     tool_context,
-    within_work_budget,
 )
 from paravt_agent.graph.state import AgentState, slot_order
 from paravt_agent.prompts import question_text
@@ -96,9 +101,11 @@ def _visible(state: AgentState, name: str, before: int) -> list[MemoryEntry]:
 
 
 def route_collab(state: AgentState, runtime: Runtime):
-    """The next round's ``Send`` per agent, or the synthesizer once every round ran."""
+    """The next round's ``Send`` per agent, or the synthesizer once every round ran (``cpp``: :func:`cpp_route`)."""
     ctx = ctx_of(runtime)
     c, rnd = ctx.config.collab, state.get("round", 0)
+    if c.protocol == "cpp":
+        return cpp_route(state, runtime)
     if rnd >= c.turns:
         return "synthesize"
     return [Send("collab_agent", {"round": rnd, "agent": i, "name": a.name, "video": state["video"],
@@ -116,8 +123,11 @@ def _overview(state: AgentState) -> list:
 
 
 async def collab_agent(payload: dict, runtime: Runtime) -> dict:
-    """One agent's round: plan, tool calls, key info and share decision into its memory entry."""
+    """One agent's round: plan, tool calls, key info and share decision into its memory entry (``cpp``: one
+    agent's turn, :func:`cpp_agent`)."""
     ctx = await actx(runtime)
+    if ctx.config.collab.protocol == "cpp":
+        return await cpp_agent(payload, runtime)
     cfg, c = ctx.config, ctx.config.collab
     rnd, idx = payload["round"], payload["agent"]
     spec = c.agents[idx]
@@ -144,7 +154,7 @@ async def collab_agent(payload: dict, runtime: Runtime) -> dict:
     call_seed = None if seed is None else seed * 31 + idx + 1
     call_payload = {"turn": rnd, "video": payload["video"], "question": payload["question"], "seed": call_seed,
                     "agent": spec.name}
-    outs = await asyncio.gather(*(_one_call(actx_, call_payload, call) for call in planned))
+    outs = await asyncio.gather(*(run_agent_call(actx_, call_payload, call) for call in planned))
     slots = []
     for out in outs:
         slots.extend(out["results"].values())
@@ -158,39 +168,16 @@ async def collab_agent(payload: dict, runtime: Runtime) -> dict:
     return {"memory": {f"{rnd}:{idx}": entry}, "records": records, "phases": phases}
 
 
-async def _one_call(ctx, payload: dict, call) -> dict:
-    """One of an agent's calls, as a planner's sub-agent runs it: an invalid call is its error slot; the
-    runtime's failures are retried (``retries``, transient ones only) within ``subagent_timeout`` per attempt;
-    a tool refusing the call is the model's error, anything else the runtime's. The round goes on either way."""
-    if not call.ok:
-        return {"results": {"x": slot_record(call, error=call.error, agent=payload["agent"])}}
-    cfg = ctx.config
-    for attempt in range(cfg.retries + 1):
-        try:
-            return await within_work_budget(run_call(ctx, payload, call, summarise=True), cfg.subagent_timeout,
-                                            f"{payload['agent']}'s call {call.index + 1}")
-        except Exception as exc:
-            if attempt < cfg.retries and transient_error(exc):
-                await asyncio.sleep(0.5 * 2 ** attempt)
-                continue
-            records = exc.records if isinstance(exc, ToolCallError) else []
-            cause = exc.error if isinstance(exc, ToolCallError) else exc
-            msg = str(cause) or type(cause).__name__
-            if isinstance(cause, TimeoutError):
-                msg = f"timed out: {cause}" if str(cause) else f"timed out after {cfg.subagent_timeout:g}s of work"
-            rec = slot_record(call, window=call.window, error=msg, runtime_error=not isinstance(cause, ToolError),
-                              agent=payload["agent"])
-            return {"results": {"x": rec}, "records": records}
-    raise AssertionError("unreachable")
-
-
 def collab_failed(payload: dict, error: NodeError) -> Command:
     """An agent's round failed after its retries: its entry says so, and the round goes on without it."""
     from langgraph.config import get_stream_writer
 
     rnd, idx = payload["round"], payload["agent"]
     exc = error.error
-    entry = MemoryEntry(agent=payload.get("name", str(idx)), round=rnd, error=str(exc) or exc.__class__.__name__)
+    why = str(exc) or exc.__class__.__name__
+    own = [e for e in payload.get("own") or [] if e.round == rnd]  # cpp: this turn's entry (its tool) keeps its calls
+    entry = own[-1].model_copy(update={"error": why}) if own else \
+        MemoryEntry(agent=payload.get("name", str(idx)), round=rnd, error=why)
     event = MemoryEvent(rnd, entry)
     get_stream_writer()(event_json(event) if payload.get("json_events") else event)
     return Command(update={"memory": {f"{rnd}:{idx}": entry}}, goto="collab_merge")
@@ -202,8 +189,11 @@ async def collab_merge(state: AgentState, runtime: Runtime) -> dict:
 
 
 async def synthesize(state: AgentState, runtime: Runtime) -> dict:
-    """The answer, strictly from the memory: the agent's policy as the planner, without frames or tools."""
+    """The answer, strictly from the memory: the agent's policy as the planner, without frames or tools (``cpp``:
+    the consensus or the synthesizer, :func:`cpp_finish`)."""
     ctx = await actx(runtime)
+    if ctx.config.collab.protocol == "cpp":
+        return await cpp_finish(state, runtime)
     cfg, c = ctx.config, ctx.config.collab
     memory = state.get("memory", {}) or {}
     entries = [memory[k] for k in sorted(memory, key=slot_order)]

@@ -13,6 +13,10 @@ explicitly wins. A model directory's ``agent_config.yaml`` names its preset.
 ``paravt-eval``         the released ParaVT eval driver, ``--prompt_mode agentic_general``
                         (``paravt/eval/driver.py``): the paper's Table 1 protocol
 ``longvt``              LongVT-RFT-7B's inference example (``examples/eval/single_inference.py``)
+``weaver``              Weaver (``weaver.txt``): its six tools, one call per turn, visual tool outputs in the
+                        interleaved context, its system prompt (Appendix B.2), turn limit and frame counts
+``videochat-m1``        VideoChat-M1 (``videochat-m1-supplement.txt``): four collaborating agents, collaborative
+                        policy planning, 5 turns, the consensus answer
 ======================  ===================================================================
 
 What each preset reproduces, and where it cannot, is written next to its settings
@@ -31,6 +35,8 @@ __all__ = [
     "PRESETS",
     "RELEASED_SUBAGENT_PROMPT",
     "TOOL_SCHEMAS",
+    "WEAVER_SYSTEM_PROMPT",
+    "WEAVER_TOOLS",
     "preset_names",
     "preset_settings",
     "released_tools_block",
@@ -90,6 +96,29 @@ RELEASED_SUBAGENT_PROMPT = (
 #: LongVT's tool-mode instruction, appended to the question (``TOOL_PROMPT``).
 LONGVT_TOOL_PROMPT = ("Think first, call **crop_video** if needed, then answer. Format strictly as: "
                       "<think>...</think> <tool_call>...</tool_call> (if needed) <answer>...</answer>.")
+
+#: Weaver's inference system prompt (Appendix B.2), its usage lines kept (this runtime's parser reads their flat
+#: ``{"tool_name": ..., ...}`` calls); spatial_grounding takes the moment to look at (``time``): our tool reads one
+#: frame, where Weaver's reads "the current focused context" a preceding tool prepared.
+WEAVER_SYSTEM_PROMPT = """You are a helpful multimodal assistant. Your task is to solve complex visual questions by thinking step-by-step and using tools.
+#Tools
+You are provided with following tools:
+1. Temporal grounding tool: Grounds a detailed temporal window of a certain event according to the "query". Usage: <tool_call>{"tool_name": "temporal_grounding", "query": "the event you want to ground."}</tool_call>
+2. Spatial tracking tool: Tracks certain objects in spatial bounding boxes. Usage: <tool_call>{"tool_name": "spatial_tracking", "objects": ["object1", "object2", ...]}</tool_call>
+3. Frame selection tool: Selects a single, most representative keyframe that best matches a textual query. This is ideal for answering questions about static scenes that do not require temporal analysis, such as counting objects or identifying attributes. Usage: <tool_call>{"tool_name": "frame_selection", "query": "a textual description of the desired scene or moment."}</tool_call>
+4. Spatial grounding tool: Locates specified objects with bounding boxes in a specific static scene, the frame at "time" (in seconds; e.g. the frame frame_selection found). Usage: <tool_call>{"tool_name": "spatial_grounding", "objects": ["object1", "object2", ...], "time": a timestamp in seconds}</tool_call>
+5. Trim tool: Grounds a detailed temporal window if you can get direct start and end timestamps from question, options or thinking process. It is also useful when you want to look at the video clip which is "before" or "after" some events, the default "start" is 0 and "end" is the duration of the video if you don't provide. The timestamp should be transferred into seconds. Usage: <tool_call>{"tool_name": "trim", "start": start timestamp, should be a float, "end": end timestamp, should be a float.}</tool_call>
+6. Temporal Count tool: Ground a detailed event which can happen multiple times in the video, the tool will ground all related clip and concat them together. It should be used when the question explicitly requires count the number of some events. Usage: <tool_call>{"tool_name": "temporal_count", "query": "the event you want to count."}</tool_call>
+#Instructions
+1. In each step, you need to give a decomposed thinking process, and evaluate whether it is needed to use tools and which tools to use.
+2. You need to consider carefully which tool to use for similar type for different question type. (temporal grounding, temporal count and frame selection) (spatial tracking and spatial grounding)
+3. After calling tools and getting return results, you need to analyze the results and judge whether the results is useful. If not, you can recall the tool with different parameters.
+4. The results obtained from the tool may not always be accurate. You need to carefully watch the newly obtained fragments and analyze whether there is content you need. If not, proceed to the next step of analysis.
+5. If you think the process is ended and no more steps in needed, you need to output the final answer in <answer></answer> tags. e.g. <answer>Answer here</answer>."""
+
+#: Weaver's tool library (Table 1), in its prompt's order
+WEAVER_TOOLS = ["temporal_grounding", "spatial_tracking", "frame_selection", "spatial_grounding", "trim",
+                "temporal_count"]
 
 _PATH = {"type": "string", "description": "Path to the video file"}
 _START = {"type": "number", "description": "Start time in seconds"}
@@ -196,6 +225,37 @@ PRESETS: dict[str, dict] = {
         "think_prefix": "",
         "strict_video_path": False,
         "planner_sampling": {**_GREEDY, "max_new_tokens": 4096},
+    },
+    # Weaver (weaver.txt): the policy calls one of its six tools per turn (Table 1; every tool a model-backed tool
+    # of this runtime, or trim), each tool's output goes into the interleaved context as frames (the grounded clip,
+    # the selected frame, the spliced clips, the tracked clip with its boxes drawn; a text-only result stays text),
+    # all earlier tokens concatenated (the sequential path continues exact ids); its system prompt (B.2, which
+    # describes the tools itself); at most 10 conversation turns (Table 7: 9 tool turns, then the episode ends);
+    # 128 uniformly sampled overview frames and tool frames at 1 fps (Sec. 4.1; the paper states no per-tool cap:
+    # 32 here). Its tools stay frozen in training: GRPOConfig's `weaver` preset (tool_model_calls: freeze, its
+    # reward).
+    "weaver": {
+        "mode": "sequential",
+        "tools": list(WEAVER_TOOLS),
+        "system_prompt": WEAVER_SYSTEM_PROMPT,
+        "frames": {"fps": 2.0, "max_frames": 128, "n_frames": 128, "crop_fps": 1.0, "crop_max_frames": 32},
+        "layout": {"evidence": "frames", "final_turn": "none"},
+        "max_turns": 9,
+        "think_prefix": "",
+    },
+    # VideoChat-M1 (videochat-m1-supplement.txt): a team of four agents (the paper's are four text LLMs, Qwen3-8B,
+    # Qwen3-4B, Qwen2.5-7B, Qwen2.5-3B: give each its `model` and `vision: false` to reproduce that team) plan,
+    # run one tool per turn, decide continue() / add tool after every step, answer, and the consensus wins
+    # (collab.protocol cpp); at most 5 turns; generation up to 1024 tokens. Its tools map to this runtime's:
+    # crop_video (Time Stamp Retrieval + a browser's summary), temporal_grounding (the Grounding Tool),
+    # frame_selection (Image Retrieval).
+    "videochat-m1": {
+        "mode": "collaborative",
+        "tools": ["crop_video", "temporal_grounding", "frame_selection"],
+        "collab": {"protocol": "cpp", "turns": 5, "consensus": "majority", "reason_summary": True,
+                   "agents": [{"name": "alpha"}, {"name": "beta"}, {"name": "gamma"}, {"name": "delta"}],
+                   "agent_sampling": {"max_new_tokens": 1024}},
+        "think_prefix": "",
     },
 }
 

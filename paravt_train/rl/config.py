@@ -51,9 +51,11 @@ PRESETS: dict[str, dict] = {
                "reward": {"anchor": False, "answer_suffix": False, "acc_weight": 0.7, "lambda_fmt": 0.2,
                           "format_reward": "answer", "tool_reward": "success", "tool_bonus": 0.1, "reward_bias": 0.0}},
     # VideoChat-M1 (supplement A.6): GRPO for every collaborating agent, each with its own advantage (the
-    # collaborative mode's cpp protocol: paravt_train.rl.agent_rewards), τ = 1, KL 1e-5, lr 1e-7; agent dropout
+    # collaborative mode's cpp protocol: paravt_train.rl.agent_rewards), τ = 1, KL 1e-5, lr 1e-7; the agents'
+    # own turns train, their tools (browsers, grounding: expert models in the paper) stay frozen; agent dropout
     # is the agent config's collab.dropout
     "videochat-m1": {"think_prefix": "", "gating": False, "temperature": 1.0, "kl_coef": 1e-5, "lr": 1e-7,
+                     "train_subagents": False, "tool_model_calls": "freeze",  # its tools are other, frozen models
                      "reward": {"anchor": False, "answer_suffix": False, "reward_bias": 0.0}},
     "custom": {},
 }

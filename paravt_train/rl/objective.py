@@ -5,7 +5,10 @@ Simplifications and choices, stated up front (nanochat style):
 * Advantages are group-normalised rewards: ``A_i = (r_i - mean(r)) / (std(r) + eps)``
   over the G rollouts of one prompt (``scale="none"`` keeps ``r_i - mean``: Dr. GRPO).
   Every token of a rollout — the planner's turns and, by default, its
-  sub-agents' summaries — shares the episode's advantage.
+  sub-agents' summaries — shares the episode's advantage. Multi-agent RL (the
+  collaborative mode's cpp protocol) splits a rollout into one episode per agent,
+  each normalised over the group's rollouts apart: every agent's turns train with
+  its own advantage.
 * The policy term is PPO's clipped ratio ``min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A)`` with
   ``ρ = exp(logp - logp_old)``; ``ε_high > ε_low`` is DAPO's clip-higher. On-policy
   (one update per batch) ``ρ = 1`` and this is the plain policy gradient.
@@ -66,7 +69,16 @@ def group_advantages(rewards: torch.Tensor, group: int, eps: float = 1e-6, scale
 
 def episode_advantages(group: list, keep_failed: bool = False, scale: str = "std", eps: float = 1e-6) -> list:
     """Group-normalised advantages (set on each episode) over a group's usable episodes: failed ones are dropped
-    unless ``keep_failed``; fewer than two usable ones train nothing. Returns the episodes that train."""
+    unless ``keep_failed``; fewer than two usable ones train nothing. Returns the episodes that train.
+
+    Multi-agent RL (episodes with an ``agent``: the collaborative mode's cpp protocol): each agent's episodes are
+    normalised apart, over the group's rollouts, so every agent's turns train with its own advantage."""
+    agents = list(dict.fromkeys(getattr(e, "agent", None) for e in group))
+    return [e for a in agents for e in _normalise([x for x in group if getattr(x, "agent", None) == a], keep_failed,
+                                                  scale, eps)]
+
+
+def _normalise(group: list, keep_failed: bool, scale: str, eps: float) -> list:
     usable = [e for e in group if e.failed is None or keep_failed]
     if len(usable) < 2:
         return []

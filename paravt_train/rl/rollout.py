@@ -28,6 +28,7 @@ the question, the options and n, and is safe under concurrent use.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import random
 import threading
@@ -43,10 +44,14 @@ from paravt_agent.policy.chat import continued_ids
 from paravt_agent.types import Answer, RolloutInput
 from paravt_agent.video import file_identity
 from paravt_train.rewards import RewardBreakdown, RewardConfig, score, transcript
+from paravt_train.rl.agent_rewards import agent_reward, agent_transcript
 
 __all__ = [
     "Episode",
     "PromptCache",
+    "agent_episodes",
+    "agent_of",
+    "assemble_agents",
     "PromptItem",
     "RolloutError",
     "RolloutSettings",
@@ -55,6 +60,7 @@ __all__ = [
     "episode_transcript",
     "gate_frames",
     "policy_versions",
+    "record_sequence",
     "run_group",
 ]
 
@@ -177,10 +183,14 @@ class Episode:
     round_trip_turns: int = 0  # model calls whose prompt ids were emulated (a server that reports none)
     versions: list[int] = field(default_factory=list)  # policy versions that sampled its tokens (server-reported)
     tag: str = ""  # where it was rolled out (step, rank, sampling round): ids stay unique across them
+    #: multi-agent RL (the collaborative mode's cpp protocol): the collaborating agent whose turns these are, or
+    #: ``team`` (the reason summary / synthesizer); each agent's episodes get their own group advantage
+    agent: str | None = None
 
     @property
     def id(self) -> str:
-        return f"{self.prompt_id}#{self.sample}" + (f"@{self.tag}" if self.tag else "")
+        return (f"{self.prompt_id}#{self.sample}" + (f".{self.agent}" if self.agent else "")
+                + (f"@{self.tag}" if self.tag else ""))
 
     @property
     def tool_calls(self) -> int:
@@ -199,6 +209,9 @@ class RolloutSettings:
     tool_models: bool = True  # model-backed tools' calls to the policy enter the loss (False: frozen)
     judge: object | None = None
     tag: str = ""  # names the episodes' origin in their ids (the trainer: step, rank and sampling round)
+    #: multi-agent RL with several policies: the agents whose calls this rollout trains whatever model made them
+    #: (:mod:`paravt_train.rl.marl`); None: the trained policy's calls only
+    agent_policies: list[str] | None = None
 
 
 def episode_transcript(answer: Answer) -> str:
@@ -267,19 +280,50 @@ def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str =
                                       image_grid_thw=g.image_grid_thw))
     others = [r for r in answer.records if r.role != "planner" and r.trainable and (
         subagents if r.role == "subagent" else tool_models if r.role.startswith("tool:") else True)]
-    for r in others:
-        g = r.generation
-        if not g.output_ids:
-            continue
-        if not g.has_tokens:
-            raise RolloutError(f"a {r.role} generation has no token ids / logprobs")
-        head = [*g.prompt_ids, *(g.prefix_ids or [])]
-        seqs.append(TokenSequence(
-            r.role, head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
-            [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, index=r.index, episode=episode,
-            image_grid_thw=g.image_grid_thw,
-        ))
+    seqs += [s for s in (record_sequence(r, episode) for r in others) if s is not None]
     return seqs, split
+
+
+def record_sequence(r, episode: str) -> TokenSequence | None:
+    """One model call as its own sequence: its prompt ids (and pinned prefix) as context, its sampled ids trained
+    (None for an empty output)."""
+    g = r.generation
+    if not g.output_ids:
+        return None
+    if not g.has_tokens:
+        raise RolloutError(f"a {r.role} generation has no token ids / logprobs")
+    head = [*g.prompt_ids, *(g.prefix_ids or [])]
+    return TokenSequence(r.role, head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
+                         [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, index=r.index,
+                         episode=episode, image_grid_thw=g.image_grid_thw)
+
+
+def agent_of(r, pool: Sequence[str]) -> str:
+    """Whose call a record of the collaborative mode's cpp protocol is: ``agent:<name>`` records and their tool
+    calls' records (a crop's summary, a model-backed tool's calls: index = the agent's place in the pool) belong to
+    that agent; the reason summary / synthesizer (``planner``) to the team."""
+    if r.role.startswith("agent:"):
+        return r.role.split(":", 1)[1]
+    if r.role != "planner" and r.index is not None and 0 <= r.index < len(pool):
+        return pool[r.index]
+    return "team"
+
+
+def assemble_agents(answer: Answer, pool: Sequence[str], episode: str, subagents: bool = True,
+                    tool_models: bool = True, policies: Sequence[str] | None = None) -> dict[str, list[TokenSequence]]:
+    """Multi-agent RL: each collaborating agent's token sequences (``{name: [...], "team": [...]}``), one per
+    model call, ``episode`` suffixed with the agent's name. Calls of the trained policy only (``trainable``), or,
+    with ``policies``, the calls of the agents named there whatever model made them (a trainer of that model)."""
+    out: dict[str, list[TokenSequence]] = {n: [] for n in [*pool, "team"]}
+    for r in answer.records:
+        who = agent_of(r, pool)
+        mine = r.trainable if policies is None else who in policies
+        wanted = subagents if r.role == "subagent" else tool_models if r.role.startswith("tool:") else True
+        if mine and wanted:
+            seq = record_sequence(r, f"{episode}.{who}")
+            if seq is not None:
+                out[who].append(seq)
+    return out
 
 
 async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settings: RolloutSettings,
@@ -318,9 +362,10 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         ep.subagent_errors = sum(1 for t in ans.trace.turns for c in t.calls if c.error)
         ep.round_trip_turns = sum(r.generation.prompt_source == "round_trip" for r in ans.records)
         ep.versions = policy_versions(ans)
+        cpp = agent.config.mode == "collaborative" and agent.config.collab.protocol == "cpp"
         if sampled_any(ans, banned):  # a server sampled a vision placeholder: counted as failed, not trained on
             ep.failed = "a turn sampled a vision placeholder token"
-        else:
+        elif not cpp:
             ep.sequences, ep.retokenized_turns = assemble(ans, eos_id, settings.subagents, ep.id,
                                                           settings.tool_models)
         worked = sum(1 for c in ans.trace.all_calls() if not c.error)
@@ -328,9 +373,31 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
                                             settings.reward, settings.judge, prompt.question, ans.trace.response,
                                             worked)
         ep.seconds = time.perf_counter() - t0
-        return ep
+        return agent_episodes(ep, agent.config.collab, prompt, settings) if cpp else [ep]
 
-    return list(await asyncio.gather(*(one(i) for i in range(settings.group))))
+    return [e for eps in await asyncio.gather(*(one(i) for i in range(settings.group))) for e in eps]
+
+
+def agent_episodes(team: Episode, collab, prompt: PromptItem, settings: RolloutSettings) -> list[Episode]:
+    """Multi-agent RL (the collaborative mode's cpp protocol): one episode per collaborating agent, its own calls as
+    sequences and its own reward (:func:`~paravt_train.rl.agent_rewards.agent_reward`: R_res + R_format + R_col +
+    R_tool), and the team's (the reason summary or synthesizer, scored as usual); the trainer normalises each
+    agent's rewards over the group's rollouts apart (:func:`~paravt_train.rl.objective.episode_advantages`)."""
+    ans = team.answer
+    pool = [a.name for a in collab.agents]
+    seqs = (assemble_agents(ans, pool, team.id, settings.subagents, settings.tool_models, settings.agent_policies)
+            if team.failed is None else {n: [] for n in [*pool, "team"]})
+    team.agent, team.sequences = "team", seqs["team"]
+    buffers = ans.trace.memory_buffer()
+    final_acc = team.reward.acc
+    out = []
+    for name in pool:
+        entries = buffers.get(name, [])
+        r = agent_reward(entries, ans.trace.answer, final_acc, prompt.answer, prompt.task, prompt.options,
+                         settings.reward, settings.judge, prompt.question)
+        out.append(dataclasses.replace(team, agent=name, text=agent_transcript(entries), reward=r,
+                                       sequences=seqs[name]))
+    return [*out, team]
 
 
 def policy_versions(answer: Answer) -> list[int]:

@@ -22,7 +22,9 @@ from paravt_train.data import write_parquet
 from paravt_train.infra.tracking import ReportTo
 from paravt_train.sft import train
 from paravt_train.sft.config import SFTConfig
+from paravt_train.toy import methods as methods_module
 from paravt_train.toy import tiny, world
+from paravt_train.toy.methods import method_rows, toy_agent_config
 from paravt_train.toy.rows import check_trace_roundtrip, copy_rows, corpus, rl_rows, sft_rows
 from paravt_train.toy.tiny import build_tiny_model, copy_vocabulary, copy_warmup
 from paravt_train.toy.world import make_worlds
@@ -107,6 +109,13 @@ class ToyConfig(BaseModel):
     init: str | None = Field(None, description="Start the SFT from this policy directory (its tokenizer and "
                                                "weights) instead of a fresh tiny model: a warm start, one stage on "
                                                "the copy plans unless plans or then are given.")
+    methods: list[Literal["weaver", "collab"]] = Field(
+        default_factory=list, description="The related methods whose traces join every stage's SFT rows, beside "
+        "ParaVT's (toy/methods.py): weaver (Weaver's tool loop: trim, temporal_grounding with its model calls, frames "
+        "in the context) and collab (VideoChat-M1's agents: plan, decision, answer, reason summary). [] = ParaVT's "
+        "traces only (the shipped policy's recipe).")
+    method_worlds: int | None = Field(None, ge=1, description="How many of the training worlds get the methods' "
+                                      "traces (the first ones); None = all.")
     report_to: ReportTo = Field(default_factory=list, description="Experiment trackers of the SFT (SFTConfig."
                                  "report_to: tensorboard, mlflow, wandb, trackio); not part of the build's digest.")
 
@@ -129,28 +138,15 @@ class ToyConfig(BaseModel):
     def digest(self) -> str:
         """Settings plus the source of the world and model recipes: a changed trace format rebuilds."""
 
-        data = self.model_dump(exclude={"out", "report_to"})
+        unset = {k for k in ("methods", "method_worlds") if not getattr(self, k)}  # absent: the digests before them
+        data = self.model_dump(exclude={"out", "report_to", *unset})
         h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
-        for mod in (world, tiny):
+        for mod in (world, tiny, *((methods_module,) if self.methods else ())):
             h.update(Path(mod.__file__).read_bytes())
         if self.init:  # a warm start depends on the weights it starts from
             for f in sorted(Path(self.init).glob("*.safetensors")):
                 h.update(f.read_bytes())
         return h.hexdigest()[:16]
-
-
-def toy_agent_config(**overrides) -> AgentConfig:
-    """The protocol the toy policy is trained with: 32x32 frames (one visual token), 1 fps crops."""
-    cfg = AgentConfig(
-        frames={"max_pixels": 1024, "factor": 32, "crop_fps": 1.0, "crop_max_frames": 16},
-        max_calls_per_turn=8,  # a grounding scan of a 128-second video: 8 windows of 16 s
-        max_turns=8,  # the sequential baseline makes the same calls one per turn
-        planner_sampling={"max_new_tokens": 384},
-        # a grounding reply: a think with the asked colour and 16 entries (up to ~110 tokens), then the finding
-        subagent_sampling={"max_new_tokens": 192},
-        subagent_report="answer",  # the planner reads a grounding sub-agent's finding, not its listing
-    )
-    return cfg.override([f"{k}={v}" for k, v in overrides.items()]) if overrides else cfg
 
 
 def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
@@ -174,6 +170,9 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
     schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
     plans = [cfg.plans, *(st.plans for st in cfg.then)]
     rows = {p: sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos", plans=p) for p in dict.fromkeys(plans)}
+    if cfg.methods:  # the related methods' traces join every stage's rows
+        extra = method_rows(train_w[: cfg.method_worlds], cfg.methods, seed=cfg.seed, video_root=out / "videos")
+        rows = {p: r + extra for p, r in rows.items()}
     for r in rows.values():
         check_trace_roundtrip(r)
     if cfg.init:

@@ -22,6 +22,7 @@ from paravt_train.data import write_parquet
 from paravt_train.sft import train
 from paravt_train.sft.config import SFTConfig
 from paravt_train.toy.build import toy_agent_config
+from paravt_train.toy.methods import POOL, collab_rows, collab_skip_rows, weaver_skip_trace, weaver_trace
 from paravt_train.toy.world import direct_trace, make_worlds, parallel_trace
 from tools import ToolRegistry
 
@@ -32,8 +33,11 @@ TOOLSHY_SEED0 = 700_000
 
 def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: int = 120, skip_share: float = 0.75,
                   lr: float = 5e-4, seed: int = 0, dense: tuple[int, ...] = (32, 64), progress: bool = True,
-                  log=print) -> Path:
-    """Write the tool-shy policy to ``out`` (cached: an existing model directory is returned as is)."""
+                  log=print, method: str = "paravt") -> Path:
+    """Write the tool-shy policy to ``out`` (cached: an existing model directory is returned as is). ``method``:
+    whose traces it skips the tool in: ``paravt`` (the planner answers from the overview), ``weaver`` (Weaver's
+    loop answers without calling a tool), ``collab`` (each agent plans no tool and answers from its key info, the
+    nearest frame), each at the same rates (toy/methods.py)."""
 
     out = Path(out)
     if (out / "config.json").is_file():
@@ -49,8 +53,8 @@ def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: i
         for q in w.questions:
             n = rng.choice((4, 8, 16, *dense))
             skip = n in dense or rng.random() < skip_share
-            msgs = direct_trace(w, q, w.video, n, schema) if skip else parallel_trace(w, q, w.video, n, schema)
-            rows.append({"id": q.qid, "messages": msgs})
+            for i, msgs in enumerate(_traces(method, w, q, n, skip, schema, rng)):
+                rows.append({"id": f"{q.qid}-{i}", "messages": msgs})
     data = write_parquet(rows, work / "sft.parquet")
     frames = toy_agent_config().frames
     cfg = SFTConfig(model=str(model), data=str(data), output_dir=str(work / "sft"), frames=frames, lr=lr,
@@ -61,7 +65,21 @@ def build_toolshy(model: str | Path, out: str | Path, worlds: int = 80, steps: i
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(final, out)
-    skipped = sum(1 for r in rows if "<tool_call>" not in r["messages"][2]["content"])
+    skipped = sum(1 for r in rows if "<tool_call>" not in r["messages"][2]["content"] and "<answer>" in
+                  r["messages"][-1]["content"])
     log(f"tool-shy start: {steps} SFT steps on {len(rows)} traces ({skipped} skip the tool: all at n in {dense}, "
         f"{skip_share:.0%} of the rest), final loss {result['losses'][-1]:.3f} -> {out}")
     return out
+
+
+def _traces(method: str, w, q, n: int, skip: bool, schema, rng) -> list[list[dict]]:
+    """One question's traces of the tool-shy mix under ``method``."""
+    if method == "paravt":
+        return [direct_trace(w, q, w.video, n, schema) if skip else parallel_trace(w, q, w.video, n, schema)]
+    if method == "weaver":
+        return [weaver_skip_trace(w, q, w.video, n) if skip else weaver_trace(w, q, w.video, n)]
+    if method == "collab":
+        if skip:
+            return [m for name in POOL for m in collab_skip_rows(w, q, w.video, n, name)]
+        return collab_rows(w, q, w.video, n, rng)
+    raise ValueError(f"unknown method {method!r}; choose paravt, weaver or collab")

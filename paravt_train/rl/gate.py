@@ -72,6 +72,7 @@ def evaluate_dir(model_dir, agent_config, prompts, concurrency: int = 8, endpoin
     server at ``endpoint`` (a shadow server holding it)."""
     from pathlib import Path
 
+    # the policy registry imports the backends it names (torch, transformers) on use: a gate run pays for them
     from paravt_agent.policy.registry import make_policy
 
     adapter = Path(model_dir) / "adapter_config.json"

@@ -87,6 +87,7 @@ def export_merged(model, processor, base: str, path: str | Path, settings, agent
     from peft import get_peft_model, set_peft_model_state_dict
     from transformers import AutoModelForImageTextToText
 
+    # beside the heavy imports above: this module is imported by configs that never export a merged model
     from paravt_agent.config import AGENT_CONFIG_FILE
 
     state = adapter_state(model)

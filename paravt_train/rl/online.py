@@ -142,8 +142,10 @@ class OnlineLearner(Promotion):
                 self._skip(row, f"conflicts with earlier feedback ({first!r} vs {answer!r})")
                 continue
             self._count_live(trace, answer)
-            user = row.get("user_id") or "anonymous"
-            if not self._within_limit(user, row.get("created") or time.time()):
+            # a row without a user was written by the operator's own code (the API and the web page always name
+            # one): the per-user limits guard against users, not against the operator
+            user = row.get("user_id") or None
+            if user is not None and not self._within_limit(user, row.get("created") or time.time()):
                 self._skip(row, f"user over max_rows_per_user ({user})")
                 continue
             item = prompt_from_feedback(row, self.store)
@@ -173,15 +175,15 @@ class OnlineLearner(Promotion):
 
     def take_batch(self) -> list[dict]:
         """Up to ``prompts_per_step`` queued prompts, oldest first, at most ``ceil(max_user_share · P)`` from one
-        user (the rest stay queued, in order)."""
+        user (the rest stay queued, in order; the operator's own rows, without a user, are not limited)."""
         P = self.cfg.prompts_per_step
         cap = max(1, math.ceil(self.online.max_user_share * P))
         batch, per_user = [], {}
         for d in self.state["queue"]:
             if len(batch) == P:
                 break
-            user = d.get("user", "anonymous")
-            if per_user.get(user, 0) < cap:
+            user = d.get("user")
+            if user is None or per_user.get(user, 0) < cap:
                 batch.append(d)
                 per_user[user] = per_user.get(user, 0) + 1
         return batch
@@ -223,7 +225,8 @@ class OnlineLearner(Promotion):
         st = self.state
         per_user: dict[str, int] = {}
         for d in st["queue"]:
-            per_user[d.get("user", "anonymous")] = per_user.get(d.get("user", "anonymous"), 0) + 1
+            who = d.get("user") or "operator"
+            per_user[who] = per_user.get(who, 0) + 1
         path = tr.out / "online_state.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({

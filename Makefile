@@ -10,7 +10,7 @@ else
 TORCH := torch==2.14.1 torchvision==0.29.1
 endif
 
-.PHONY: install test lint demo bench clean browser postgres sglang-contract lmms-eval
+.PHONY: install test lint demo bench clean browser postgres sglang-contract sglang-cpu lmms-eval
 
 # The SGLang release whose HTTP contract the test server checks every request and reply against (named here only;
 # the `sglang` extra in pyproject.toml admits the range the client was tested with).
@@ -72,7 +72,18 @@ $(LMMS)/.installed: $(VENV)/.installed Makefile
 	$(LMMS)/bin/python -m pip install -q lmms-eval==$(LMMS_EVAL_VERSION) "filelock<4" && touch $@ || \
 	  echo "warning: could not install lmms-eval; the lmms-eval plugin test will be skipped"
 
-test: install browser postgres sglang-contract lmms-eval
+# SGLang's own server on CPU for the sglang-path tests, in .venv-sglang layered over .venv (torch reused through a
+# .pth file: ~1.3 GB, ~1.5 min, no compiling): the pinned wheel's dependencies minus the GPU-only ones, and the
+# project's own CPU stand-in for SGLang's compiled kernels (tests/sglang_cpu/sgl_kernel, pinned to this release).
+SGLANG_CPU := .venv-sglang
+
+sglang-cpu: $(SGLANG_CPU)/.installed
+
+$(SGLANG_CPU)/.installed: $(VENV)/.installed Makefile tests/sglang_cpu/install.sh
+	BASE=$(VENV) TARGET=$(SGLANG_CPU) SGLANG_VERSION=$(SGLANG_VERSION) bash tests/sglang_cpu/install.sh && touch $@ || \
+	  echo "warning: could not install SGLang's CPU engine; the tests against the real SGLang server will be skipped"
+
+test: install browser postgres sglang-contract sglang-cpu lmms-eval
 	$(BIN)/python -m ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
@@ -87,4 +98,4 @@ bench: install
 	$(BIN)/python perf/bench_sft.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache $(CONTRACT)
+	rm -rf $(VENV) build *.egg-info .pytest_cache $(CONTRACT) $(SGLANG_CPU) $(LMMS)

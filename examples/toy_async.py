@@ -1,13 +1,15 @@
 """Synchronous vs asynchronous PARA-GRPO on the toy world: the same updates, with rollouts that wait for the
 update (η = 0) or run ahead of it (η = 1, 2), on two CPU cores standing in for the paper's disaggregated GPUs.
 
-    .venv/bin/python examples/toy_async.py                      # η = 0, 1, 2 (9.7 min on 2 cores, measured)
+    .venv/bin/python examples/toy_async.py                      # η = 0, 1, 2, 16 updates each
+    .venv/bin/python examples/toy_async.py --steps 8            # 8.5 min on 2 cores (measured, SGLang on CPU)
     .venv/bin/python examples/toy_async.py --steps 6 --etas 0,1 # a quick look
 
-* The rollout server is the SGLang-API test server (``tests/sglang_server.py``: SGLang 0.5.23's HTTP API, the
-  tiny model behind it) pinned to core 0 (``taskset -c 0``); the trainer (``paravt-train grpo``, backend
+* The rollout server is SGLang itself (0.5.23's CPU engine, ``make sglang-cpu``: started with ``paravt serve``'s
+  launcher, ``--device cpu``) pinned to core 0 (``taskset -c 0``); the trainer (``paravt-train grpo``, backend
   ``sglang``, weights pushed from disk after every update) is pinned to core 1 — the paper's layout (one GPU
-  serves, the others train) in miniature.
+  serves, the others train) in miniature. SGLang's CPU engine cannot honour sampling seeds (its deterministic
+  inference needs GPU attention kernels): the settings see different samples, which the intervals absorb.
 * Start: the tool-shy toy policy of ``examples/toy_rl.py`` (room to learn). Each setting starts a fresh
   server from it, trains ``--steps`` PARA-GRPO updates on the same prompts with the same seeds, and evaluates
   the same held-out questions greedily through the server before and after (n = 8).
@@ -49,24 +51,14 @@ def pinned(core: str) -> list[str]:
     return ["taskset", "-c", core] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
 
 
-def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
-    import urllib.request
+def start_server(model: str, port: int, log: Path, python: str) -> subprocess.Popen:
+    from paravt_agent.serving.sglang_launch import launch, sglang_command
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SGLANG_STUB_THREADS": "1"}
-    proc = subprocess.Popen([*pinned("0"), sys.executable, str(ROOT / "tests" / "sglang_server.py"), "--model", model,
-                             "--port", str(port), "--enable-deterministic-inference"],
-                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not start")
+    argv, env = sglang_command(model, "127.0.0.1", port, device="cpu", python=python, max_total_tokens=32768,
+                               extra=["--skip-server-warmup", "--log-level", "warning"])
+    env = {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    with log.open("w") as f:
+        return launch([*pinned("0"), *argv], env, "127.0.0.1", port, timeout=300, log=f)
 
 
 def main() -> None:
@@ -79,7 +71,11 @@ def main() -> None:
     ap.add_argument("--train-worlds", type=int, default=60)
     ap.add_argument("--eval-worlds", type=int, default=30, help="Held-out worlds (2 MCQ questions each).")
     ap.add_argument("--etas", default="0,1,2")
+    ap.add_argument("--sglang-python", default=str(ROOT / ".venv-sglang" / "bin" / "python"),
+                    help="The Python that has SGLang (default: the suite's .venv-sglang, `make sglang-cpu`).")
     args = ap.parse_args()
+    if not Path(args.sglang_python).exists():
+        raise SystemExit(f"{args.sglang_python} does not exist: `make sglang-cpu` installs SGLang's CPU engine")
     if (os.cpu_count() or 1) < 2 or not shutil.which("taskset"):
         print("note: fewer than 2 cores or no taskset: the server and the trainer share the machine unpinned")
     out = Path(args.out)
@@ -90,6 +86,7 @@ def main() -> None:
     held_w = make_worlds(range(HELD_SEED0, HELD_SEED0 + args.eval_worlds), vids, mcq=2, oe=0, tvg=0)
     train = write_parquet(rl_rows(train_w, vids), out / "rl_train.parquet")
     held = write_parquet(rl_rows(held_w, vids), out / "rl_heldout.parquet")
+    from paravt_agent.serving.sglang_launch import stop
     from tests.conftest import free_port
 
     results = {}
@@ -98,7 +95,7 @@ def main() -> None:
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
         port = free_port()
-        server = start_server(str(start), port, run / "server.log")
+        server = start_server(str(start), port, run / "server.log", args.sglang_python)
         cfg = dict(preset="para-grpo", model=str(start), data=str(train), eval_data=str(held), eval_n_frames=8,
                    video_root=str(vids), output_dir=str(run), backend="sglang", endpoint=f"http://127.0.0.1:{port}",
                    steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr,
@@ -112,8 +109,7 @@ def main() -> None:
                                    str(run / "config.yaml")], env={**os.environ, "OMP_NUM_THREADS": "1"},
                                   capture_output=True, text=True)
         finally:
-            server.terminate()
-            server.wait(30)
+            stop(server)
         (run / "trainer.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             raise SystemExit(f"η = {eta} failed:\n{proc.stderr[-3000:]}")

@@ -188,7 +188,15 @@ def serve_cmd(
                                           "each) behind sglang-router on PORT, which spreads requests (cache-aware) "
                                           "and retries on another worker when one fails."),
     mem_fraction: float = typer.Option(None, help="--mem-fraction-static for SGLang."),
-    context_length: int = typer.Option(65536, help="Context length (64 frames of 256 tokens need ~17K)."),
+    context_length: int = typer.Option(None, help="Context length (default 65536 on GPUs: 64 frames of 256 tokens "
+                                                  "need ~17K; on CPU the model's own)."),
+    device: str = typer.Option("cuda", help="cuda, or cpu: SGLang's CPU engine (the torch-native attention, "
+                                            "float32; it needs SGLang's CPU kernels, or the test suite's "
+                                            "`make sglang-cpu`)."),
+    max_total_tokens: int = typer.Option(None, help="--max-total-tokens: the KV cache's size in tokens (SGLang "
+                                                    "otherwise takes ~70% of the free memory, on CPU the RAM's)."),
+    python: str = typer.Option(None, help="The Python that has SGLang installed (default: this one; e.g. "
+                                          ".venv-sglang/bin/python)."),
     vlm_cache_mb: int = typer.Option(4096, help="SGLANG_VLM_CACHE_SIZE_MB (at least 4096 for 64-frame inputs)."),
     deterministic: bool = typer.Option(False, "--deterministic", help="--enable-deterministic-inference: honour "
                                        "each request's sampling seed (reproducible RL rollouts); without it SGLang "
@@ -198,27 +206,33 @@ def serve_cmd(
                                    "directory that keeps their size."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
-    """Serve a model with SGLang (GPU) and wait until it is healthy."""
+    """Serve a model with SGLang (GPU, or --device cpu) and wait until it is healthy."""
     # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
-    from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command
+    from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
 
     served = protocol_model_dir(model, max_pixels=max_pixels)
     if served != model:
         typer.echo(f"serving {served}: {model} with an image processor that keeps the protocol's frame sizes",
                    err=True)
     kw = dict(mem_fraction=mem_fraction, context_length=context_length, vlm_cache_mb=vlm_cache_mb,
-              deterministic=deterministic)
+              deterministic=deterministic, device=device, max_total_tokens=max_total_tokens, python=python)
     if dp > 1:
         # lazy: a command's modules load when it runs (`paravt --help` stays instant)
         from paravt_agent.serving.sglang_launch import launch_router, router_commands
 
-        workers, router = router_commands(served, dp, host, port, tp, **kw)
+        try:
+            workers, router = router_commands(served, dp, host, port, tp, **kw)
+        except ValueError as exc:
+            _fail(str(exc))
         lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv) for argv, env in workers]
         lines.append(shlex.join(router))
         start, what = (lambda: launch_router(workers, router, host, port)), f" ({dp} workers behind sglang-router"
     else:
-        argv, env = sglang_command(served, host, port, tp, **kw)
+        try:
+            argv, env = sglang_command(served, host, port, tp, **kw)
+        except ValueError as exc:
+            _fail(str(exc))
         lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv)]
         start, what = (lambda: [launch(argv, env, host, port)]), " ("
     if dry_run:
@@ -230,11 +244,19 @@ def serve_cmd(
     except ParaVTError as exc:
         _fail(str(exc))
     typer.echo(f"healthy: http://{host}:{port}/v1{what}{'; ' if dp > 1 else ''}Ctrl-C to stop)", err=True)
+    import signal
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # a scheduler's stop ends the servers too (each leads its own group)
     try:
-        sys.exit(procs[-1].wait())
+        code = procs[-1].wait()
     except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
+        code = 0
+    for p in reversed(procs):
+        stop(p)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ state dict of >= 1 B parameters (CPU), and the 8 B figures they imply.
 
 * ``disk``: the trainer writes the weights (safetensors) and the server reads them back
   (``/update_weights_from_disk``).
-* ``tensor``: buckets serialised as SGLang's named tensors (shared-memory handles on CPU, CUDA IPC on GPUs) and
+* ``tensor``: buckets serialised as SGLang's named tensors (by value on CPU: the bytes travel in the payload, as
+  they must for a server that is not the trainer's child; CUDA IPC handles on GPUs, one copy per TP rank) and
   opened and copied by a receiving process (``/update_weights_from_tensor``).
 * ``distributed``: buckets announced and broadcast over a process group to a receiving process
   (``/update_weights_from_distributed``; gloo here, NCCL on GPUs).

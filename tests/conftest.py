@@ -213,6 +213,83 @@ def sglang_stub():
         s.close()
 
 
+@pytest.fixture(scope="session")
+def real_sglang(tmp_path_factory):
+    """SGLang 0.5.23's own server on CPU (``.venv-sglang``, ``make sglang-cpu``), shared by the session: a factory
+    ``real_sglang(model_dir)`` that starts one per model directory on first use and hands the same one back later
+    (at most two live at once: starting a third stops the least recently used; the suite keeps one, the toy
+    policy's, and gives other models servers of their own with ``own_sglang``). Skips, saying why, where the CPU
+    engine is not installed. A test that changes a server's weights restores them (``server.reset()``; the
+    ``sglang_toy`` fixture does it before every test)."""
+    from tests.sglang_cpu.server import SGLangServer, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    logs = tmp_path_factory.mktemp("sglang-logs")
+    live: dict[str, SGLangServer] = {}
+
+    def get(model: str, fresh: bool = False) -> SGLangServer:
+        model = str(model)
+        srv = live.pop(model, None)
+        if srv is not None and (fresh or not srv.alive()):
+            srv.close()
+            srv = None
+        if srv is None:
+            while len(live) >= 2:
+                live.pop(next(iter(live))).close()
+            srv = SGLangServer(model, logs)
+        live[model] = srv  # most recently used last
+        return srv
+
+    yield get
+    for srv in live.values():
+        srv.close()
+
+
+@pytest.fixture
+def own_sglang(tmp_path):
+    """A factory: ``own_sglang(model_a, model_b, ...)`` starts real SGLang servers of this test's own (for a model
+    directory no other test serves), side by side, and returns them; all stop at teardown. Skips like
+    ``real_sglang``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.sglang_cpu.server import SGLangServer, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    servers: list = []
+
+    def start(*models: str, **kw) -> list:
+        with ThreadPoolExecutor(len(models)) as pool:
+            futures = [pool.submit(SGLangServer, str(m), tmp_path / "sglang-logs", **kw) for m in models]
+            started, errors = [], []
+            for f in futures:
+                try:
+                    started.append(f.result())
+                except Exception as exc:  # noqa: BLE001 (raised once every server has been waited for)
+                    errors.append(exc)
+        servers.extend(started)
+        if errors:
+            raise errors[0]
+        return started
+
+    yield start
+    for srv in servers:
+        srv.close()
+
+
+@pytest.fixture
+def sglang_toy(real_sglang, toy_policy_dir):
+    """The session's real SGLang server with the shipped toy policy, back on its launch weights (version
+    "default", cache flushed, generation running) for this test."""
+    srv = real_sglang(toy_policy_dir)
+    srv.reset()
+    yield srv
+    assert srv.alive(), f"the SGLang server died during the test: {srv.tail()}"
+
+
 def _pg_bin(name: str) -> str | None:
     import glob
     import shutil

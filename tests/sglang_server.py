@@ -19,8 +19,9 @@ Behaviour modelled on SGLang 0.5.23 (read from its source; ``../shared/FACTS.md`
   level. ``sampling_params``: temperature, top_p, top_k (-1 = all), min_p, repetition / frequency / presence
   penalties (on output tokens), max_new_tokens, stop (strings: generation ends and the text is trimmed unless
   ``no_stop_trim``), stop_token_ids, ignore_eos, skip_special_tokens, sampling_seed (honoured only with
-  ``--enable-deterministic-inference``). Unset sampling keys take the model's ``generation_config.json`` values
-  (``--sampling-defaults model``, SGLang's default: repetition_penalty, temperature, top_k, top_p, min_p).
+  ``--enable-deterministic-inference``). Unset sampling keys take SGLang's own defaults: ``/generate`` does not
+  read the model's ``generation_config.json`` (SGLang 0.5.23 applies ``--sampling-defaults model`` to its OpenAI
+  routes only; the flag is accepted here and changes nothing).
   Logprobs (``return_logprob``) are those of the distribution sampled from (penalties applied,
   temperature-scaled), as ``(logprob, id, None)`` entries; ``logprob_start_len`` >= 0 adds prompt logprobs.
 * ``meta_info.weight_version`` is a **string**: ``"default"`` until an update names another; a request that
@@ -76,9 +77,6 @@ def load_contract():
 
 api = load_contract()
 
-#: SGLang's --sampling-defaults model: the generation_config.json keys a request's unset sampling params take
-MODEL_SAMPLING_DEFAULTS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
-
 
 class _Abort(Exception):
     pass
@@ -115,10 +113,6 @@ class Engine:
         self.processor = AutoProcessor.from_pretrained(model_dir)
         self.tok = self.processor.tokenizer
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.defaults: dict = {}
-        if sampling_defaults == "model" and (Path(model_dir) / "generation_config.json").is_file():
-            gc = GenerationConfig.from_pretrained(model_dir).to_dict()
-            self.defaults = {k: gc[k] for k in MODEL_SAMPLING_DEFAULTS if gc.get(k) is not None}
         self.model.generation_config = GenerationConfig()  # SGLang samples with its own sampler, never HF's config
         self.eos = self.tok.convert_tokens_to_ids("<|im_end|>")
         self.image_id = self.tok.convert_tokens_to_ids(self.processor.image_token)
@@ -331,10 +325,9 @@ class Engine:
         params = req.sampling_params or api.SamplingParams()
         if isinstance(params, list):
             raise Refused({"error": "this test server takes one sampling_params object"})
-        given = set((body.get("sampling_params") or {}).keys())
 
-        def opt(name):  # a key the request did not set takes the model's generation_config value
-            return getattr(params, name) if name in given or name not in self.defaults else self.defaults[name]
+        def opt(name):  # SGLang's default for a key the request did not set (never generation_config.json's)
+            return getattr(params, name)
 
         temperature, top_p, min_p = float(opt("temperature")), float(opt("top_p")), float(opt("min_p"))
         top_k = int(opt("top_k"))

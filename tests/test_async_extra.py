@@ -44,8 +44,8 @@ def _episode(prompt: str, sample: int, versions: list[int], answer=None) -> Epis
 
 
 def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(toy_policy_dir, toy_rl, tmp_path,
-                                                                              sglang_stub):
-    """`paravt-train online` with η = 1 against the SGLang-API test server: its updates use decoupled PPO (the
+                                                                              sglang_toy):
+    """`paravt-train online` with η = 1 against SGLang itself (0.5.23 on CPU): its updates use decoupled PPO (the
     behaviour weights and their quantiles are logged), and when the served policy lags the trainer by more than
     η versions (the server restarted on the initial weights after two updates) the update drops those groups,
     counts them (``dropped_stale``) and queues their prompt again: the next update, on the weights the dropping
@@ -60,7 +60,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
         store.add(t)
         store.feedback(t.id, answer=q.answer)
         trained_ids.append(t.id)
-    stub = sglang_stub(toy_policy_dir)
+    stub = sglang_toy
     cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "online", data=None, backend="sglang", endpoint=stub.url,
                max_staleness=1, prompts_per_step=1, gating_choices=[4], kl_coef=0.0, save_every=100)
     logs: list[str] = []

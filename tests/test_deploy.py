@@ -1,4 +1,4 @@
-"""Deployment engines, for real on 127.0.0.1: SGLang's router in front of two SGLang-API workers, and
+"""Deployment engines, for real on 127.0.0.1: SGLang's router in front of two SGLang servers, and
 LangGraph's own server (``langgraph dev``) serving the ParaVT graph."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,25 +35,37 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 120, log=None) -> N
 
 
 def _served(worker) -> int:
-    return httpx.get(worker.url + "/server_info", timeout=10).json()["served_requests"]
+    """Prompt tokens the worker has computed so far (SGLang's cumulative counter): it grows with every request."""
+    return httpx.get(worker.url + "/v1/loads", timeout=10).json()["loads"][0]["total_prefill_uncached_tokens"]
 
 
 @pytest.mark.slow
 def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_dies(toy_policy_dir, toy_rl,
-                                                                                 sglang_stub, tmp_path):
-    pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
+                                                                                 sglang_toy, own_sglang, tmp_path):
+    """SGLang's router (sglang-router 0.3.2) in front of two SGLang servers (0.5.23 on CPU): the agent's calls spread
+    over both; a weight push to the router reaches every worker; while a sync updates them no request through the
+    router fails: SGLang answers /health with 503 after 20 s of pause, and a router whose workers are all paused at
+    once marks them unhealthy and refuses requests ("no_available_workers") until they pass its checks again, so
+    the syncs update one worker at a time; an eval shard through the router loses no question when a worker is
+    killed mid-run. (The router here checks health every second and gives up after one failure, so what would take
+    minutes with its defaults happens in seconds.)"""
     from paravt_agent.agent import Agent
     from paravt_train.sync.disk import SGLangWeightSync
+    from paravt_train.sync.streamed import SGLangTensorSync, stream_parameters
+    from tests.sglang_cpu.server import PYTHON
 
-    w1, w2 = sglang_stub(toy_policy_dir), sglang_stub(toy_policy_dir)
+    w1 = sglang_toy
+    [w2] = own_sglang(toy_policy_dir)
     port = free_port()
     router_url = f"http://127.0.0.1:{port}"
     log = tmp_path / "router.log"
     with log.open("w") as f:
-        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+        router = subprocess.Popen([str(PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                    "--port", str(port), "--policy", "round_robin", "--prometheus-port", str(free_port()),
+                                   "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+                                   "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
                                    "--worker-urls", w1.url, w2.url],
-                                  stdout=f, stderr=subprocess.STDOUT)
+                                  stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait(router_url + "/health", router, log=lambda: log.read_text()[-2000:])
         deadline = time.time() + 60
@@ -64,16 +77,69 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
         # the agent through the router: its calls spread over both workers
         w = toy_rl["worlds"][0]
         q = next(q for q in w.questions if q.options)
+        before = [_served(w1), _served(w2)]
         ans = Agent(model=toy_policy_dir, backend="sglang", endpoint=router_url).answer(w.video, q.question,
                                                                                         q.options, n_frames=8)
         assert ans.ok and ans.choice == q.answer
-        assert _served(w1) > 0 and _served(w2) > 0
+        assert _served(w1) > before[0] and _served(w2) > before[1]
 
         # a weight push to the router reaches every worker behind it
         before = [httpx.get(s.url + "/model_info").json()["weight_version"] for s in (w1, w2)]
         SGLangWeightSync(router_url, tmp_path / "weights").load(Path(toy_policy_dir), version="5")
         after = [httpx.get(s.url + "/model_info").json()["weight_version"] for s in (w1, w2)]
         assert before == ["default", "default"] and after == ["5", "5"]
+
+        # a streamed sync that keeps each worker paused ~4 s: the router never runs out of workers
+        body = {"input_ids": [20, 21, 22, 23], "sampling_params": {"max_new_tokens": 4}}
+        statuses: list[int] = []
+        done = threading.Event()
+
+        def client() -> None:
+            while not done.is_set():
+                try:
+                    statuses.append(httpx.post(router_url + "/generate", json=body, timeout=60).status_code)
+                except httpx.HTTPError:
+                    statuses.append(0)
+                time.sleep(0.2)
+
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(toy_policy_dir)
+        named = list(stream_parameters(model))[:4]
+
+        def slow():  # a large model's stream, in miniature: a second a bucket
+            for item in named:
+                time.sleep(1.0)
+                yield item
+
+        t = threading.Thread(target=client)
+        t.start()
+        try:
+            SGLangTensorSync(router_url, bucket_bytes=1).send_tensors(slow, version="6")
+        finally:
+            done.set()
+            t.join(60)
+        assert statuses and set(statuses) == {200}, statuses
+        assert [httpx.get(s.url + "/model_info").json()["weight_version"] for s in (w1, w2)] == ["6", "6"]
+        # (both paused at once, as the syncs used to: the router refuses every request within seconds)
+        for s in (w1, w2):
+            httpx.post(s.url + "/pause_generation", json={"mode": "retract"})
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:  # a request the router still forwards waits at the paused worker
+                    if httpx.post(router_url + "/generate", json=body, timeout=3).status_code == 503:
+                        break
+                except httpx.TimeoutException:
+                    pass
+                assert time.time() < deadline, "the router kept its paused workers"
+        finally:
+            for s in (w1, w2):
+                httpx.post(s.url + "/continue_generation", json={})
+        deadline = time.time() + 60
+        while httpx.post(router_url + "/generate", json=body, timeout=60).status_code != 200:  # healthy again
+            assert time.time() < deadline
+            time.sleep(0.5)
 
         # an eval shard through the router; one worker is killed midway and no question is lost
         out = tmp_path / "eval.jsonl"
@@ -84,10 +150,10 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
                                "--set", "frames.n_frames=8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
         deadline = time.time() + 300
-        while _served(w2) < start + 3:
+        while _served(w2) < start + 200:
             assert ev.poll() is None, ev.stderr.read()[-3000:]
             assert time.time() < deadline
-            time.sleep(0.2)
+            time.sleep(0.1)
         w2.close()  # killed mid-run
         killed_at = len(out.read_text().splitlines()) if out.exists() else 0
         stdout, stderr = ev.communicate(timeout=600)
@@ -102,7 +168,9 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
         mcq = [r["correct"] for r in rows if "correct" in r]
         assert mcq and sum(mcq) / len(mcq) >= 0.5  # the toy policy's answers, not empty replies
     finally:
-        router.terminate()
+        import signal
+
+        os.killpg(router.pid, signal.SIGKILL)
         router.wait(20)
 
 

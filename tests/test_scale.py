@@ -106,11 +106,11 @@ def test_sft_with_text_only_rows_on_four_ranks(tiny_model, tmp_path):
     assert max(float((want[k] - got[k]).abs().max()) for k in want) < 1e-5
 
 
-def test_online_staleness_bound_counts_every_rank(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
+def test_online_staleness_bound_counts_every_rank(toy_policy_dir, toy_rl, tmp_path, sglang_toy):
     """`paravt-train online` with η = 1 on four ranks, one feedback row per rank an update: after two updates
     the server restarts on the initial weights (two versions behind), so the third update's groups are too
     stale on every rank. ``dropped_stale`` counts all four (not rank 0's one), and the fourth update trains
-    the four prompts again on the weights the third one pushed."""
+    the four prompts again on the weights the third one pushed. Against SGLang itself."""
     from paravt_agent.store import TrajectoryStore
     from paravt_agent.trajectory import Trace
 
@@ -120,7 +120,7 @@ def test_online_staleness_bound_counts_every_rank(toy_policy_dir, toy_rl, tmp_pa
         t = Trace(video=video, question=q.question, options=q.options)
         store.add(t)
         store.feedback(t.id, answer=q.answer)
-    srv = sglang_stub(toy_policy_dir)
+    srv = sglang_toy
     cfg = {**_grpo_cfg(toy_policy_dir, toy_rl, Path("unused"), tmp_path / "online", srv.url, steps=1,
                        replay={"enabled": False}, max_staleness=1, kl_coef=0.0, gating_choices=[4],
                        save_every=100, max_new_tokens=64), "data": None}
@@ -150,22 +150,30 @@ def _grpo_cfg(toy_policy_dir, toy_rl, data: Path, out: Path, endpoint: str, **kw
     return cfg
 
 
-def test_grpo_on_four_ranks_with_a_failing_rank_resumes_exactly(toy_policy_dir, toy_rl, tmp_path, sglang_stub):
-    """The paper's config on four ranks with four prompts, one of them an unreadable video: that rank's whole
-    group fails every step (an empty share: it trains a placeholder, text-only, in step with the others). Every
-    step finishes on every rank, the metrics count what was dropped, the trainer scores exactly what the server
-    sampled, and the server ends up holding the trained weights. A run that crashes after step 1 and restarts
-    continues exactly as the uninterrupted run (weights, every rank's replay buffer, the server re-synced)."""
+def test_grpo_on_four_ranks_with_a_failing_rank_and_a_restart(toy_policy_dir, toy_rl, tmp_path, sglang_toy):
+    """The paper's config on four ranks with four prompts, one of them an unreadable video, against SGLang itself
+    (0.5.23 on CPU): that rank's whole group fails every step (an empty share: it trains a placeholder, text-only,
+    in step with the others). Every step finishes on every rank, the metrics count what was dropped, the trainer
+    scores what the server sampled (SGLang's logprobs against the trainer's, at τ 1.2), and the server ends up
+    holding the trained weights. A run that crashes after step 1 and restarts (the server back on its launch
+    weights, as after a restart) continues from the checkpoint: every rank's replay buffer, and the server
+    re-synced before step 2 rolls out (else step 2's tokens would be scored against another policy). Exact
+    equality with the uninterrupted run needs seeded sampling, which SGLang's CPU engine cannot do (its
+    deterministic inference needs GPU attention kernels): the 4-rank SFT and the online learner show it on the
+    stand-in."""
     import pandas as pd
 
     rows = pd.read_parquet(toy_rl["data"]).to_dict("records")
-    mcq = [r for r in rows if r["question_type"] == "mcq"][:3]
-    broken = dict(mcq[0], id="broken", videos=[str(garbage_video(tmp_path / "broken.mp4"))])
+    # grounding questions (a reward that varies with the sampled span: SGLang's unseeded samples of the toy policy
+    # agree on nearly every multiple-choice answer, and a group with one reward trains nothing) and one MCQ
+    picked = [r for r in rows if r["question_type"] not in ("mcq", "oe")][:2] + [
+        r for r in rows if r["question_type"] == "mcq"][:1]
+    broken = dict(picked[-1], id="broken", videos=[str(garbage_video(tmp_path / "broken.mp4"))])
     data = tmp_path / "rl.parquet"
-    write_parquet([*mcq, broken], data)
-    straight_srv, resume_srv = sglang_stub(toy_policy_dir), sglang_stub(toy_policy_dir)
+    write_parquet([*picked, broken], data)
+    srv = sglang_toy
     # τ 1.2: at the paper's 0.7 every group of the toy policy can have one reward, and nothing trains
-    straight = torchrun("grpo", _grpo_cfg(toy_policy_dir, toy_rl, data, tmp_path / "straight", straight_srv.url,
+    straight = torchrun("grpo", _grpo_cfg(toy_policy_dir, toy_rl, data, tmp_path / "straight", srv.url,
                                           temperature=1.2), tmp_path)
     assert straight.returncode == 0, straight.stderr[-4000:]
     recs = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
@@ -173,20 +181,27 @@ def test_grpo_on_four_ranks_with_a_failing_rank_resumes_exactly(toy_policy_dir, 
     for r in recs:
         assert len(r["prompts"]) == 4 and r["episodes"] == 8 and r["failed_episodes"] == 2
         assert "unreadable video" in r["failures"][0] and r["sequences"] > 0
-        assert r["logprob_mismatch"] < 1e-4  # the trainer scores exactly what the server sampled, step 2 included
+        assert r["logprob_mismatch"] < LOGPROB_PARITY  # SGLang's sampled logprobs vs the trainer's, step 2 included
     ids = [int(x) for x in torch.randint(10, 300, (24,), generator=torch.Generator().manual_seed(1))]
-    out = straight_srv.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
-                                          "return_logprob": True, "logprob_start_len": 0})
-    served = [x[0] for x in out["meta_info"]["input_token_logprobs"][1:]]
+
+    def served() -> list[float]:
+        out = srv.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
+                                     "return_logprob": True, "logprob_start_len": 0})
+        return [x[0] for x in out["meta_info"]["input_token_logprobs"][1:]]
+
     from transformers import AutoModelForImageTextToText
 
-    final = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "straight" / "final"), dtype=torch.float32)
-    with torch.no_grad():
-        lp = torch.log_softmax(final(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
-    assert served == pytest.approx(lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist(), abs=1e-4)
+    def scored(model_dir) -> list[float]:
+        model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        return lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+    assert served() == pytest.approx(scored(tmp_path / "straight" / "final"), abs=1e-4)
+    assert srv.get("/model_info").json()["weight_version"] == "2"
     ranks = sorted(p.name for p in (tmp_path / "straight" / "checkpoint-1").glob("rank-*.pt"))
     assert ranks == [f"rank-{r}.pt" for r in range(RANKS)]  # every rank's own replay buffer
-    # a crash right after step 1's checkpoint leaves exactly this on disk; a fresh server holds the base weights
+    # a crash right after step 1's checkpoint leaves exactly this on disk; the server restarts on its launch weights
     import shutil
 
     crash = tmp_path / "crash"
@@ -194,18 +209,22 @@ def test_grpo_on_four_ranks_with_a_failing_rank_resumes_exactly(toy_policy_dir, 
     shutil.copytree(tmp_path / "straight" / "checkpoint-1", crash / "checkpoint-1")
     shutil.copytree(tmp_path / "straight" / "replay_frames", crash / "replay_frames")
     (crash / "metrics.jsonl").write_text((tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()[0] + "\n")
-    resumed = torchrun("grpo", _grpo_cfg(toy_policy_dir, toy_rl, data, crash, resume_srv.url, temperature=1.2),
-                       tmp_path)
+    srv.reset()
+    resumed = torchrun("grpo", _grpo_cfg(toy_policy_dir, toy_rl, data, crash, srv.url, temperature=1.2), tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     again = [json.loads(x) for x in (crash / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in again] == [1, 2] and again[1]["replayed"] == recs[1]["replayed"] > 0
-    assert again[1]["reward"] == recs[1]["reward"] and again[1]["loss"] == pytest.approx(recs[1]["loss"], rel=1e-5)
-    want = load_file(str(tmp_path / "straight" / "final" / "model.safetensors"))
+    assert again[1]["logprob_mismatch"] < LOGPROB_PARITY  # step 2 rolled out on checkpoint-1's weights
+    assert again[1]["failed_episodes"] == 2 and again[1]["episodes"] == 8
     got = load_file(str(crash / "final" / "model.safetensors"))
     moved = load_file(str(Path(toy_policy_dir) / "model.safetensors"))
-    assert set(want) == set(got) == set(moved)  # an ordinary model directory (tied weights stored once)
-    assert max(float((want[k] - moved[k]).abs().max()) for k in want) > 1e-4  # it trained
-    assert max(float((want[k] - got[k]).abs().max()) for k in want) < 1e-5  # and resumed exactly
+    assert set(got) == set(moved)  # an ordinary model directory (tied weights stored once)
+    assert max(float((got[k] - moved[k]).abs().max()) for k in got) > 1e-4  # it trained
+    assert served() == pytest.approx(scored(crash / "final"), abs=1e-4)  # and the server holds it
+
+
+#: the mean |SGLang's logprob − the trainer's| per sampled token we accept at τ 1.2 (measured: perf/bench_parity.py)
+LOGPROB_PARITY = 1e-3
 
 
 def _checkpoint_tensors(path: Path, into: Path) -> dict:
@@ -232,7 +251,8 @@ def test_online_with_fewer_prompts_than_ranks(toy_policy_dir, toy_rl, tmp_path, 
     nothing). Every rank finishes, nothing is lost, the progress file is written. A crash after the first
     update's checkpoint (its last row still queued, the second update's metrics line already written) and a
     restart: the queued row is trained, none of the first four again, and the weights and optimizer end as the
-    uninterrupted run's."""
+    uninterrupted run's. Against the SGLang stand-in: the exact comparison needs seeded sampling (the same tokens in
+    both runs), which SGLang's CPU engine cannot do (its deterministic inference needs GPU attention kernels)."""
     import shutil
 
     from paravt_agent.store import TrajectoryStore

@@ -1,7 +1,10 @@
 """Launch an SGLang server for Qwen3-VL serving and wait until it is healthy.
 
-SGLang needs a GPU and the ``sglang`` extra (``pip install 'paravt[sglang]'``);
-:func:`sglang_command` only builds the command, so it is testable anywhere.
+SGLang on GPUs needs the ``sglang`` extra (``pip install 'paravt[sglang]'``); ``device="cpu"`` runs SGLang's CPU
+engine (``--device cpu``: the torch-native attention, float32, a bounded KV cache: :data:`CPU_FLAGS`), which the
+test suite serves the toy policy with (``make sglang-cpu``). :func:`sglang_command` only builds the command, so
+it is testable anywhere; ``python`` names the interpreter that has SGLang when it is not this one (the suite's
+``.venv-sglang``).
 """
 
 from __future__ import annotations
@@ -18,10 +21,24 @@ from pathlib import Path
 from paravt_agent.defaults import paravt_home
 from paravt_agent.errors import PolicyError
 
-__all__ = ["launch", "launch_router", "protocol_model_dir", "router_commands", "sglang_command", "wait_healthy"]
+__all__ = ["CPU_ENV", "CPU_FLAGS", "launch", "launch_router", "protocol_model_dir", "router_commands", "sglang_command",
+           "stop", "wait_healthy"]
 
 #: 64-frame inputs need a larger multimodal cache (paper, Appendix B: ~134 MB per 64-frame video).
 MIN_VLM_CACHE_MB = 4096
+
+#: the context length on GPUs (64 frames of 256 tokens need ~17K); on CPU the model's own
+GPU_CONTEXT_LENGTH = 65536
+
+#: SGLang's CPU engine (measured with 0.5.23 on x86 without AMX): the torch-native attention (the x86 default,
+#: ``intel_amx``, needs AMX and SGLang's compiled CPU kernels), SDPA in the vision tower, torch's sampler, one
+#: batch at a time (no overlap: pauses and weight updates act between steps), and an idle scheduler that sleeps
+#: (otherwise it spins at 100% of a core).
+CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--mm-attention-backend", "sdpa",
+             "--sampling-backend", "pytorch", "--disable-overlap-schedule", "--sleep-on-idle"]
+#: ``SGLANG_USE_CPU_ENGINE`` selects the CPU platform (without it the server dies importing vLLM's CUDA ops);
+#: TorchDynamo off skips an inductor compile of the mRoPE at start-up (same logprobs, same decode speed)
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
 
 
 def _processor_files(model_dir: Path) -> list[Path]:
@@ -97,29 +114,54 @@ def sglang_command(
     port: int = 30000,
     tp: int = 1,
     mem_fraction: float | None = None,
-    context_length: int = 65536,
+    context_length: int | None = None,
     tool_call_parser: str = "qwen25",
     vlm_cache_mb: int = MIN_VLM_CACHE_MB,
     extra: list[str] | None = None,
     deterministic: bool = False,
+    device: str = "cuda",
+    dtype: str | None = None,
+    max_total_tokens: int | None = None,
+    python: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen3-VL checkpoint.
 
     ``deterministic`` adds ``--enable-deterministic-inference``: SGLang honours a request's
     ``sampling_seed`` only then (the RL trainer seeds every rollout call; without it seeds are ignored
-    and rollouts are not reproducible)."""
+    and rollouts are not reproducible). SGLang 0.5.23 allows it only with GPU attention backends, so not
+    with ``device="cpu"`` (a ValueError here rather than a server that exits).
+
+    ``device="cpu"`` adds :data:`CPU_FLAGS` and :data:`CPU_ENV`, serves in ``dtype`` float32 unless told
+    otherwise (``auto`` would serve a float32 checkpoint in float16 on CPU, so its logprobs would no longer be
+    the float32 trainer's) and takes the model's own context length. ``max_total_tokens`` bounds the KV cache
+    (SGLang otherwise takes ~70% of the free memory for it, which on CPU is the machine's RAM)."""
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device {device!r}: use cuda or cpu")
+    cpu = device == "cpu"
+    if deterministic and cpu:
+        raise ValueError("SGLang's deterministic inference needs a GPU attention backend (fa3, flashinfer, triton): "
+                         "on CPU request seeds are ignored")
+    if context_length is None and not cpu:
+        context_length = GPU_CONTEXT_LENGTH
     argv = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", model, "--host", host, "--port", str(port),
-        "--tp", str(tp), "--context-length", str(context_length),
+        python or sys.executable, "-m", "sglang.launch_server",
+        "--model-path", model, "--host", host, "--port", str(port), "--tp", str(tp),
         "--tool-call-parser", tool_call_parser, "--trust-remote-code",
     ]
+    if context_length is not None:
+        argv += ["--context-length", str(context_length)]
+    if cpu:
+        argv += CPU_FLAGS
+    if dtype is not None or cpu:
+        argv += ["--dtype", dtype or "float32"]
+    if max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(max_total_tokens)]
     if deterministic:
         argv.append("--enable-deterministic-inference")
     if mem_fraction is not None:
         argv += ["--mem-fraction-static", str(mem_fraction)]
     argv += list(extra or [])
-    env = {"SGLANG_VLM_CACHE_SIZE_MB": str(max(vlm_cache_mb, MIN_VLM_CACHE_MB))}
+    env = {"SGLANG_VLM_CACHE_SIZE_MB": str(max(vlm_cache_mb, MIN_VLM_CACHE_MB)), **(CPU_ENV if cpu else {})}
     return argv, env
 
 
@@ -139,17 +181,44 @@ def wait_healthy(url: str, timeout: float = 900.0, proc: subprocess.Popen | None
     raise PolicyError(f"{url} did not become healthy within {timeout:.0f}s")
 
 
-def launch(argv: list[str], env: dict[str, str], host: str, port: int, timeout: float = 900.0) -> subprocess.Popen:
-    """Start the server and wait for health. Raises with install instructions when SGLang is missing."""
-    if importlib.util.find_spec("sglang") is None:
-        raise PolicyError("SGLang is not installed: `pip install 'paravt[sglang]'` (needs a CUDA GPU)")
-    proc = subprocess.Popen(argv, env={**os.environ, **env})
+def launch(argv: list[str], env: dict[str, str], host: str, port: int, timeout: float = 900.0,
+           log=None) -> subprocess.Popen:
+    """Start the server and wait for health. Raises with install instructions when SGLang is missing. ``log``: a
+    file the server's output goes to (default: this process's). The server leads its own process group (its
+    scheduler and detokenizer are its children): :func:`stop` ends them all."""
+    if argv[0] == sys.executable and importlib.util.find_spec("sglang") is None:
+        raise PolicyError("SGLang is not installed: `pip install 'paravt[sglang]'` (GPU), or name the Python that "
+                          "has it with --python")
+    if os.sep in argv[0] and not Path(argv[0]).exists():
+        raise PolicyError(f"{argv[0]} does not exist: name the Python that has SGLang installed")
+    out = {"stdout": log, "stderr": subprocess.STDOUT} if log is not None else {}
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True, **out)
     try:
         wait_healthy(f"http://{host}:{port}", timeout=timeout, proc=proc)
     except BaseException:
-        proc.terminate()
+        stop(proc)
         raise
     return proc
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0, graceful: bool = True) -> None:
+    """Stop a server started by :func:`launch` and every process of its group: SIGTERM (SGLang drains its requests
+    and exits in ~5 s), SIGKILL after ``timeout``; at once with ``graceful=False``."""
+    import signal
+
+    def signal_group(sig) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    signal_group(signal.SIGTERM if graceful else signal.SIGKILL)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        signal_group(signal.SIGKILL)
+        proc.wait(timeout)
+    signal_group(signal.SIGKILL)  # children that outlived their leader
 
 
 def router_commands(
@@ -168,27 +237,28 @@ def router_commands(
     for i in range(dp):
         wport = port + 1 + i
         argv, env = sglang_command(model, "127.0.0.1", wport, tp, **worker_kw)
-        workers.append((argv + ["--base-gpu-id", str(i * tp)], env))
+        gpu = ["--base-gpu-id", str(i * tp)] if worker_kw.get("device", "cuda") == "cuda" else []
+        workers.append((argv + gpu, env))
         urls.append(f"http://127.0.0.1:{wport}")
-    router = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
-              "--policy", policy, "--worker-urls", *urls]
+    router = [worker_kw.get("python") or sys.executable, "-m", "sglang_router.launch_router", "--host", host,
+              "--port", str(port), "--policy", policy, "--worker-urls", *urls]
     return workers, router
 
 
 def launch_router(workers: list[tuple[list[str], dict[str, str]]], router: list[str], host: str, port: int,
                   timeout: float = 900.0) -> list[subprocess.Popen]:
     """Start the workers, wait until each is healthy, then the router; every process is stopped if any fails."""
-    if importlib.util.find_spec("sglang_router") is None:
+    if router[0] == sys.executable and importlib.util.find_spec("sglang_router") is None:
         raise PolicyError("sglang-router is not installed: `pip install sglang-router` (or 'paravt[sglang]')")
     procs: list[subprocess.Popen] = []
     try:
         for argv, env in workers:
             procs.append(launch(argv, env, "127.0.0.1", int(argv[argv.index("--port") + 1]), timeout=timeout))
-        proc = subprocess.Popen(router)
+        proc = subprocess.Popen(router, start_new_session=True)
         procs.append(proc)
         wait_healthy(f"http://{host}:{port}", timeout=120, proc=proc)
     except BaseException:
         for p in procs:
-            p.terminate()
+            stop(p)
         raise
     return procs

@@ -5,7 +5,8 @@ The loop, top to bottom (what ``GRPOTrainer.sync`` does after an update, every `
        disk         export the model directory (every rank takes part), rank 0: /update_weights_from_disk
        tensor       parameters one at a time in the serving dtype, rank 0: /update_weights_from_tensor buckets
        distributed  the same, broadcast over a process group the servers joined (/init_weights_update_group)
-    around each update, on every server (a router's workers found at each push):
+    around each update, on each server in turn (a router's workers found at each push; never all paused at once,
+    so a router always has workers that answer its health checks):
        /pause_generation {mode} → [/begin_weight_update … /end_weight_update] → /continue_generation
     the last bucket names the weight_version; the servers report it in every reply (and per-token spans
     for a request that spanned the update), which is how the asynchronous loop bounds staleness.
@@ -14,7 +15,8 @@ The loop, top to bottom (what ``GRPOTrainer.sync`` does after an update, every `
 - :mod:`~paravt_train.sync.base`: the interface (:class:`WeightSync`).
 - :mod:`~paravt_train.sync.http`: SGLang's admin routes (pause modes, sessions, routers, the idle flush).
 - :mod:`~paravt_train.sync.disk`: ``weight_sync: disk`` (any server that can read the directory).
-- :mod:`~paravt_train.sync.streamed`: ``weight_sync: tensor`` (co-located) and ``distributed`` (other nodes).
+- :mod:`~paravt_train.sync.streamed`: ``weight_sync: tensor`` (co-located), and what the streamed syncs share.
+- :mod:`~paravt_train.sync.distributed`: ``weight_sync: distributed`` (other nodes, over a process group).
 - :mod:`~paravt_train.sync.lora`: ``weight_sync: lora`` (a LoRA run's adapter alone, swapped in by name).
 
 :func:`make_weight_sync` picks the sync by the config's name; the trainer never branches on it.
@@ -27,14 +29,10 @@ from pathlib import Path
 from paravt_agent.errors import ConfigError
 from paravt_train.sync.base import WeightSync
 from paravt_train.sync.disk import SGLangWeightSync
+from paravt_train.sync.distributed import SGLangDistributedSync
 from paravt_train.sync.http import PAUSE_MODES, expand_routers, flush_when_idle
 from paravt_train.sync.lora import SGLangLoraSync
-from paravt_train.sync.streamed import (
-    SGLangDistributedSync,
-    SGLangTensorSync,
-    serving_dtype,
-    stream_parameters,
-)
+from paravt_train.sync.streamed import SGLangTensorSync, serving_dtype, stream_parameters
 
 __all__ = ["PAUSE_MODES", "SGLangDistributedSync", "SGLangLoraSync", "SGLangTensorSync", "SGLangWeightSync",
            "WeightSync",

@@ -71,18 +71,28 @@ class Paused:
 
 
 def flush_when_idle(client, url: str, timeout: float = 60.0, log=None) -> bool:
-    """``POST /flush_cache`` until the server takes it (it refuses while requests run): after an ``in_place``
-    update, the radix cache still holds prefixes computed with the old weights. Gives up after ``timeout``
-    (a server that is never idle), saying so."""
+    """Flush the radix cache once the server is idle: after an ``in_place`` update it still holds prefixes computed
+    with the old weights. SGLang refuses a flush while requests run or wait; ``POST /flush_cache?timeout=T``
+    (0.5.22+) makes the server wait up to ``T`` seconds for idle and flush then. A server that stays busy that
+    long keeps the old prefixes: requests that share one reuse its old-weight KV cache until the next flush (the
+    next sync's), and this says so and returns False. A release without the parameter answers at once: it is
+    asked again every half second until ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        if client.post(f"{url}/flush_cache").status_code == 200:
+        left = max(0.0, deadline - time.monotonic())
+        t0 = time.monotonic()
+        resp = client.post(f"{url}/flush_cache", params={"timeout": round(left, 1)}, timeout=left + 30)
+        if resp.status_code == 200:
             return True
-        if time.monotonic() > deadline:
-            (log or print)(f"warning: {url} was never idle for {timeout:g}s after an in_place weight update; its "
-                           "cache keeps prefixes computed with the old weights until the next flush")
+        if "already in progress" in resp.text:  # another client's deferred flush will do it (or time out too)
+            return True
+        waited = time.monotonic() - t0
+        if time.monotonic() >= deadline or waited >= left * 0.5:
+            (log or print)(f"warning: {url} was never idle for {timeout:g}s after an in_place weight update "
+                           f"({resp.text.strip()[:120]}); its cache keeps prefixes computed with the old weights, "
+                           "which requests sharing them reuse until the next flush")
             return False
-        time.sleep(0.5)
+        time.sleep(0.5)  # an SGLang before 0.5.22 ignored the timeout and refused at once
 
 
 class Session:

@@ -1,28 +1,31 @@
 """Streamed weight syncs: the trained tensors themselves go to SGLang servers, bucket by bucket.
 
 * :class:`SGLangTensorSync` (``weight_sync: tensor``): co-located servers. Each bucket is a
-  ``/update_weights_from_tensor`` call carrying SGLang's serialised named tensors (a ``ForkingPickler``
-  payload, base64, one copy per tensor-parallel rank): CUDA tensors travel as IPC handles tagged with
-  their device's UUID (as SGLang's own helper does), CPU tensors as shared-memory files.
-* :class:`SGLangDistributedSync` (``weight_sync: distributed``): servers on other nodes. The trainer's
-  rank 0 and every server rank form a process group once (``/init_weights_update_group``: a TCP
-  rendezvous at ``master_address:master_port``, the store prefixed by the group name, as SGLang's
-  ``init_custom_process_group`` does); each bucket is announced with ``/update_weights_from_distributed``
-  {names, dtypes, shapes} and its tensors broadcast from rank 0 over that group (NCCL; gloo on CPU).
+  ``/update_weights_from_tensor`` call carrying SGLang's serialised named tensors (base64, serialised once per
+  tensor-parallel rank, as SGLang's ``Engine`` does): CUDA tensors travel as IPC handles tagged with their
+  device's UUID (as SGLang's own helper does), CPU tensors by value (:func:`serialize_named_tensors`).
+* :class:`~paravt_train.sync.distributed.SGLangDistributedSync` (``weight_sync: distributed``, in
+  :mod:`paravt_train.sync.distributed`): servers on other nodes. The trainer's
+  rank 0 and each server's ranks form a process group once (``/init_weights_update_group``: a TCP
+  rendezvous at ``master_address:master_port`` (+ k for server k), the store prefixed by the group name, as
+  SGLang's ``init_custom_process_group`` does); each bucket is announced with ``/update_weights_from_distributed``
+  {names, dtypes, shapes} and its tensors broadcast from rank 0 over that group (NCCL; gloo on CPU). The
+  servers' side of a group is destroyed (``/destroy_weights_update_group``) before every join and after a
+  failed push, so a push after a failure, a trainer restart or a resume joins afresh under the same name.
 
-Both run inside ``/pause_generation`` … ``/continue_generation`` and a weight-update session
-(``/begin_weight_update`` … ``/end_weight_update``, which SGLang 0.5.21+ requires) on every target at
-once, so each bucket reaches every server before the next one is gathered; the last bucket flushes the
-cache (not with ``in_place``) and names the ``weight_version``. Feed them :func:`stream_parameters`: one
-parameter at a time, gathered onto the sending rank in the serving dtype, so the sending GPU holds at
-most two buckets and no rank ever holds the whole model.
+Both update **one server at a time**: ``/pause_generation`` → a weight-update session
+(``/begin_weight_update`` … ``/end_weight_update``, which SGLang 0.5.21+ requires) → every bucket (the last one
+flushes the cache, not with ``in_place``, and names the ``weight_version``) → ``/continue_generation``, then the
+next server. A paused SGLang answers ``/health`` with 503 after 20 s (its health check generates a token), so
+pausing every worker of a router at once for a long stream could make the router mark them all unhealthy and
+refuse requests until its checks pass again; one at a time, the router always has workers that answer (they serve
+the previous version meanwhile, which each reply's ``weight_version`` says). :meth:`_StreamedSync.push` streams
+the parameters once per server (:func:`stream_parameters`: one parameter at a time, gathered onto the sending rank
+in the serving dtype), so the sending GPU holds at most two buckets and no rank ever holds the whole model.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from collections.abc import Iterable, Iterator
 
 from paravt_agent.errors import PolicyError
@@ -37,8 +40,8 @@ from paravt_train.sync.http import (
     urls_of,
 )
 
-__all__ = ["SGLangDistributedSync", "SGLangTensorSync", "device_uuid", "init_weight_update_group",
-           "serialize_named_tensors", "serving_dtype", "stream_parameters", "tag_device_uuid"]
+__all__ = ["SGLangTensorSync", "device_uuid", "serialize_named_tensors", "serving_dtype", "stream_parameters",
+           "tag_device_uuid"]
 
 
 def serving_dtype(name: str, device):
@@ -93,18 +96,37 @@ def tag_device_uuid(reduced: tuple, uuid_of=None) -> tuple:
 
 
 def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
-    """SGLang's wire format for ``/update_weights_from_tensor``: a ``ForkingPickler`` pickle (tensors as
-    shared-memory / CUDA IPC handles, CUDA devices tagged by UUID), base64."""
+    """SGLang's wire format for ``/update_weights_from_tensor`` (what its ``MultiprocessingSerializer`` reads), one
+    rank's copy, base64:
+
+    * CUDA tensors: a ``ForkingPickler`` pickle of CUDA IPC handles, each device tagged by its UUID (as SGLang's own
+      helper does). Each copy holds its own references to the sender's memory, which the rank that opens it
+      releases: serialize once per tensor-parallel rank, never one payload for all.
+    * CPU tensors: by value (a plain pickle; their bytes travel in the payload, which SGLang's safe unpickler
+      loads). Never as shared-memory handles: torch's default ``file_descriptor`` sharing hands them over through
+      ``multiprocessing``'s fd passing, authenticated with the sender's authkey, which only a child of the sender
+      has (SGLang's own ``Engine`` spawns its scheduler; a trainer does not): the scheduler dies with
+      "AuthenticationError: digest sent was rejected". ``file_system`` sharing would work on one machine but
+      leaves a ``torch_shm_manager`` behind the sender.
+    """
     import base64
     import io
+    import pickle
     from multiprocessing.reduction import ForkingPickler
 
     import torch
     from torch.multiprocessing import reductions
 
+    if not any(getattr(t, "is_cuda", False) for _, t in named_tensors):
+        def own(t):  # a view would carry its whole storage: send a tensor that owns exactly its bytes
+            return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+
+        return base64.b64encode(pickle.dumps([(n, own(t.detach())) for n, t in named_tensors])).decode("ascii")
+
     def reduce_tensor(t):
-        out = reductions.reduce_tensor(t)
-        return tag_device_uuid(out) if t.is_cuda else out
+        if not t.is_cuda:
+            raise ValueError("a bucket mixes CPU and CUDA tensors: send them in the serving device's buckets")
+        return tag_device_uuid(reductions.reduce_tensor(t))
 
     buf = io.BytesIO()
     pickler = ForkingPickler(buf)
@@ -112,39 +134,13 @@ def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
     table[torch.Tensor] = reduce_tensor
     table[torch.nn.Parameter] = reduce_tensor
     pickler.dispatch_table = table
-    # CPU storages by shared-memory file name: a file descriptor would need the receiver to be this process's
-    # child (multiprocessing's authenticated fd passing); a name opens from any process on the machine
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    try:
-        pickler.dump(named_tensors)
-    finally:
-        torch.multiprocessing.set_sharing_strategy(strategy)
+    pickler.dump(named_tensors)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def init_weight_update_group(master_address: str, master_port: int, rank: int, world_size: int,
-                             group_name: str, backend: str = "nccl", timeout_s: float = 600.0):
-    """A process group outside the default one (the trainer's rank 0 + the servers' ranks), made the way
-    SGLang's ``init_custom_process_group`` makes its side: a TCP rendezvous, the store prefixed by the group
-    name. It needs torch's internal group constructor, as SGLang, verl and AReaL use."""
-    import datetime
-
-    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                              timeout=timeout))
-    store.set_timeout(timeout)
-    pg, _ = _new_process_group_helper(world_size, rank, [], backend, PrefixStore(group_name, store),
-                                      group_name=group_name, timeout=timeout)
-    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
-    return pg
-
-
 class _StreamedSync(WeightSync):
-    """Pause and session on every target, buckets streamed to all of them, the last one flushing and naming
-    the version. Subclasses send one bucket (:meth:`send`)."""
+    """One server at a time (a router's workers found at each push): pause, session, the buckets, the last one
+    flushing and naming the version, continue. Subclasses send one bucket to one server (:meth:`send`)."""
 
     def __init__(self, endpoint: str | Iterable[str], tp_size: int = 1, bucket_bytes: int = 512 << 20,
                  timeout: float = 600.0, pause_mode: str = "retract", dtype=None, device=None):
@@ -154,16 +150,40 @@ class _StreamedSync(WeightSync):
         self.tp_size, self.bucket_bytes, self.timeout, self.pause_mode = tp_size, bucket_bytes, timeout, pause_mode
         self.dtype, self.device = dtype, device  # what the tensors are sent as (the serving dtype), and from where
 
+    def targets(self) -> list[str]:
+        import httpx
+
+        with httpx.Client(timeout=self.timeout) as client:
+            return expand_routers(client, self.urls)
+
     def push(self, model, version: str, rank: int = 0) -> dict | None:
-        """Every rank gathers the parameters one at a time (a collective under FSDP2); rank 0 streams them to the
-        servers. The gathers the send did not reach (a failure, the other ranks) still run, so no rank is left
-        waiting in one."""
-        params = stream_parameters(model, self.dtype, keep=rank == 0, device=self.device)
+        """Every rank gathers the parameters one at a time (a collective under FSDP2), once per server (rank 0
+        finds the servers and tells the other ranks how many); rank 0 streams them to that server. The gathers the
+        send did not reach (a failure, the other ranks) still run, so no rank is left waiting in one."""
+        targets, error = [], None
+        if rank == 0:
+            try:
+                targets = self.targets()
+            except Exception as exc:  # noqa: BLE001 (raised once the other ranks know there is nothing to gather)
+                error = exc
+        passes = _share_from_rank0(len(targets), rank)
+        if error is not None:
+            raise PolicyError(f"weight sync to {self.urls} failed: {error}", transient=True) from error
+        made: list = []
+
+        def fresh():
+            made.append(stream_parameters(model, self.dtype, keep=rank == 0, device=self.device))
+            return made[-1]
+
         try:
-            return self.send_tensors(params, version) if rank == 0 else None
+            return self.send_tensors(fresh, version, targets=targets) if rank == 0 else None
         finally:
-            for _ in params:
-                pass
+            for it in made:  # a pass left half way by a failure
+                for _ in it:
+                    pass
+            for _ in range(passes - len(made)):  # the passes rank 0 ran (the other ranks), or never reached
+                for _ in stream_parameters(model, self.dtype, keep=False):
+                    pass
 
     def buckets(self, named_tensors: Iterable[tuple[str, object]]):
         bucket, size = [], 0
@@ -177,13 +197,14 @@ class _StreamedSync(WeightSync):
         if bucket:
             yield bucket
 
-    def prepare(self, client, targets: list[str]) -> None:
-        """Before the pause (the distributed sync joins its group here)."""
+    def prepare(self, client, url: str, k: int) -> None:
+        """Before server ``k``'s pause (the distributed sync joins its group here)."""
 
-    def failed(self) -> None:
-        """After a failed push (the distributed sync leaves its group: the servers may be out of step)."""
+    def failed(self, url: str) -> None:
+        """After a failed update of ``url`` (the distributed sync leaves its group: the server may be out of
+        step)."""
 
-    def send(self, client, targets: list[str], bucket: list, i: int, last: bool, version: str | None) -> None:
+    def send(self, client, url: str, bucket: list, i: int, last: bool, version: str | None) -> None:
         raise NotImplementedError
 
     def _body(self, last: bool, version: str | None) -> dict:
@@ -192,156 +213,81 @@ class _StreamedSync(WeightSync):
             body["weight_version"] = str(version)
         return body
 
-    def send_tensors(self, named_tensors: Iterable[tuple[str, object]], version: str | None = None) -> dict:
-        """Send the tensors to every server, bucket by bucket, in one weight-update session per server;
-        ``version`` (named with the last bucket, when every weight is in) becomes its ``weight_version``."""
+    def send_tensors(self, named_tensors, version: str | None = None, targets: list[str] | None = None) -> dict:
+        """Send the tensors to every server, one server at a time, bucket by bucket in one weight-update session;
+        ``version`` (named with the last bucket, when every weight is in) becomes its ``weight_version``.
+        ``named_tensors``: ``(name, tensor)`` pairs, or a function that gives them afresh (a stream read once per
+        server); a one-shot stream sent to several servers is kept in memory after the first."""
         import httpx
 
+        if callable(named_tensors):
+            stream = named_tensors
+        else:
+            kept = named_tensors if isinstance(named_tensors, (list, tuple)) else None
+            source = iter(named_tensors)
+
+            def stream():
+                nonlocal kept
+                if kept is None:
+                    kept = list(source)
+                return iter(kept)
         sent = n_buckets = 0
+        url = None
         try:
             with httpx.Client(timeout=self.timeout) as client:
-                targets = expand_routers(client, self.urls)
-                self.prepare(client, targets)
-                with contextlib.ExitStack() as stack:
-                    for url in targets:
-                        stack.enter_context(Paused(client, url, self.pause_mode))
-                        stack.enter_context(Session(client, url))
-                    pending = None  # one bucket of look-ahead: the last one is known only at the end
-                    for bucket in self.buckets(named_tensors):
-                        if pending is not None:
-                            self.send(client, targets, pending, n_buckets, False, version)
-                            sent, n_buckets = sent + len(pending), n_buckets + 1
-                        pending = bucket
-                    if pending is not None:
-                        self.send(client, targets, pending, n_buckets, True, version)
-                        sent, n_buckets = sent + len(pending), n_buckets + 1
-                if self.pause_mode == "in_place":  # the old weights' prefixes: flushed once the server is idle
-                    for url in targets:
-                        flush_when_idle(client, url)
+                targets = expand_routers(client, self.urls) if targets is None else targets
+                for k, url in enumerate(targets):
+                    sent, n_buckets = self._update_one(client, url, k, stream(), version)
         except httpx.HTTPError as exc:
-            self.failed()
-            raise PolicyError(f"weight sync to {self.urls} failed: {exc}", transient=True) from exc
+            self.failed(url)
+            raise PolicyError(f"weight sync to {url} failed: {exc}", transient=True) from exc
         except Exception:
-            self.failed()
+            if url is not None:
+                self.failed(url)
             raise
         return {"success": True, "tensors": sent, "buckets": n_buckets, "servers": len(targets)}
+
+    def _update_one(self, client, url: str, k: int, named_tensors, version: str | None) -> tuple[int, int]:
+        sent = n_buckets = 0
+        self.prepare(client, url, k)
+        with Paused(client, url, self.pause_mode), Session(client, url):
+            pending = None  # one bucket of look-ahead: the last one is known only at the end
+            for bucket in self.buckets(named_tensors):
+                if pending is not None:
+                    self.send(client, url, pending, n_buckets, False, version)
+                    sent, n_buckets = sent + len(pending), n_buckets + 1
+                pending = bucket
+            if pending is not None:
+                self.send(client, url, pending, n_buckets, True, version)
+                sent, n_buckets = sent + len(pending), n_buckets + 1
+        if self.pause_mode == "in_place":  # the old weights' prefixes: flushed once the server is idle
+            flush_when_idle(client, url)
+        return sent, n_buckets
+
+
+def _share_from_rank0(n: int, rank: int) -> int:
+    """Rank 0's ``n`` on every rank of the default process group (the number of passes over a sharded model)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return n
+    box = [n if rank == 0 else 0]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
 
 
 class SGLangTensorSync(_StreamedSync):
     """Pushes tensors to co-located SGLang servers: ``POST /update_weights_from_tensor
-    {"serialized_named_tensors": [payload] * tp_size, "flush_cache", "weight_version"}`` per bucket of about
+    {"serialized_named_tensors": [one payload per TP rank], "flush_cache", "weight_version"}`` per bucket of about
     ``bucket_bytes``. Parameter names are the Hugging Face checkpoint names (what SGLang's ``load_weights``
     maps)."""
 
-    def send(self, client, targets, bucket, i, last, version) -> None:
-        payload = serialize_named_tensors(bucket)
-        for url in targets:
-            resp = client.post(f"{url}/update_weights_from_tensor", json={
-                "serialized_named_tensors": [payload] * self.tp_size, **self._body(last, version)})
-            data = json_of(resp)
-            if resp.status_code != 200 or not data.get("success", False):
-                raise PolicyError(f"{url}/update_weights_from_tensor refused bucket {i + 1}: "
-                                  f"{data.get('message') or resp.text[:300]}")
-
-
-class SGLangDistributedSync(_StreamedSync):
-    """Pushes tensors to SGLang servers anywhere on the network over a process group (see the module
-    docstring). ``master_address`` must be reachable from the servers (this node's address); each server
-    joins with ``tp_size`` ranks."""
-
-    def __init__(self, endpoint, master_address: str = "127.0.0.1", master_port: int = 29600,
-                 backend: str = "nccl", group_name: str = "paravt_weight_sync", **kw):
-        super().__init__(endpoint, **kw)
-        self.master_address, self.master_port, self.backend = master_address, master_port, backend
-        self.group_name = group_name
-        self.group = None
-        self.joined: list[str] = []
-
-    def prepare(self, client, targets: list[str]) -> None:
-        """Join the group once: every server's ``/init_weights_update_group`` (in threads: each blocks until
-        the rendezvous completes) while this process joins as rank 0."""
-        if self.group is not None:
-            if targets != self.joined:
-                raise PolicyError(f"the servers changed ({self.joined} -> {targets}); a weight-update group is made "
-                                  "once: restart the trainer to join the new ones")
-            return
-        world = 1 + self.tp_size * len(targets)
-        replies: dict[str, object] = {}
-
-        def join(url: str, offset: int) -> None:
-            try:
-                replies[url] = client.post(f"{url}/init_weights_update_group", json={
-                    "master_address": self.master_address, "master_port": self.master_port, "rank_offset": offset,
-                    "world_size": world, "group_name": self.group_name, "backend": self.backend})
-            except Exception as exc:  # noqa: BLE001 (reported below)
-                replies[url] = exc
-
-        threads = [threading.Thread(target=join, args=(url, 1 + k * self.tp_size), daemon=True)
-                   for k, url in enumerate(targets)]
-        for t in threads:
-            t.start()
-        self.group = init_weight_update_group(self.master_address, self.master_port, 0, world, self.group_name,
-                                              self.backend, timeout_s=self.timeout)
-        for t in threads:
-            t.join(self.timeout)
-        for url in targets:
-            r = replies.get(url)
-            if r is None or isinstance(r, Exception) or r.status_code != 200 or not json_of(r).get("success"):
-                detail = r if isinstance(r, Exception) or r is None else (json_of(r).get("message") or r.text[:300])
-                raise PolicyError(f"{url}/init_weights_update_group failed: {detail}")  # push() leaves the group
-        self.joined = list(targets)
-
-    def failed(self) -> None:
-        if self.group is not None:
-            import torch.distributed as dist
-
-            try:
-                dist.destroy_process_group(self.group)
-            except Exception:  # noqa: BLE001 (already broken)
-                pass
-            self.group, self.joined = None, []
-
-    def send(self, client, targets, bucket, i, last, version) -> None:
-        import torch.distributed as dist
-
-        body = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).replace("torch.", "") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name,
-                **self._body(last, version)}
-        replies: dict[str, object] = {}
-
-        def announce(url: str) -> None:
-            try:
-                replies[url] = client.post(f"{url}/update_weights_from_distributed", json=body)
-            except Exception as exc:  # noqa: BLE001 (reported below)
-                replies[url] = exc
-
-        def refusal(url: str) -> str | None:
-            r = replies.get(url)
-            if r is None:
-                return None
-            if isinstance(r, Exception) or r.status_code != 200 or not json_of(r).get("success"):
-                return str(r) if isinstance(r, Exception) else (json_of(r).get("message") or r.text[:300])
-            return None
-
-        threads = [threading.Thread(target=announce, args=(url,), daemon=True) for url in targets]
-        for t in threads:
-            t.start()
-        # the servers receive in the announced order; a server that refuses the announcement never receives, so
-        # the broadcasts are watched rather than waited on (the group is left by push() on any failure)
-        works = [dist.broadcast(t, group=self.group, group_src=0, async_op=True) for _, t in bucket]
-        deadline = time.monotonic() + self.timeout
-        while not all(w.is_completed() for w in works):
-            bad = next(((u, refusal(u)) for u in targets if refusal(u)), None)
-            if bad is not None:
-                raise PolicyError(f"{bad[0]}/update_weights_from_distributed refused bucket {i + 1}: {bad[1]}")
-            if time.monotonic() > deadline:
-                raise PolicyError(f"bucket {i + 1} was not received within {self.timeout:g}s", transient=True)
-            time.sleep(0.01)
-        for w in works:
-            w.wait()
-        for t in threads:
-            t.join(self.timeout)
-        for url in targets:
-            if replies.get(url) is None or refusal(url):
-                raise PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: "
-                                  f"{refusal(url) or 'no answer'}")
+    def send(self, client, url, bucket, i, last, version) -> None:
+        # one copy per rank, each serialised on its own: a rank's rebuild releases the references of its copy
+        payloads = [serialize_named_tensors(bucket) for _ in range(self.tp_size)]
+        resp = client.post(f"{url}/update_weights_from_tensor", json={
+            "serialized_named_tensors": payloads, **self._body(last, version)})
+        data = json_of(resp)
+        if resp.status_code != 200 or not data.get("success", False):
+            raise PolicyError(f"{url}/update_weights_from_tensor refused bucket {i + 1}: "
+                              f"{data.get('message') or resp.text[:300]}")

@@ -1,0 +1,193 @@
+"""``weight_sync: distributed``: the trained tensors broadcast to SGLang servers on other nodes (no shared disk, as
+verl, AReaL and slime do it) over a process group each server joins (``/init_weights_update_group``), one server at
+a time (:class:`~paravt_train.sync.streamed._StreamedSync`: pause, session, buckets, continue).
+
+Server ``k`` joins its own group with the trainer's rank 0 (a TCP rendezvous at ``master_address:master_port +
+k``, the store prefixed by the group name, as SGLang's ``init_custom_process_group`` does), once; each bucket is
+announced with ``/update_weights_from_distributed`` {names, dtypes, shapes} and its tensors broadcast from rank 0
+(NCCL; gloo on CPU). The server's old group of a name is destroyed (``/destroy_weights_update_group``) before every
+join and after a failed push: a push after a failure, a restarted trainer or a resume joins afresh under the same
+name (a server still holding it would refuse the join, and the trainer would wait in the rendezvous until its
+timeout).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from paravt_agent.errors import PolicyError
+from paravt_train.sync.http import json_of
+from paravt_train.sync.streamed import _StreamedSync
+
+__all__ = ["SGLangDistributedSync", "destroy_group_on", "init_weight_update_group"]
+
+
+def init_weight_update_group(master_address: str, master_port: int, rank: int, world_size: int,
+                             group_name: str, backend: str = "nccl", timeout_s: float = 600.0):
+    """A process group outside the default one (the trainer's rank 0 + the servers' ranks), made the way
+    SGLang's ``init_custom_process_group`` makes its side: a TCP rendezvous, the store prefixed by the group
+    name. It needs torch's internal group constructor, as SGLang, verl and AReaL use."""
+    import datetime
+
+    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
+                                              timeout=timeout))
+    store.set_timeout(timeout)
+    pg, _ = _new_process_group_helper(world_size, rank, [], backend, PrefixStore(group_name, store),
+                                      group_name=group_name, timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+
+class SGLangDistributedSync(_StreamedSync):
+    """Pushes tensors to SGLang servers anywhere on the network over process groups (see the module docstring):
+    server ``k`` (of a router's workers, or of the endpoints given) joins its own group with this process as rank
+    0, named ``group_name`` (``group_name-k`` from the second server on), its rendezvous at ``master_address``,
+    port ``master_port + k``: so each server can be updated on its own. ``master_address`` must be reachable from
+    the servers (this node's address); each server joins with ``tp_size`` ranks."""
+
+    def __init__(self, endpoint, master_address: str = "127.0.0.1", master_port: int = 29600,
+                 backend: str = "nccl", group_name: str = "paravt_weight_sync", **kw):
+        super().__init__(endpoint, **kw)
+        self.master_address, self.master_port, self.backend = master_address, master_port, backend
+        self.group_name = group_name
+        self.groups: dict[str, object] = {}  # server URL -> this process's side of its group
+        self.names: dict[str, str] = {}
+
+    def name_of(self, url: str, k: int) -> str:
+        return self.names.setdefault(url, self.group_name if k == 0 else f"{self.group_name}-{k}")
+
+    def prepare(self, client, url: str, k: int) -> None:
+        """Join server ``k``'s group once: its ``/init_weights_update_group`` (in a thread: it blocks until the
+        rendezvous completes) while this process joins as rank 0. The server's old group of this name (a trainer
+        that died or restarted, a failed push) is destroyed first: joining again under a name a server still holds
+        fails there, and the trainer would wait in the rendezvous until its timeout."""
+        if url in self.groups:
+            return
+        name = self.name_of(url, k)
+        destroy_group_on(client, url, name)
+        world = 1 + self.tp_size
+        reply: dict[str, object] = {}
+
+        def join() -> None:
+            try:
+                reply["r"] = client.post(f"{url}/init_weights_update_group", json={
+                    "master_address": self.master_address, "master_port": self.master_port + k, "rank_offset": 1,
+                    "world_size": world, "group_name": name, "backend": self.backend})
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                reply["r"] = exc
+
+        def refused() -> str | None:
+            r = reply.get("r")
+            if r is None:
+                return None
+            if isinstance(r, Exception) or r.status_code != 200 or not json_of(r).get("success"):
+                return f"{url}/init_weights_update_group failed: " + (
+                    str(r) if isinstance(r, Exception) else (json_of(r).get("message") or r.text[:300]))
+            return None
+
+        mine: dict[str, object] = {}
+
+        def own_side() -> None:  # a server that refuses never connects: watched below rather than waited on
+            try:
+                mine["group"] = init_weight_update_group(self.master_address, self.master_port + k, 0, world, name,
+                                                         self.backend, timeout_s=self.timeout)
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                mine["error"] = exc
+
+        threads = [threading.Thread(target=join, daemon=True), threading.Thread(target=own_side, daemon=True)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.timeout
+        while any(t.is_alive() for t in threads):
+            problem = refused()
+            if problem:
+                raise PolicyError(problem)  # send_tensors() cleans up
+            if "error" in mine:
+                raise PolicyError(f"joining {url}'s weight-update group failed: {mine['error']}", transient=True)
+            if time.monotonic() > deadline:
+                raise PolicyError(f"{url} did not join its weight-update group within {self.timeout:g}s",
+                                  transient=True)
+            time.sleep(0.01)
+        if "error" in mine:
+            raise PolicyError(f"joining {url}'s weight-update group failed: {mine['error']}", transient=True)
+        self.groups[url] = mine["group"]
+        problem = refused()
+        if problem:
+            raise PolicyError(problem)
+
+    def failed(self, url: str) -> None:
+        """After a failed push the server may be out of step (a bucket half received): both sides leave its group,
+        and the next push joins afresh."""
+        import httpx
+        import torch.distributed as dist
+
+        group = self.groups.pop(url, None)
+        if group is not None:
+            try:
+                dist.destroy_process_group(group)
+            except Exception:  # noqa: BLE001 (already broken)
+                pass
+        if url in self.names:
+            with httpx.Client(timeout=60) as client:
+                destroy_group_on(client, url, self.names[url])
+
+    def close(self) -> None:
+        """Leave every group (both sides): a later trainer joins under the same names."""
+        for url in list(self.groups):
+            self.failed(url)
+
+    def send(self, client, url, bucket, i, last, version) -> None:
+        import torch.distributed as dist
+
+        body = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).replace("torch.", "") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket], "group_name": self.names[url],
+                **self._body(last, version)}
+        reply: dict[str, object] = {}
+
+        def announce() -> None:
+            try:
+                reply["r"] = client.post(f"{url}/update_weights_from_distributed", json=body)
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                reply["r"] = exc
+
+        def refusal() -> str | None:
+            r = reply.get("r")
+            if r is None:
+                return None
+            if isinstance(r, Exception) or r.status_code != 200 or not json_of(r).get("success"):
+                return str(r) if isinstance(r, Exception) else (json_of(r).get("message") or r.text[:300])
+            return None
+
+        thread = threading.Thread(target=announce, daemon=True)
+        thread.start()
+        # the server receives in the announced order; a server that refuses the announcement never receives, so
+        # the broadcasts are watched rather than waited on (send_tensors() leaves the group on any failure)
+        group = self.groups[url]
+        works = [dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in bucket]
+        deadline = time.monotonic() + self.timeout
+        while not all(w.is_completed() for w in works):
+            if refusal():
+                raise PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: {refusal()}")
+            if time.monotonic() > deadline:
+                raise PolicyError(f"bucket {i + 1} was not received by {url} within {self.timeout:g}s",
+                                  transient=True)
+            time.sleep(0.01)
+        for w in works:
+            w.wait()
+        thread.join(self.timeout)
+        if reply.get("r") is None or refusal():
+            raise PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: "
+                              f"{refusal() or 'no answer'}")
+
+
+def destroy_group_on(client, url: str, name: str) -> None:
+    """``/destroy_weights_update_group`` on one server (HTTP 400 "does not exist" when it holds none)."""
+    try:
+        client.post(f"{url}/destroy_weights_update_group", json={"group_name": name}, timeout=60)
+    except Exception:  # noqa: BLE001 (a server that cannot answer is reported by the join that follows)
+        pass

@@ -1,0 +1,10 @@
+"""sgl_kernel.flash_attn: placeholders only (see _names.py)."""
+
+import sys
+
+from ._names import IMPORT_TIME
+from ._stub import make_function
+
+for _name in IMPORT_TIME["sgl_kernel.flash_attn"]:
+    setattr(sys.modules[__name__], _name, make_function(_name, __name__))
+__all__ = list(IMPORT_TIME["sgl_kernel.flash_attn"])

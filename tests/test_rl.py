@@ -764,10 +764,10 @@ def test_synchronous_loop_is_the_eta_zero_case(toy_policy_dir, toy_rl, tmp_path)
 
 def test_a_push_mid_episode_trains_each_token_with_its_own_behaviour(tiny_model, toy_rl, tmp_path, own_sglang):
     """Asynchronous RL: a weight push lands while an episode is being generated (retract: the request keeps
-    its tokens and continues on the new weights). The episode records both versions, and the decoupled
-    update weighs each token by π_prox / π_behav with the logprob of the version that sampled it: tokens
-    sampled after the push come from π_prox itself (weight 1), those before from the older policy. Against SGLang
-    itself: it reports the version spans, and its logprobs are what the weights are computed from."""
+    its tokens and continues on the new weights). The episode records both versions, the tokens before the push
+    were sampled by the old version, and the decoupled update weighs each token by π_prox / π_behav with the
+    logprob the server reported for it. Against SGLang itself: it reports the version spans, and its logprobs are
+    what the weights are computed from."""
     import threading
     import time
 
@@ -818,14 +818,17 @@ def test_a_push_mid_episode_trains_each_token_with_its_own_behaviour(tiny_model,
     d0, d1 = (behaviour - lp0[0][m]).abs(), (behaviour - lp1[0][m]).abs()
     # judged on the tokens the two versions score apart (the random model repeats a token both are nearly sure of,
     # and there the versions differ by less than SGLang and transformers do at τ 0.05)
-    apart = (lp0[0][m] - lp1[0][m]).abs() > 1e-3
-    pre, post = apart[:k], apart[k:end]
-    print("tokens the versions score apart, before / after the push:", int(pre.sum()), int(post.sum()))
-    assert pre.sum() >= 3 and post.sum() >= 3
-    assert float(d0[:k][pre].median()) < float(d1[:k][pre].median())  # sampled by version 0
-    assert float(d1[k:end][post].median()) < float(d0[k:end][post].median())  # sampled by version 1 = π_prox
-    w = (mb.token_weights[0][m] - 1).abs()  # π_prox / π_behav: 1 where π_prox sampled, off 1 before
-    assert float(w[k:end].median()) < float(w[:k].median())
+    apart = ((lp0[0][m] - lp1[0][m]).abs() > 1e-3)[:k]
+    assert apart.sum() >= 3
+    assert float((d0[:k][apart] < d1[:k][apart]).float().mean()) > 0.5  # sampled by version 0
+    # After the push SGLang continues the retracted request from its radix cache: the update refused to flush it
+    # (a request was queued), so the prefix's KV is the old weights' and the tokens after the push mix the two
+    # versions (measured: only 10-20% of them closer to version 1). The update does not assume either: each token's
+    # behaviour is the logprob the server reported for it, and its weight π_prox / π_behav is computed from that.
+    w = mb.token_weights[0][m]
+    expected = torch.exp(lp1[0][m] - behaviour)
+    inside = (expected > 0.2) & (expected < 5)  # the paper config's cap
+    assert inside.sum() > 0 and torch.allclose(w[inside], expected[inside], rtol=1e-3, atol=1e-4)
     n0 = len(rec.generation.prompt_ids) + len(rec.generation.prefix_ids or [])
     assert n0 > 0
 

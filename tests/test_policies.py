@@ -707,3 +707,22 @@ def test_the_sglang_test_server_holds_sglang_0_5_23s_contract(server, request, t
     refused = httpx.post(stub.url + "/update_weights_from_tensor", json={"serialized_named_tensors": [one]})
     assert refused.status_code == 400 and "between begin_weight_update() and end_weight_update()" in refused.text
     assert httpx.post(stub.url + "/end_weight_update", json={}).status_code == 400  # no session open
+
+
+def test_a_lora_run_rolls_out_with_its_adapter(tiny_model, media, json_server):
+    """SGLang applies a LoRA adapter only to requests that name it: the rollout policy of a run with
+    ``weight_sync: lora`` names the adapter the trainer pushes (``lora_name``) in every request, and a run without
+    LoRA names none (a request naming an adapter the server does not hold is refused)."""
+    from transformers import AutoProcessor
+
+    from paravt_agent.policy.registry import make_rollout_policy
+
+    tok = AutoProcessor.from_pretrained(tiny_model).tokenizer
+    ids = tok("plan</think>\n<answer>B</answer>", add_special_tokens=False)["input_ids"]
+    done = {"output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(ids),
+                                             "output_token_logprobs": [[-0.1, t, None] for t in ids]}}
+    srv = json_server(lambda path, body: (200, done))
+    for lora in ("paravt-online", None):
+        pol = make_rollout_policy("sglang", tiny_model, srv.url, lora=lora)
+        asyncio.run(pol.generate(overview_messages(media, n=2), Sampling(max_new_tokens=8)))
+        assert srv.bodies[-1].get("lora_path") == lora

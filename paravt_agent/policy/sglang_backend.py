@@ -88,8 +88,10 @@ class SGLangPolicy(Policy):
         max_retries: int = 3,
         concurrency: int = 64,
         processor=None,
+        lora: str | None = None,
     ):
         self.model = model
+        self.lora = lora  # a LoRA adapter loaded on the server under this name: every request names it
         url = (endpoint or DEFAULT_URL).rstrip("/")
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url
         self.timeout, self.max_retries, self.concurrency = timeout, max_retries, concurrency
@@ -153,6 +155,8 @@ class SGLangPolicy(Policy):
                    "return_prompt_token_ids": True}
         if enc.images:
             payload["image_data"] = [encode_image(img) for img in enc.images]
+        if self.lora:  # SGLang applies an adapter only to the requests that name it (`lora_path`: its name)
+            payload["lora_path"] = self.lora
         seen = {"ids": list(enc.ids), "compact": compact, "prefix_ids": list(enc.prefix_ids),
                 "grids": enc.image_grid_thw, "retokenized": enc.retokenized, "multimodal": bool(enc.images)}
         return payload, seen

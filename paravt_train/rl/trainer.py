@@ -181,7 +181,8 @@ class GRPOTrainer(TrainerCheckpoints):
             if self.world > 1:
                 self.ref = shard_model(self.ref)
         policy = make_rollout_policy(cfg.backend, cfg.model, cfg.endpoint, trained_model=self.model,
-                                     processor=self.processor, max_batch=cfg.rollout_batch)
+                                     processor=self.processor, max_batch=cfg.rollout_batch,
+                                     lora=cfg.lora_name if cfg.weight_sync == "lora" else None)
         if self.world > 1 and policy.generates_with(self.model):
             raise ConfigError(f"multi-process training needs a rollout server (backend: sglang): the {cfg.backend} "
                               "backend generates with the trained parameters in this process")

@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--start-steps", type=int, default=100, help="SFT steps of each tool-shy start.")
     ap.add_argument("--train-worlds", type=int, default=60)
     ap.add_argument("--eval-worlds", type=int, default=40, help="Held-out worlds (2 MCQ questions each).")
-    ap.add_argument("--runs", default=",".join(RUNS), help="Which runs, by name, separated by ';'.")
+    ap.add_argument("--runs", default=";".join(RUNS), help="Which runs, by name, separated by ';'.")
     ap.add_argument("--seed", type=int, default=HELD_SEED0, help="First seed of the held-out worlds (900000 up).")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a few shared cores, several "
                     "threads fighting other jobs are many times slower).")
@@ -82,7 +82,11 @@ def main() -> None:
     held_w = make_worlds(range(args.seed, args.seed + args.eval_worlds), vids, mcq=2, oe=0, tvg=0)
     train = write_parquet(rl_rows(train_w, vids), out / "rl_train.parquet")
     held = prompts_from_rl(write_parquet(rl_rows(held_w, vids), out / "rl_heldout.parquet"), vids)
-    runs = {k: v for k, v in RUNS.items() if k in args.runs.split(";") or args.runs == ",".join(RUNS)}
+    wanted = [r.strip() for r in args.runs.split(";") if r.strip()]
+    unknown = [r for r in wanted if r not in RUNS]
+    if unknown:
+        ap.error(f"unknown runs {unknown}; choose from: {'; '.join(RUNS)}")
+    runs = {k: v for k, v in RUNS.items() if k in wanted}
     starts, before, results = {}, {}, {}
     for name, (method, preset, overrides) in runs.items():
         t1 = time.time()

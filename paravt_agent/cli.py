@@ -197,7 +197,10 @@ def serve_cmd(
                                                     "otherwise takes ~70% of the free memory, on CPU the RAM's)."),
     python: str = typer.Option(None, help="The Python that has SGLang installed (default: this one; e.g. "
                                           ".venv-sglang/bin/python)."),
-    vlm_cache_mb: int = typer.Option(4096, help="SGLANG_VLM_CACHE_SIZE_MB (at least 4096 for 64-frame inputs)."),
+    vlm_cache_mb: int = typer.Option(4096, help="SGLANG_VLM_CACHE_SIZE_MB (at least 4096 for 64-frame inputs); 0 "
+                                                "turns the vision-feature cache off, which a server an RL run "
+                                                "pushes a trained vision tower to needs (SGLang keeps the cached "
+                                                "features across weight updates)."),
     deterministic: bool = typer.Option(False, "--deterministic", help="--enable-deterministic-inference: honour "
                                        "each request's sampling seed (reproducible RL rollouts); without it SGLang "
                                        "ignores seeds."),

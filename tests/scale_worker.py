@@ -44,14 +44,6 @@ def main() -> None:
     from paravt_train.rl.config import GRPOConfig
 
     cfg = GRPOConfig.from_yaml(args.config)
-    import os as _os
-    if _os.environ.get("PROBE_FULL_EXPORT"):
-        from paravt_train.infra.checkpoint import ServerExport
-        _w = ServerExport.write
-        def _full(self, model):
-            self._versions = None
-            return _w(self, model)
-        ServerExport.write = _full
     try:  # as `paravt-train grpo|online` end
         if args.mode == "grpo":
             from paravt_train.rl.trainer import GRPOTrainer

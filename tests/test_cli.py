@@ -42,6 +42,9 @@ def test_paravt_serve_dry_run():
     assert "SGLANG_VLM_CACHE_SIZE_MB=4096" in out and "sglang.launch_server" in out
     assert "--tp 2" in out and "--port 31000" in out and "--mem-fraction-static 0.8" in out
     assert "--tool-call-parser" in out and "--context-length" in out
+    # the vision-feature cache: raised to the 64-frame minimum, or off for a server RL pushes a vision tower to
+    cache = {mb: run("paravt", "serve", "m", "--vlm-cache-mb", mb, "--dry-run").stdout for mb in ("100", "0")}
+    assert "SGLANG_VLM_CACHE_SIZE_MB=4096" in cache["100"] and "SGLANG_VLM_CACHE_SIZE_MB=0 " in cache["0"]
 
 
 def test_paravt_serve_dp_dry_run_puts_workers_behind_the_router():

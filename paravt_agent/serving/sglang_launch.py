@@ -161,7 +161,10 @@ def sglang_command(
     if mem_fraction is not None:
         argv += ["--mem-fraction-static", str(mem_fraction)]
     argv += list(extra or [])
-    env = {"SGLANG_VLM_CACHE_SIZE_MB": str(max(vlm_cache_mb, MIN_VLM_CACHE_MB)), **(CPU_ENV if cpu else {})}
+    # 0 turns SGLang's cache of vision features off: 0.5.23 keys it by the pixels and keeps it across weight
+    # updates (no flush clears it), so a server whose vision tower is being trained must not keep one
+    cache = 0 if vlm_cache_mb == 0 else max(vlm_cache_mb, MIN_VLM_CACHE_MB)
+    env = {"SGLANG_VLM_CACHE_SIZE_MB": str(cache), **(CPU_ENV if cpu else {})}
     return argv, env
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -194,7 +195,7 @@ class ServerExport:
 
     def __init__(self, path: Path, processor, dtype, agent_config_yaml: str | None = None):
         self.path, self.processor, self.dtype, self.agent_yaml = Path(path), processor, dtype, agent_config_yaml
-        self._versions: dict[str, int] | None = None
+        self._versions: dict[str, list[tuple]] | None = None
         self.written: list[str] = []  # the parts the last write wrote (others were current)
         self.bytes = 0  # what the last write wrote
 
@@ -209,18 +210,31 @@ class ServerExport:
             return ".".join(parts[: i + 2])
         return ".".join(parts[:2])
 
-    def _local_versions(self, model) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def _local_versions(self, model) -> dict[str, list[tuple]]:
+        """Each part's parameters on this rank: which tensors they are (weak references) and their version
+        counters. Under FSDP2 the optimizer's in-place update bumps the parameter's own counter (the DTensor's),
+        not its local shard's (the op reaches the shard inside DTensor's dispatch, below the layer that counts
+        versions: the shard's counter stays 0 for good); a load may write through either, or put new tensors in.
+        Both counters and both identities count."""
+        out: dict[str, list[tuple]] = {}
         for name, p in model.named_parameters():
-            local = p._local_tensor if hasattr(p, "_local_tensor") else p  # an FSDP2 shard: its own counter
-            part = self.part_of(name)
-            out[part] = out.get(part, 0) + int(local._version)
+            local = p._local_tensor if hasattr(p, "_local_tensor") else p  # an FSDP2 shard
+            out.setdefault(self.part_of(name), []).append(
+                (weakref.ref(p), weakref.ref(local), int(p._version), int(local._version)))
         return out
+
+    @staticmethod
+    def _same(now: list[tuple], before: list[tuple] | None) -> bool:
+        """The same tensors at the same versions (a tensor freed or replaced since is a change)."""
+        return before is not None and len(now) == len(before) and all(
+            p() is q() and lp() is lq() and v == w and lv == lw
+            for (p, lp, v, lv), (q, lq, w, lw) in zip(now, before, strict=True))
 
     def write(self, model) -> Path:
         rank, world = rank_world()
         versions = self._local_versions(model)
-        changed = sorted(p for p in versions if self._versions is None or versions[p] != self._versions.get(p))
+        changed = sorted(p for p in versions
+                         if self._versions is None or not self._same(versions[p], self._versions.get(p)))
         if world > 1:  # a part is rewritten when it changed on any rank
             import torch.distributed as dist
 

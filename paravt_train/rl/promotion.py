@@ -43,18 +43,29 @@ class Promotion:
         return evaluate_dir(path, self._gate_config(), self.gate_prompts(), self.cfg.concurrency * 2, endpoint)
 
     def _start_versions(self) -> None:
-        """The registry's first version is the starting weights; the serving version goes (back) on the server."""
+        """The registry's first version is the starting weights; the serving version goes (back) on the server.
+
+        The starting weights are the learner's own: the base model on a fresh start, the checkpoint's weights (as
+        ``v<step>``, exported) when it resumed without a registry. Registering the base there would put the base
+        on the server under the checkpoint's weight version, and the redone updates would roll out from a policy
+        they do not train while taking it for their own."""
         tr, reg = self.trainer, self.registry
         first = not reg.versions()
-        start = tr.save_adapter(reg.root / "v0") if first and self.cfg.lora.enabled else Path(self.cfg.model)
+        vid = f"v{tr.step}"
+        start = Path(self.cfg.model)
+        if first and self.cfg.lora.enabled:
+            start = tr.save_adapter(reg.root / vid)
+        elif first and tr.step:  # resumed: every rank takes part in gathering the shards
+            start = tr.save_model(reg.root / vid)
         if tr.rank == 0 and first:
             gate = {}
             if self.online.gate.enabled:
                 t0 = time.perf_counter()
                 scores = self._scores(start)
                 gate = {"scores": scores, "candidate": _mean(scores), "seconds": time.perf_counter() - t0}
-            reg.add("v0", tr.step, start, "candidate", gate=gate, reason="the starting weights")
-            reg.set_serving("v0", reason="the starting weights")
+            why = "the starting weights" if not tr.step else f"the starting weights (checkpoint-{tr.step}'s)"
+            reg.add(vid, tr.step, start, "candidate", gate=gate, reason=why)
+            reg.set_serving(vid, reason=why)
         tr_barrier(tr)
         serving = reg.serving()
         if tr.rank == 0:

@@ -43,8 +43,11 @@ class SGLangServer:
         self.model = model
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # no vision-feature cache: the suite pushes trained vision towers, and SGLang 0.5.23 keeps cached features
+        # across weight updates (the RL tests' image turns then mismatched by up to 0.02 a token after a push)
         argv, env = sglang_command(model, "127.0.0.1", self.port, device="cpu", python=str(PYTHON),
-                                   max_total_tokens=max_total_tokens, extra=[*SUITE_FLAGS, *(extra or [])])
+                                   max_total_tokens=max_total_tokens, extra=[*SUITE_FLAGS, *(extra or [])],
+                                   vlm_cache_mb=0)
         # one thread: the toy model is tiny, and the trainer in the same test shares the two cores
         env = {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "TOKENIZERS_PARALLELISM": "false"}
         log_dir.mkdir(parents=True, exist_ok=True)

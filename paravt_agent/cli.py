@@ -247,19 +247,25 @@ def serve_cmd(
     except ParaVTError as exc:
         _fail(str(exc))
     typer.echo(f"healthy: http://{host}:{port}/v1{what}{'; ' if dp > 1 else ''}Ctrl-C to stop)", err=True)
+    sys.exit(_wait_then_stop(procs, stop))
+
+
+def _wait_then_stop(procs: list, stop) -> int:
+    """Wait on the last server process (the router, or the one server); Ctrl-C or a scheduler's SIGTERM stops
+    every server (each leads its own process group). Returns the exit code."""
     import signal
 
     def interrupted(*_):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)  # a scheduler's stop ends the servers too (each leads its own group)
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         code = procs[-1].wait()
     except KeyboardInterrupt:
         code = 0
     for p in reversed(procs):
         stop(p)
-    sys.exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -249,7 +249,9 @@ class Agent:
         if not snap.next:  # finished: the same answer again
             yield AnswerEvent(self._finish(values, ctx, trace, values.get("trace", {}).get("latency", 0.0), None))
             return
-        command = Command(resume=calls) if snap.interrupts else None
+        # LangGraph takes Command(resume=None) for "no resume value" and fails; the review node reads True as "run
+        # the calls as planned"
+        command = Command(resume=True if calls is None else calls) if snap.interrupts else None
         async for event in self._run(command, ctx, trace, t0, thread_id, resumed=True):
             yield event
 

@@ -118,6 +118,9 @@ def test_review_windows_pauses_before_the_subagents_and_resumes_with_edited_call
     ans = agent.answer(media["video"], "Which colour?", ["red", "green"],
                        review=lambda ev: seen.append(ev) or [{"start_time": 30, "end_time": 34}])
     assert len(seen) == 1 and [c.summary for c in ans.trace.turns[0].calls] == ["summary of 30-34"]
+    # a reviewer that returns None approves the windows as planned
+    ans = agent.answer(media["video"], "Which colour?", ["red", "green"], review=lambda ev: None)
+    assert ans.ok and [c.window for c in ans.trace.turns[0].calls] == [(2, 6), (10, 14), (20, 24), (30, 34)]
     with pytest.raises(Exception, match="review_windows is on"):
         agent.answer(media["video"], "Which colour?", ["red", "green"])
     # off by default: the same agent without it never pauses

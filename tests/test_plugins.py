@@ -49,6 +49,10 @@ def test_a_tool_plugin(installed, media):
     agent = Agent(policy=ScriptedPolicy(script), config=AgentConfig(tools=["crop_video", "brightness"]))
     ans = agent.answer(media["video"], "How bright?")
     assert ans.trace.turns[0].calls[0].summary.startswith("brightness ")
+    # a moment outside the video is an invalid call, not a clamped frame
+    late = Agent(policy=ScriptedPolicy(lambda role, msgs: script(role, msgs).replace('"time": 3', '"time": 9999')),
+                 config=AgentConfig(tools=["crop_video", "brightness"])).answer(media["video"], "How bright?")
+    assert "outside the video" in (late.trace.turns[0].calls[0].error or "")
 
 
 def test_a_policy_plugin(installed, media):

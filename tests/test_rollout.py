@@ -56,6 +56,25 @@ def test_gate_frames_is_seeded_per_prompt():
         gate_frames(0, "p", [])
 
 
+def test_a_graph_that_raises_fails_its_episodes_and_the_group_goes_on(toy_rl):
+    """A rollout whose graph raises before any planner turn (the server went away) is an episode failed with the
+    reason and nothing to train on, one per sample; the group comes back whole (it raised a TypeError before)."""
+    from paravt_agent.policy.scripted import ScriptedPolicy
+
+    def script(role, messages):
+        raise RuntimeError("the server went away")
+
+    agent = Agent(policy=ScriptedPolicy(script), config=toy_agent_config())
+    w = toy_rl["worlds"][0]
+    q = next(q for q in w.questions if q.task == "mcq")
+    prompt = PromptItem(q.qid, w.video, q.question, q.options, q.answer, q.task)
+    settings = RolloutSettings(group=3, n_frames=4, reward=RewardConfig(), seed=0)
+    episodes = agent.run(run_group(agent, PromptCache(agent), prompt, settings, eos_id=0))
+    assert [e.sample for e in episodes] == [0, 1, 2]
+    assert all(e.failed == "RuntimeError: the server went away" and e.sequences == [] for e in episodes)
+    assert all(e.reward.total == RewardConfig().min_total for e in episodes)
+
+
 def test_planner_tokens_are_exact_and_tool_responses_masked(toy, toy_rl):
     w = toy_rl["worlds"][0]
     q = next(q for q in w.questions if q.task == "mcq")

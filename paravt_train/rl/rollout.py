@@ -341,7 +341,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
                 for i in range(settings.group)]
     banned = agent.policy.placeholder_ids
 
-    async def one(i: int) -> Episode:
+    async def one(i: int) -> list[Episode]:
         t0 = time.perf_counter()
         rollout_seed = int.from_bytes(hashlib.sha256(f"{settings.seed}:{prompt.id}:{i}".encode()).digest()[:4], "big")
         ep = Episode(prompt_id=prompt.id, task=prompt.task, sample=i, n_frames=settings.n_frames, answer=None,
@@ -353,7 +353,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
             ep.reward = RewardBreakdown(total=settings.reward.min_total, acc=0.0, fmt=0.0, base=0.0, anchor=0.0,
                                         tool=0.0)
             ep.seconds = time.perf_counter() - t0
-            return ep
+            return [ep]
         ep.answer = ans
         ep.text = episode_transcript(ans)
         # an empty or degenerate answer is the model's: scored; a run error or a tool slot the runtime could not

@@ -207,6 +207,8 @@ def serve_cmd(
     max_pixels: int = typer.Option(50176, help="The frame protocol's pixels per frame: a processor that would "
                                    "upscale such frames (Qwen3-VL's min_pixels 65536) is served through an overlay "
                                    "directory that keeps their size."),
+    lora_rank: int = typer.Option(None, min=1, help="Serve LoRA adapters up to this rank (--enable-lora on every "
+                                  "supported module): what a `lora.enabled` run with `weight_sync: lora` pushes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
     """Serve a model with SGLang (GPU, or --device cpu) and wait until it is healthy."""
@@ -219,7 +221,8 @@ def serve_cmd(
         typer.echo(f"serving {served}: {model} with an image processor that keeps the protocol's frame sizes",
                    err=True)
     kw = dict(mem_fraction=mem_fraction, context_length=context_length, vlm_cache_mb=vlm_cache_mb,
-              deterministic=deterministic, device=device, max_total_tokens=max_total_tokens, python=python)
+              deterministic=deterministic, device=device, max_total_tokens=max_total_tokens, python=python,
+              lora_rank=lora_rank)
     if dp > 1:
         # lazy: a command's modules load when it runs (`paravt --help` stays instant)
         from paravt_agent.serving.sglang_launch import launch_router, router_commands

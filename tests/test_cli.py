@@ -45,6 +45,12 @@ def test_paravt_serve_dry_run():
     # the vision-feature cache: raised to the 64-frame minimum, or off for a server RL pushes a vision tower to
     cache = {mb: run("paravt", "serve", "m", "--vlm-cache-mb", mb, "--dry-run").stdout for mb in ("100", "0")}
     assert "SGLANG_VLM_CACHE_SIZE_MB=4096" in cache["100"] and "SGLANG_VLM_CACHE_SIZE_MB=0 " in cache["0"]
+    # LoRA adapters up to a rank (a `weight_sync: lora` run's server); on CPU with SGLang's torch-native LoRA
+    lora = {dev: run("paravt", "serve", "m", "--lora-rank", "16", "--device", dev, "--dry-run").stdout
+            for dev in ("cuda", "cpu")}
+    assert "--enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 3" in lora["cuda"]
+    assert "--lora-backend" not in lora["cuda"] and "--lora-backend torch_native" in lora["cpu"]
+    assert "--enable-lora" not in out
 
 
 def test_paravt_serve_dp_dry_run_puts_workers_behind_the_router():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from paravt_agent.agent import Agent
 from paravt_agent.errors import FeedbackError, ParaVTError
@@ -281,6 +282,52 @@ def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
     assert srv.paths[-4:] == ["/pause_generation", "/unload_lora_adapter", "/load_lora_adapter", "/continue_generation"]
     load = srv.bodies[-2]
     assert load["lora_name"] == "paravt" and load["lora_path"] == str(Path(versions[-1]["path"]).resolve())
+
+
+def _text_logprobs(ids: list[int], server=None, lora: str | None = None, model=None) -> list[float]:
+    """Log-probabilities of a fixed token sequence: the server's (naming ``lora`` or no adapter) or a model's."""
+    if server is not None:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                "logprob_start_len": 0, **({"lora_path": lora} if lora else {})}
+        out = server.post("/generate", body)
+        return [x[0] for x in out["meta_info"]["input_token_logprobs"][1:]]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_a_lora_learner_serves_and_rolls_out_its_adapters_on_sglang_itself(learnable, tmp_path, own_sglang):
+    """SGLang 0.5.23 serving LoRA on CPU (``paravt serve --lora-rank``; the suite's CPU module makes the host-memory
+    pinning of SGLang's LoRA layers a no-op): the online learner with ``weight_sync: lora`` puts its starting
+    adapter on the server, rolls out through it by name, and swaps each promoted adapter in; the server then
+    scores as the trainer's peft model does, and a request that names no adapter gets the base model."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from paravt_train.rl.versions import VersionRegistry  # as the LoRA test above
+
+    d = learnable["dir"]
+    [srv] = own_sglang(learnable["blue"], lora_rank=4)
+    cfg = GRPOConfig(model=learnable["blue"], output_dir=str(tmp_path / "learner"), video_root=str(d),
+                     prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=5e-3, save_every=100,
+                     concurrency=3, seed=0, gating=False, resume=False, lora={"enabled": True, "r": 4, "alpha": 8},
+                     backend="sglang", endpoint=srv.url, weight_sync="lora")
+    store = _served(learnable, tmp_path, cfg.model, [(f"u{i % 3}", "red") for i in range(9)])
+    learner = OnlineLearner(cfg, store, progress=False, log=lambda *_: None)
+    assert learner.run(max_steps=3, once=True) == 3
+    recs = [json.loads(x) for x in (tmp_path / "learner" / "metrics.jsonl").read_text().splitlines()]
+    # each step rolled out through the adapter the trainer held (promoted and pushed after every update): the
+    # trainer's logprobs of the sampled tokens are the server's (through the base model they would not be)
+    assert all(r["failed_episodes"] == 0 and r["logprob_mismatch"] < 1e-4 for r in recs), recs
+    serving = VersionRegistry(tmp_path / "learner" / "versions").serving()
+    assert serving["id"] == "v3"
+    base = AutoModelForImageTextToText.from_pretrained(learnable["blue"]).eval()
+    ids = torch.randint(10, 300, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    ref_base = _text_logprobs(ids, model=base)
+    ref_lora = _text_logprobs(ids, model=PeftModel.from_pretrained(base, serving["path"]).eval())
+    assert max(abs(a - b) for a, b in zip(ref_lora, ref_base, strict=True)) > 1e-3  # the adapter learned something
+    assert _text_logprobs(ids, srv, lora=cfg.lora_name) == pytest.approx(ref_lora, abs=1e-4)
+    assert _text_logprobs(ids, srv) == pytest.approx(ref_base, abs=1e-4)
 
 
 def test_a_learner_killed_during_a_promotion_restarts_on_a_promoted_version(learnable, tmp_path):

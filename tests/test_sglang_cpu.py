@@ -104,6 +104,38 @@ def test_every_other_kernel_fails_loudly_and_probed_names_stay_absent():
             assert not hasattr(sgl_kernel, name), full
 
 
+PINNING = textwrap.dedent("""
+    import torch
+    from tests.sglang_cpu.sgl_kernel.pinning import allow_pinning_without_cuda
+    try:
+        torch.tensor([1, 2], dtype=torch.int32, pin_memory=True)
+        print("PINNED")
+    except RuntimeError as exc:
+        print("REFUSED", "NVIDIA" in str(exc) or "CUDA" in str(exc) or "accelerator" in str(exc))
+    assert allow_pinning_without_cuda() and allow_pinning_without_cuda()  # idempotent
+    t = torch.tensor([1, 2], dtype=torch.int32, pin_memory=True)
+    e = torch.empty((3,), dtype=torch.int32, pin_memory=True)
+    z = torch.zeros(2, pin_memory=True)
+    o = torch.ones_like(t).pin_memory()
+    print("AFTER", t.tolist(), t.dtype, e.shape[0], z.tolist(), o.tolist(), o.device)
+""")
+
+
+def test_pinned_host_memory_is_a_no_op_without_cuda_in_sglangs_processes():
+    """SGLang 0.5.23's LoRA layers pin host memory unconditionally, which torch refuses without a CUDA driver (so
+    ``--enable-lora`` killed the CPU server at start). In a process where the CPU module makes pinning a no-op, the
+    factories SGLang calls give ordinary CPU tensors; the module changes nothing in a process that is not SGLang's
+    (this one imported it)."""
+    proc = subprocess.run([sys.executable, "-c", PINNING], capture_output=True, text=True, timeout=120,
+                          cwd=HERE.parents[1])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "REFUSED True" in proc.stdout
+    assert "AFTER [1, 2] torch.int32 3 [0.0, 0.0] [1, 1] cpu" in proc.stdout
+    assert not getattr(torch.tensor, "__paravt_unpinned__", False)
+    with pytest.raises(RuntimeError):
+        torch.tensor([1], pin_memory=True)
+
+
 TRITON = textwrap.dedent("""
     import json, sys, torch
     from sglang.srt.mem_cache.allocation import assign_req_to_token_pool, next_power_of_2

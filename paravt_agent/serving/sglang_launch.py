@@ -123,6 +123,7 @@ def sglang_command(
     dtype: str | None = None,
     max_total_tokens: int | None = None,
     python: str | None = None,
+    lora_rank: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen3-VL checkpoint.
 
@@ -134,7 +135,10 @@ def sglang_command(
     ``device="cpu"`` adds :data:`CPU_FLAGS` and :data:`CPU_ENV`, serves in ``dtype`` float32 unless told
     otherwise (``auto`` would serve a float32 checkpoint in float16 on CPU, so its logprobs would no longer be
     the float32 trainer's) and takes the model's own context length. ``max_total_tokens`` bounds the KV cache
-    (SGLang otherwise takes ~70% of the free memory for it, which on CPU is the machine's RAM)."""
+    (SGLang otherwise takes ~70% of the free memory for it, which on CPU is the machine's RAM).
+
+    ``lora_rank`` serves LoRA adapters up to that rank on every supported module (``weight_sync: lora`` loads
+    them by name): three per batch (the served adapter, a gate's candidate beside it, and the base model's requests); on CPU with SGLang's torch-native LoRA backend (the default one is triton)."""
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device {device!r}: use cuda or cpu")
     cpu = device == "cpu"
@@ -160,6 +164,9 @@ def sglang_command(
         argv.append("--enable-deterministic-inference")
     if mem_fraction is not None:
         argv += ["--mem-fraction-static", str(mem_fraction)]
+    if lora_rank is not None:
+        argv += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--lora-target-modules", "all",
+                 "--max-loras-per-batch", "3", *(["--lora-backend", "torch_native"] if cpu else [])]
     argv += list(extra or [])
     # 0 turns SGLang's cache of vision features off: 0.5.23 keys it by the pixels and keeps it across weight
     # updates (no flush clears it), so a server whose vision tower is being trained must not keep one

@@ -36,7 +36,7 @@ class SGLangServer:
     The same surface as the stand-in (``url``, ``proc``, :meth:`post`, :meth:`close`)."""
 
     def __init__(self, model: str, log_dir: Path, port: int | None = None, extra: list[str] | None = None,
-                 max_total_tokens: int = MAX_TOTAL_TOKENS, timeout: float = 240.0):
+                 max_total_tokens: int = MAX_TOTAL_TOKENS, timeout: float = 240.0, lora_rank: int | None = None):
         from paravt_agent.serving.sglang_launch import launch, sglang_command
         from tests.conftest import free_port
 
@@ -47,7 +47,7 @@ class SGLangServer:
         # across weight updates (the RL tests' image turns then mismatched by up to 0.02 a token after a push)
         argv, env = sglang_command(model, "127.0.0.1", self.port, device="cpu", python=str(PYTHON),
                                    max_total_tokens=max_total_tokens, extra=[*SUITE_FLAGS, *(extra or [])],
-                                   vlm_cache_mb=0)
+                                   vlm_cache_mb=0, lora_rank=lora_rank)
         # one thread: the toy model is tiny, and the trainer in the same test shares the two cores
         env = {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "TOKENIZERS_PARALLELISM": "false"}
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ kernel reached that is not implemented raises NotImplementedError naming itself.
 * ``assign_req_to_token_pool_cpu`` is implemented (``memory.py``), also as
   ``torch.ops.sgl_kernel.assign_req_to_token_pool_cpu``.
 * Every other name SGLang's CPU path imports or looks up exists and raises NotImplementedError when called.
+* Pinned host memory is a no-op without CUDA in SGLang's processes (``pinning.py``): SGLang's LoRA path pins
+  unconditionally, which would otherwise stop ``--enable-lora`` on CPU.
 * Names SGLang probes for (``hasattr`` / try-import, ``_names.PROBED``) are left out on purpose, so SGLang takes its
   own torch fallbacks (``cpu_has_amx_support()`` stays False: no AMX kernel is ever chosen).
 """
@@ -20,6 +22,7 @@ import torch
 from ._names import CALL_TIME, IMPORT_TIME, OPS_CALL_TIME, OPS_IMPORT_TIME, SGLANG_VERSION
 from ._stub import define_ops, make_function
 from .memory import assign_req_to_token_pool_cpu_impl
+from .pinning import allow_pinning_without_cuda
 
 __version__ = "0.0.1+paravt.cpu"
 __all__ = ["SGLANG_VERSION", "assign_req_to_token_pool_cpu"]
@@ -38,5 +41,8 @@ for _table in (IMPORT_TIME, CALL_TIME):
         if not hasattr(_module, _name):
             setattr(_module, _name, make_function(_name, "sgl_kernel"))
             __all__.append(_name)
+
+if "sglang" in sys.modules:  # inside SGLang's processes only (the suite imports this module to test it)
+    allow_pinning_without_cuda()
 
 from . import flash_attn, mamba, speculative  # noqa: E402,F401  (submodules SGLang imports from)

@@ -6,8 +6,8 @@ goes with this video?") scored by token F1, and a tiny Qwen3-VL-architecture mod
 * SFT teaches the answer format and a 60/40 mix of "blue" / "red" answers: greedy, the policy says "blue".
 * The right answer is "red". PARA-GRPO (``GRPOTrainer``) from the SFT checkpoint must raise the reward over
   the run and move the greedy held-out answer to "red".
-* Online: the SFT checkpoint served by the SGLang-API test server (a real process) answers a user whose
-  feedback says "red" (half of it through the Gradio page's feedback handler, into the same store);
+* Online: the SFT checkpoint served by SGLang itself (0.5.23's CPU engine, ``make sglang-cpu``) answers a user
+  whose feedback says "red" (half of it through the Gradio page's feedback handler, into the same store);
   ``OnlineLearner`` trains on that feedback and pushes the weights to the server; the same server's greedy
   held-out answers move to "red".
 
@@ -64,16 +64,16 @@ def test_para_grpo_raises_reward_and_heldout(world, tmp_path):
     assert summary["eval_before"]["eval/accuracy"] <= 0.25 and summary["eval_after"]["eval/accuracy"] >= 0.75
 
 
-def test_online_feedback_improves_the_served_agent(world, tmp_path, sglang_stub):
+def test_online_feedback_improves_the_served_agent(world, tmp_path, own_sglang):
     """The served agent answers, users say "red" (agent.feedback and the Gradio feedback panel), the online
-    learner trains and pushes weights to the running server, and the same server answers better."""
+    learner trains and pushes weights to the running SGLang server, and the same server answers better."""
     from gradio_app import Demo
     from paravt_train.rl.online import OnlineLearner
 
     d = world["dir"]
-    stub = sglang_stub(world["sft"])
+    [server] = own_sglang(world["sft"])
     store = TrajectoryStore(tmp_path / "traces.db")
-    served = Agent(backend="sglang", endpoint=stub.url, model=world["sft"], store=store)
+    served = Agent(backend="sglang", endpoint=server.url, model=world["sft"], store=store)
     before = _heldout(served, d, "red")
     page = Demo(store=str(tmp_path / "traces.db"))
     for i, v in enumerate(list(TRAIN) * 5):
@@ -82,7 +82,7 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, sglang_stub)
             served.feedback(ans.trace.id, answer="red")
         else:
             assert page.feedback(ans.trace.id, "red", "up").startswith("Thanks")
-    cfg = GRPOConfig(model=world["sft"], output_dir=str(tmp_path / "online"), backend="sglang", endpoint=stub.url,
+    cfg = GRPOConfig(model=world["sft"], output_dir=str(tmp_path / "online"), backend="sglang", endpoint=server.url,
                      prompts_per_step=2, group_size=8, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=4,
                      concurrency=2, seed=0, gating=False, resume=False)
     learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)

@@ -220,6 +220,9 @@ def eval_cmd(
     concurrency: int = typer.Option(4, help="Questions in flight."),
     shard: str = typer.Option("0/1", help="i/k: this machine takes every k-th item starting at i."),
     limit: int = typer.Option(None, help="Only the first N items of each benchmark."),
+    reruns: int = typer.Option(1, min=0, help="Ask a question the runtime spoiled (a timed-out or failed tool "
+                               "call, an endpoint error) again up to N times; one that still fails is counted "
+                               "as an error, never as a wrong answer, and is asked again on resume."),
 ) -> None:
     """Evaluate an agent on the paper's benchmarks; writes per-sample JSONL and prints a Markdown summary."""
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
@@ -248,7 +251,7 @@ def eval_cmd(
         for note in notes:
             typer.echo(note, err=True)
         agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
-        records = run_eval(agent, items, out, concurrency=concurrency, shard=(i, k))
+        records = run_eval(agent, items, out, concurrency=concurrency, shard=(i, k), reruns=reruns)
     except ParaVTError as exc:
         _fail(str(exc))
     typer.echo(results_table(records))

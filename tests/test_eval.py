@@ -174,6 +174,36 @@ def test_metrics_resume_and_shards(benches, tmp_path):
     assert "| lvbench | key information retrieval | 1 |" in table and "| lvbench | temporal grounding | 1 |" in table
 
 
+def test_spoiled_items_are_rerun_counted_apart_and_asked_again_on_resume(benches, tmp_path):
+    """An item whose run the runtime spoiled is asked again ``reruns`` times; one that still fails is recorded as
+    failed (an error, not a wrong answer) and a resumed run asks it again, leaving the answered ones alone."""
+    from paravt_agent.errors import PolicyError
+
+    items = load_benchmark("charades", benches / "charades") + load_benchmark("mmvu", benches / "mmvu")
+    calls: list[str] = []
+    down = {"on": True}
+
+    def flaky(role, msgs):
+        q = text_of(msgs[1]["content"])
+        calls.append(q)
+        if down["on"] and "[start, end]" in q:
+            raise PolicyError("the endpoint is down")
+        return oracle(role, msgs)
+
+    agent = Agent(policy=ScriptedPolicy(flaky), config=AgentConfig(mode="none"))
+    out = tmp_path / "r.jsonl"
+    recs = run_eval(agent, items, out, progress=False, reruns=2)
+    spoiled = [r for r in recs if r["failed"]]
+    assert spoiled and all(r["benchmark"] == "charades" and r["tries"] == 3 for r in spoiled)
+    assert all(not r["failed"] and r["tries"] == 1 for r in recs if r["benchmark"] == "mmvu")
+    down["on"], calls[:] = False, []
+    recs = run_eval(agent, items, out, progress=False, reruns=0)  # resume: only the failed items again
+    assert len(calls) == len(spoiled) and all("[start, end]" in q for q in calls)
+    assert all(not r["failed"] for r in recs) and len(recs) == len(items)
+    # the failed records stay in the file; the new ones are taken
+    assert len(out.read_text().splitlines()) == len(items) + len(spoiled)
+
+
 def test_runs_with_the_tiny_model(benches, tiny_model, tmp_path):
     cfg = AgentConfig(frames={"max_pixels": 1024, "max_frames": 8}, max_turns=1,
                       planner_sampling=Sampling(max_new_tokens=16), subagent_sampling=Sampling(max_new_tokens=8))

@@ -85,8 +85,10 @@ async def evaluate_items(agent, items: list[EvalItem], concurrency: int = 4, pro
 
 
 def run_eval(agent, items: list[EvalItem], out: str | Path, concurrency: int = 4, shard: tuple[int, int] = (0, 1),
-             progress: bool = True) -> list[dict]:
-    """Answer every item of this shard not yet in ``out`` (JSONL); returns all records of the shard."""
+             progress: bool = True, reruns: int = 1) -> list[dict]:
+    """Answer every item of this shard not yet answered in ``out`` (JSONL; an item recorded as ``failed`` by the
+    runtime is asked again, its new record appended and taken); returns all records of the shard. ``reruns``:
+    how many times an item the runtime spoiled is asked again within this run (:func:`evaluate_items`)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {}
@@ -99,7 +101,7 @@ def run_eval(agent, items: list[EvalItem], out: str | Path, concurrency: int = 4
             done[(rec["benchmark"], rec["uid"])] = rec
     index, count = shard
     mine = [it for k, it in enumerate(items) if k % count == index]
-    todo = [it for it in mine if (it.benchmark, it.uid) not in done]
+    todo = [it for it in mine if (it.benchmark, it.uid) not in done or done[(it.benchmark, it.uid)].get("failed")]
     lock = asyncio.Lock()
 
     async def write(rec: dict) -> None:
@@ -108,7 +110,7 @@ def run_eval(agent, items: list[EvalItem], out: str | Path, concurrency: int = 4
                 f.write(json.dumps(rec) + "\n")
             done[(rec["benchmark"], rec["uid"])] = rec
 
-    agent.run(evaluate_items(agent, todo, concurrency, progress, on_record=write))
+    agent.run(evaluate_items(agent, todo, concurrency, progress, on_record=write, reruns=reruns))
     return [done[(it.benchmark, it.uid)] for it in mine]
 
 

@@ -1,4 +1,5 @@
-"""Online learning from feedback on the toy: the labels are what teaches, and a gate keeps poisoned updates away.
+"""Online learning from feedback on the toy: which way the served agent goes follows the users' labels, and a gate
+keeps poisoned updates away.
 
     .venv/bin/python examples/online_loop.py                       # the four runs below (time: docs/toy.md)
     .venv/bin/python examples/online_loop.py --updates 6 --runs honest,wrong     # a quick look
@@ -11,8 +12,8 @@ names, so only the users' labels can say which option is right.
 
 Each run starts a fresh trajectory store and learner from that start. Scripted users ask colour-at-t questions
 about videos no training saw, the served agent answers, and they give feedback (``Agent.feedback``, each with a
-``user``); ``OnlineLearner`` (``paravt-train online``'s loop, in this process, rollouts in-process) trains on the
-feedback, one candidate per ``--promote-every`` updates:
+``user``); ``OnlineLearner`` (``paravt-train online``'s loop, in this process; rollouts in-process, or on SGLang
+with ``--sglang``) trains on the feedback, one candidate per ``--promote-every`` updates:
 
 * ``honest``: every label is the right option;
 * ``wrong``: every label is a wrong option (the control: if the feedback's content did not matter, this would
@@ -40,6 +41,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -151,14 +153,15 @@ def summarise(name: str, r: dict, before: list, heldout) -> dict:
 
 
 def serve(start: Path, out: Path, python: str):
-    """SGLang's own server with the start, pinned to core 0 (this process to core 1): (process, URL)."""
+    """SGLang's own server with the start, pinned to one core (this process to another): (process, URL)."""
     from paravt_agent.serving.sglang_launch import launch, sglang_command
-    from tests.conftest import free_port
-
-    port = free_port()
-    two = (os.cpu_count() or 1) > 1 and shutil.which("taskset") and hasattr(os, "sched_setaffinity")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    two = len(cores) > 1 and shutil.which("taskset")
     if two:
-        os.sched_setaffinity(0, {1})
+        os.sched_setaffinity(0, {cores[1]})
         torch.set_num_threads(1)
     else:
         print("note: fewer than 2 cores or no taskset: the server and the learner share the machine unpinned")
@@ -166,7 +169,7 @@ def serve(start: Path, out: Path, python: str):
                                extra=["--skip-server-warmup", "--log-level", "warning"], vlm_cache_mb=0)
     env = {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     with (out / "server.log").open("w") as f:
-        proc = launch([*(["taskset", "-c", "0"] if two else []), *argv], env, "127.0.0.1", port, timeout=300, log=f)
+        proc = launch([*(["taskset", "-c", str(cores[0])] if two else []), *argv], env, "127.0.0.1", port, timeout=300, log=f)
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -48,14 +49,18 @@ HELD_SEED0 = TEST_SEED0 + 5000
 
 
 def pinned(core: str) -> list[str]:
-    return ["taskset", "-c", core] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
+    """``taskset`` to the first ("0") or second ("1") of the cores this process may use (none with fewer)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return ["taskset", "-c", str(cores[int(core)])] if shutil.which("taskset") and len(cores) > 1 else []
 
 
 def start_server(model: str, port: int, log: Path, python: str) -> subprocess.Popen:
     from paravt_agent.serving.sglang_launch import launch, sglang_command
 
+    # no vision-feature cache: every weight, the vision tower's too, is trained and pushed, and SGLang keeps cached
+    # features across weight updates (the held-out "after" would reuse the start's features of the same frames)
     argv, env = sglang_command(model, "127.0.0.1", port, device="cpu", python=python, max_total_tokens=32768,
-                               extra=["--skip-server-warmup", "--log-level", "warning"])
+                               extra=["--skip-server-warmup", "--log-level", "warning"], vlm_cache_mb=0)
     env = {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     with log.open("w") as f:
         return launch([*pinned("0"), *argv], env, "127.0.0.1", port, timeout=300, log=f)
@@ -87,14 +92,15 @@ def main() -> None:
     train = write_parquet(rl_rows(train_w, vids), out / "rl_train.parquet")
     held = write_parquet(rl_rows(held_w, vids), out / "rl_heldout.parquet")
     from paravt_agent.serving.sglang_launch import stop
-    from tests.conftest import free_port
 
     results = {}
     for eta in (int(x) for x in args.etas.split(",")):
         run = out / f"eta{eta}"
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
-        port = free_port()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
         server = start_server(str(start), port, run / "server.log", args.sglang_python)
         cfg = dict(preset="para-grpo", model=str(start), data=str(train), eval_data=str(held), eval_n_frames=8,
                    video_root=str(vids), output_dir=str(run), backend="sglang", endpoint=f"http://127.0.0.1:{port}",

@@ -208,7 +208,8 @@ def serve_cmd(
                                    "upscale such frames (Qwen3-VL's min_pixels 65536) is served through an overlay "
                                    "directory that keeps their size."),
     lora_rank: int = typer.Option(None, min=1, help="Serve LoRA adapters up to this rank (--enable-lora on every "
-                                  "supported module): what a `lora.enabled` run with `weight_sync: lora` pushes."),
+                                  "supported module): what a `lora.enabled` run with `weight_sync: lora` pushes. On CPU, SGLang "
+                                  "0.5.23's LoRA needs the test suite's CPU module (`make sglang-cpu`)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
     """Serve a model with SGLang (GPU, or --device cpu) and wait until it is healthy."""

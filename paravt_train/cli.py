@@ -216,7 +216,8 @@ def eval_cmd(
     config: Path = typer.Option(None, help="AgentConfig YAML (default: the model directory's agent_config.yaml, "
                                            "else the paper's protocol, greedy)."),
     set_: list[str] = typer.Option(None, "--set", help="AgentConfig override key=value."),
-    out: Path = typer.Option(Path("runs/eval/results.jsonl"), help="Per-sample JSONL (appended; resume skips done)."),
+    out: Path = typer.Option(Path("runs/eval/results.jsonl"), help="Per-sample JSONL (appended; resume skips answered items and asks failed ones again; an item's last line "
+                                    "counts)."),
     concurrency: int = typer.Option(4, help="Questions in flight."),
     shard: str = typer.Option("0/1", help="i/k: this machine takes every k-th item starting at i."),
     limit: int = typer.Option(None, help="Only the first N items of each benchmark."),

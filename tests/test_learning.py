@@ -1,4 +1,5 @@
-"""Does the learning backend learn? Fast seeded versions of the three loops, asserting direction.
+"""Does the learning backend learn? Fast versions of the three loops, asserting direction (SFT and PARA-GRPO
+seeded; the online loop's sampling is SGLang's, whose CPU engine ignores seeds: it passed in each of 10 runs here).
 
 A setting built to be learnable in seconds on CPU: twelve tiny videos, one open-ended question ("Which word
 goes with this video?") scored by token F1, and a tiny Qwen3-VL-architecture model.

@@ -249,7 +249,8 @@ def test_a_store_that_went_away_raises_the_typed_error(postgres_db, tmp_path):
 def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
     """With ``lora.enabled`` the learner trains adapters only; each version it keeps is the adapter (a small
     fraction of the model's bytes), the gate evaluates it merged into the base, a refused candidate reverts the
-    adapter, and a push swaps the adapter in by name on the server (pause → unload → load → continue)."""
+    adapter, and a push swaps the adapter in by name on the server (unload → load, no pause: SGLang drains the
+    adapter's requests before it unloads, which a paused server would never let happen)."""
     d = learnable["dir"]
     srv = json_server(lambda path, body: (200, {"success": True, "workers": []} if path == "/workers"
                                           else {"success": True}))
@@ -279,9 +280,12 @@ def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
         assert sum(f.stat().st_size for f in files) < 0.1 * model_bytes
         assert "candidate" in v["gate"]
     push_version(cfg, versions[-1])  # the adapter onto a server, by name
-    assert srv.paths[-4:] == ["/pause_generation", "/unload_lora_adapter", "/load_lora_adapter", "/continue_generation"]
-    load = srv.bodies[-2]
-    assert load["lora_name"] == "paravt" and load["lora_path"] == str(Path(versions[-1]["path"]).resolve())
+    assert srv.paths[-2:] == ["/unload_lora_adapter", "/load_lora_adapter"] and "/pause_generation" not in srv.paths
+    load = srv.bodies[-1]
+    # the server loads the name from one link, switched to each version before the swap
+    link = Path(versions[-1]["path"]).resolve().parent / ".served-paravt"
+    assert load["lora_name"] == "paravt" and load["lora_path"] == str(link)
+    assert link.resolve() == Path(versions[-1]["path"]).resolve()
 
 
 def _text_logprobs(ids: list[int], server=None, lora: str | None = None, model=None) -> list[float]:
@@ -328,6 +332,61 @@ def test_a_lora_learner_serves_and_rolls_out_its_adapters_on_sglang_itself(learn
     assert max(abs(a - b) for a, b in zip(ref_lora, ref_base, strict=True)) > 1e-3  # the adapter learned something
     assert _text_logprobs(ids, srv, lora=cfg.lora_name) == pytest.approx(ref_lora, abs=1e-4)
     assert _text_logprobs(ids, srv) == pytest.approx(ref_base, abs=1e-4)
+    _push_an_adapter_while_requests_run(srv, cfg.lora_name, learnable["blue"], VersionRegistry(
+        tmp_path / "learner" / "versions").versions()[1]["path"], tmp_path, ids, base)
+
+
+def _push_an_adapter_while_requests_run(srv, name: str, model: str, adapter: str, tmp_path, ids, base) -> None:
+    """A swap while the adapter serves: the request in flight on it finishes on the old version (SGLang drains it
+    before it unloads; a paused server never would, and the push waited out its timeout); a request that arrives
+    during the swap waits for it and makes SGLang load the adapter again, from the link the sync switched to the
+    new version first (from the old version's path, the sync's own load then failed as "already loaded"); the
+    server then scores as the new version."""
+    import asyncio
+    import threading
+    import time
+
+    import httpx
+    from peft import PeftModel
+
+    from paravt_agent.policy.sglang_backend import SGLangPolicy
+    from paravt_agent.types import Sampling
+    from paravt_train.sync.lora import SGLangLoraSync
+
+    done: dict[str, float] = {}
+    long: dict = {}
+
+    def in_flight():
+        long.update(httpx.post(srv.url + "/generate", timeout=300, json={
+            "input_ids": ids, "lora_path": name,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 1.0}}).json())
+        done["long"] = time.monotonic()
+
+    def push():
+        done["result"] = SGLangLoraSync(srv.url, tmp_path, name=name, timeout=120).load(adapter)["success"]
+        done["push"] = time.monotonic()
+
+    first = threading.Thread(target=in_flight)
+    first.start()
+    deadline = time.monotonic() + 60
+    while srv.get("/v1/loads").json()["loads"][0]["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline and first.is_alive(), long
+        time.sleep(0.1)
+    swap = threading.Thread(target=push)
+    swap.start()
+    time.sleep(1.0)
+    assert first.is_alive() and swap.is_alive()  # the unload waits for the request in flight
+    late = SGLangPolicy(model, srv.url, lora=name)
+    gen = asyncio.run(late.generate([{"role": "user", "content": "hello"}], Sampling(max_new_tokens=4)))
+    done["late"] = time.monotonic()
+    first.join(300)
+    swap.join(300)
+    assert done["result"] is True and gen.completion_tokens > 0
+    assert long["meta_info"]["finish_reason"]["type"] == "length" and len(long["output_ids"]) == 1500
+    assert done["long"] <= done["push"]  # the request in flight finished before the new version went in
+    assert done["late"] > done["long"]  # the late request waited for the drain
+    ref = _text_logprobs(ids, model=PeftModel.from_pretrained(base, adapter).eval())
+    assert _text_logprobs(ids, srv, lora=name) == pytest.approx(ref, abs=1e-4)
 
 
 def test_a_learner_killed_during_a_promotion_restarts_on_a_promoted_version(learnable, tmp_path):

@@ -5,7 +5,8 @@ benchmarks in their published layouts, and the toy benchmark). Items run through
 :class:`paravt_agent.Agent` (any backend) with the paper's protocol by default
 (64-frame overview at 1 fps, 50176 pixels, <= 16 frames per crop, greedy) or the
 protocol a model directory's ``agent_config.yaml`` names; results are appended to
-a JSONL file as they finish (resume skips done items), ``--shard i/k`` splits the
+a JSONL file as they finish (resume skips answered items and asks failed ones again: the last line of an
+item counts), ``--shard i/k`` splits the
 work across machines. Answers are scored by the reward's own accuracy term
 (:func:`paravt_train.rewards.accuracy_reward`): RL's held-out evaluation and
 ``paravt-train eval`` share one scorer.

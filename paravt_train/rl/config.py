@@ -143,7 +143,8 @@ class GRPOConfig(BaseModel):
                                "to the queue keeping their tokens and continue on the new weights; the cache is "
                                "flushed) is safe while serving; in_place holds them where they are and skips the "
                                "flush SGLang refuses then (old-weight prefixes stay cached until a flush once idle); "
-                               "abort ends them (the client retries).")
+                               "abort ends them (the client retries). A LoRA swap (weight_sync: lora) never "
+                               "pauses: SGLang drains the adapter's running requests on the old version.")
     sglang_tp_size: int = Field(1, ge=1, description="Tensor-parallel size of the SGLang server (weight_sync: "
                                                      "tensor sends one payload per TP rank).")
     agent_config: str | None = Field(None, description="Agent YAML; default: the model's agent_config.yaml.")

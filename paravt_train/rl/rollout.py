@@ -346,10 +346,12 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         rollout_seed = int.from_bytes(hashlib.sha256(f"{settings.seed}:{prompt.id}:{i}".encode()).digest()[:4], "big")
         ep = Episode(prompt_id=prompt.id, task=prompt.task, sample=i, n_frames=settings.n_frames, answer=None,
                      text="", sequences=[], tag=settings.tag)
+        cpp = agent.config.mode == "collaborative" and agent.config.collab.protocol == "cpp"
         try:
             ans = await agent.arun(inp, seed=rollout_seed)
         except Exception as exc:  # the graph raised before any planner turn: nothing to train on
             ep.failed = f"{exc.__class__.__name__}: {exc}"
+            ep.agent = "team" if cpp else None  # multi-agent RL normalises it with the team's rollouts
             ep.reward = RewardBreakdown(total=settings.reward.min_total, acc=0.0, fmt=0.0, base=0.0, anchor=0.0,
                                         tool=0.0)
             ep.seconds = time.perf_counter() - t0
@@ -362,7 +364,6 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         ep.subagent_errors = sum(1 for t in ans.trace.turns for c in t.calls if c.error)
         ep.round_trip_turns = sum(r.generation.prompt_source == "round_trip" for r in ans.records)
         ep.versions = policy_versions(ans)
-        cpp = agent.config.mode == "collaborative" and agent.config.collab.protocol == "cpp"
         if sampled_any(ans, banned):  # a server sampled a vision placeholder: counted as failed, not trained on
             ep.failed = "a turn sampled a vision placeholder token"
         elif not cpp:

@@ -3,21 +3,44 @@
 SGLang serves LoRA adapters by name (``--enable-lora``; a request names its adapter in ``lora_path``):
 ``POST /load_lora_adapter {"lora_name", "lora_path"}`` loads a peft adapter directory and
 ``POST /unload_lora_adapter {"lora_name"}`` drops one. A name is loaded once, so a new version of the served
-adapter goes in as: pause → unload the name → load the new directory under it → continue (a request is never
-served by half an adapter). :meth:`SGLangLoraSync.load_beside` loads a candidate under a name of its own, beside the
+adapter goes in as: unload the name → load the new version under it. Two behaviours of SGLang 0.5.23 shape how:
+
+* its unload stops new requests from taking the adapter and waits until every request in flight on it has
+  finished (on the old version: a request is never served by two). Generation is therefore not paused,
+  whatever the pause mode: a paused request never finishes, and the unload waited out the client's timeout;
+* a request that names an unloaded adapter loads it again, from the path it was last loaded from (its
+  "evicted adapter" reload), and the sync's own load then fails as "already loaded".
+
+So the server always loads the served adapter from one path per name, a symbolic link beside the versions
+(``.served-NAME``) that is switched to the new version *before* the unload: whichever load comes first, the
+sync's or a request's, it reads the new version. A load answered "already loaded" from that path is the new
+version; from another path (an older run's), the swap is done again.
+:meth:`SGLangLoraSync.load_beside` loads a candidate under a name of its own, beside the
 served one, for a gate that evaluates it on the same server by naming it per request.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 from paravt_train.sync.base import WeightSync
-from paravt_train.sync.http import PAUSE_MODES, Paused, expand_routers, json_of, urls_of
+from paravt_train.sync.http import PAUSE_MODES, expand_routers, json_of, urls_of
 
 __all__ = ["SGLangLoraSync"]
+
+
+def serve_from(adapter_dir: Path, name: str) -> Path:
+    """Point the served link of ``name`` (``.served-NAME`` beside ``adapter_dir``) at ``adapter_dir``, atomically:
+    the one path the server ever loads ``name`` from."""
+    link = adapter_dir.parent / f".served-{name}"
+    tmp = link.with_name(f"{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(adapter_dir, target_is_directory=True)
+    os.replace(tmp, link)
+    return link
 
 
 class SGLangLoraSync(WeightSync):
@@ -43,22 +66,32 @@ class SGLangLoraSync(WeightSync):
         name = name or self.name
         adapter_dir = Path(adapter_dir).resolve()
         self.bytes = sum(f.stat().st_size for f in adapter_dir.iterdir() if f.is_file())
+        served = serve_from(adapter_dir, name)
         results = []
         with httpx.Client(timeout=self.timeout) as client:
             for url in expand_routers(client, self.urls):
-                try:
-                    with Paused(client, url, self.pause_mode):
-                        client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})  # absent: fine
-                        resp = client.post(f"{url}/load_lora_adapter",
-                                           json={"lora_name": name, "lora_path": str(adapter_dir)})
-                except httpx.HTTPError as exc:
-                    raise PolicyError(f"adapter sync to {url} failed: {exc}", transient=True) from exc
-                data = json_of(resp)
-                if resp.status_code != 200 or data.get("success") is False:
-                    raise PolicyError(f"{url}/load_lora_adapter refused {adapter_dir}: "
-                                      f"{data.get('message') or data.get('error_message') or resp.text[:300]}")
-                results.append(data)
+                results.append(self._swap(client, url, name, served))
         return results[0] if len(results) == 1 else {"success": True, "servers": results}
+
+    def _swap(self, client, url: str, name: str, served: Path, tries: int = 3) -> dict:
+        """Unload ``name`` on one server (draining its requests; no pause) and load it from ``served``."""
+        import httpx
+
+        for _ in range(tries):
+            try:
+                client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})  # absent: fine
+                resp = client.post(f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": str(served)})
+            except httpx.HTTPError as exc:
+                raise PolicyError(f"adapter sync to {url} failed: {exc}", transient=True) from exc
+            data = json_of(resp)
+            if resp.status_code == 200 and data.get("success") is not False:
+                return data
+            why = data.get("message") or data.get("error_message") or resp.text[:300]
+            if "already loaded" not in why:
+                raise PolicyError(f"{url}/load_lora_adapter refused {served}: {why}")
+            if (data.get("loaded_adapters") or {}).get(name) == str(served):
+                return {**data, "success": True}  # a request loaded it first, from the link: the new version
+        raise PolicyError(f"{url} kept reloading another copy of adapter {name!r} while it was swapped ({why})")
 
     def load_beside(self, adapter_dir: str | Path, name: str) -> dict:
         """A candidate under its own name, beside the served adapter (no pause needed: nobody names it yet)."""

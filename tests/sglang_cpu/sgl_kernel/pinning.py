@@ -34,5 +34,6 @@ def allow_pinning_without_cuda() -> bool:
         factory = getattr(torch, name)
         if not getattr(factory, "__paravt_unpinned__", False):
             setattr(torch, name, _unpinned(factory))
+    # the tensor itself, where torch returns a pinned copy: SGLang 0.5.23 only reads the tensors it pins
     torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
     return True

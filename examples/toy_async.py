@@ -2,7 +2,7 @@
 update (η = 0) or run ahead of it (η = 1, 2), on two CPU cores standing in for the paper's disaggregated GPUs.
 
     .venv/bin/python examples/toy_async.py                      # η = 0, 1, 2, 16 updates each
-    .venv/bin/python examples/toy_async.py --steps 8            # 8.5 min on 2 cores (measured, SGLang on CPU)
+    .venv/bin/python examples/toy_async.py --steps 8            # 5.9 min on 2 cores (measured, SGLang on CPU)
     .venv/bin/python examples/toy_async.py --steps 6 --etas 0,1 # a quick look
 
 * The rollout server is SGLang itself (0.5.23's CPU engine, ``make sglang-cpu``: started with ``paravt serve``'s

@@ -18,11 +18,11 @@ Behaviour modelled on SGLang 0.5.23 (read from its source; ``../shared/FACTS.md`
   round trip since 0.5.21). ``return_prompt_token_ids`` puts the consumed (expanded) ids at the reply's top
   level. ``sampling_params``: temperature, top_p, top_k (-1 = all), min_p, repetition / frequency / presence
   penalties (on output tokens), max_new_tokens, stop (strings: generation ends and the text is trimmed unless
-  ``no_stop_trim``), stop_token_ids, ignore_eos, skip_special_tokens, sampling_seed (honoured only with
-  ``--enable-deterministic-inference``). Unset sampling keys take SGLang's own defaults: ``/generate`` does not
+  ``no_stop_trim``), stop_token_ids, ignore_eos, skip_special_tokens, logit_bias (added after the penalties),
+  sampling_seed (honoured only with ``--enable-deterministic-inference``). Unset sampling keys take SGLang's own defaults: ``/generate`` does not
   read the model's ``generation_config.json`` (SGLang 0.5.23 applies ``--sampling-defaults model`` to its OpenAI
   routes only; the flag is accepted here and changes nothing).
-  Logprobs (``return_logprob``) are those of the distribution sampled from (penalties applied,
+  Logprobs (``return_logprob``) are those of the distribution sampled from (penalties and logit_bias applied,
   temperature-scaled), as ``(logprob, id, None)`` entries; ``logprob_start_len`` >= 0 adds prompt logprobs.
 * ``meta_info.weight_version`` is a **string**: ``"default"`` until an update names another; a request that
   spans an update gets ``weight_versions`` spans ``{version, start, end}`` over its output tokens.
@@ -337,6 +337,7 @@ class Engine:
         stops = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
         stop_ids = set(params.stop_token_ids or []) | (set() if params.ignore_eos else {self.eos})
         seed = params.sampling_seed if self.deterministic else None
+        bias = {int(k): float(v) for k, v in (params.logit_bias or {}).items()}  # added after the penalties
         image_data = req.image_data
         if isinstance(image_data, str):
             image_data = [image_data]
@@ -359,7 +360,7 @@ class Engine:
                     self._wait_unpaused()
                     try:
                         reason = self._sample(inputs, state, temperature, top_p, top_k, min_p, penalties, max_new,
-                                              stops, stop_ids, seed)
+                                              stops, stop_ids, seed, bias)
                         break
                     except _Retract:  # back to the queue, tokens kept: continue on the new weights
                         continue
@@ -386,7 +387,7 @@ class Engine:
         return reply.to_json_value()
 
     def _sample(self, inputs, state: _Request, temperature, top_p, top_k, min_p, penalties, max_new, stops, stop_ids,
-                seed):
+                seed, bias=None):
         """Generate into ``state`` (continuing the tokens it already has, as a retracted request does)."""
         from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
@@ -422,6 +423,8 @@ class Engine:
                     if rep != 1.0:
                         row = torch.where(hit & (row < 0), row * rep, torch.where(hit, row / rep, row))
                     row = row - freq * counts - pres * hit.float()
+                if bias:  # SGLang's logit_bias: added after the penalisers, before the temperature and the logprobs
+                    row[list(bias)] += torch.tensor(list(bias.values()))
                 scaled = row / (temperature if temperature > 0 else 1.0)
                 logp = torch.log_softmax(scaled, -1)
                 if temperature <= 0:

@@ -80,7 +80,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
     assert [r["dropped_stale"] for r in recs] == [0, 0, 1, 0]
     assert recs[2]["episodes"] == 0 and recs[3]["prompts"] == recs[2]["prompts"]  # the same prompt, trained next
     for r in (recs[0], recs[1], recs[3]):
-        assert r["staleness"] == 0 and r["episodes"] == 2
+        assert r["staleness"] == 0 and r["episodes"] == 2 and r["failed_episodes"] == 0, r.get("failures")
         assert r["behaviour_weight"] > 0 and 0.0 <= r["capped_tokens"] <= 1.0
         assert r["behaviour_weight_p10"] <= r["behaviour_weight_p50"] <= r["behaviour_weight_p90"]
     st = learner.state

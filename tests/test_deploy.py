@@ -48,7 +48,8 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
     once marks them unhealthy and refuses requests ("no_available_workers") until they pass its checks again, so
     the syncs update one worker at a time; an eval shard through the router loses no question when a worker is
     killed mid-run. (The router here checks health every second and gives up after one failure, so what would take
-    minutes with its defaults happens in seconds.)"""
+    minutes with its defaults happens in seconds; its check waits 5 s, its default: a paused worker's /health
+    answers once the sync's next bucket lands, about a second apart, and at 2 s a check now and then missed it.)"""
     from paravt_agent.agent import Agent
     from paravt_train.sync.disk import SGLangWeightSync
     from paravt_train.sync.streamed import SGLangTensorSync, stream_parameters
@@ -63,7 +64,7 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
         router = subprocess.Popen([str(PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                    "--port", str(port), "--policy", "round_robin", "--prometheus-port", str(free_port()),
                                    "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                                   "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+                                   "--health-success-threshold", "1", "--health-check-timeout-secs", "5",
                                    "--worker-urls", w1.url, w2.url],
                                   stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:

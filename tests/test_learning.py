@@ -77,7 +77,7 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, own_sglang):
     served = Agent(backend="sglang", endpoint=server.url, model=world["sft"], store=store)
     before = _heldout(served, d, "red")
     page = Demo(store=str(tmp_path / "traces.db"))
-    for i, v in enumerate(list(TRAIN) * 5):
+    for i, v in enumerate(list(TRAIN) * 8):
         ans = served.answer(str(d / f"v{v}.mp4"), QUESTION)
         if i % 2:
             served.feedback(ans.trace.id, answer="red")
@@ -87,9 +87,9 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, own_sglang):
                      prompts_per_step=2, group_size=8, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=4,
                      concurrency=2, seed=0, gating=False, resume=False)
     learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
-    # 20 updates at lr 6e-4: 12 at lr 1e-3 usually flipped it, but one full-suite run collapsed at update 7
-    # (format and accuracy to 0, the server's sampling order differs under load); the smaller steps recover
-    assert learner.run(max_steps=20, once=True) == 20
-    assert len(learner.state["trained"]) == 40  # every feedback row, the page's included
+    # 32 updates at lr 6e-4 (12 at lr 1e-3 once collapsed): SGLang's samples are unseeded, and in 10 runs of 20
+    # updates the sampled accuracy ended between 0.62 and 0.88 (greedy flips past 0.5); one CI run ended below
+    assert learner.run(max_steps=32, once=True) == 32
+    assert len(learner.state["trained"]) == 64  # every feedback row, the page's included
     after = _heldout(served, d, "red")  # the same server, now holding the pushed weights
     assert sum(before) / len(before) <= 0.25 and sum(after) / len(after) >= 0.75, (before, after)

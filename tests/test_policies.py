@@ -17,6 +17,7 @@ from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError, PolicyError
 from paravt_agent.policy.base import Sampling
+from paravt_agent.policy.chat import BANNED_LOGIT, ban
 from paravt_agent.policy.local import LocalPolicy
 from paravt_agent.policy.sglang_backend import SGLangPolicy
 from paravt_agent.prompts import planner_messages
@@ -66,7 +67,9 @@ def test_local_generation_is_token_in_token_out(local, media):
     with torch.no_grad():
         logits = local.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
                              pixel_values=enc.pixel_values, image_grid_thw=torch.tensor(enc.image_grid_thw)).logits
-    lp = torch.log_softmax(logits[0, -n_out - 1 : -1].float(), -1).gather(1, ids[0, -n_out:, None])[:, 0]
+    # (with the vision placeholders banned, as the sampler bans them: the random model gives them ~0.5 %)
+    lp = torch.log_softmax(ban(logits[0, -n_out - 1 : -1].float(), local.chat.placeholder_ids), -1)
+    lp = lp.gather(1, ids[0, -n_out:, None])[:, 0]
     assert lp.tolist() == pytest.approx(gen.logprobs, abs=1e-3)
 
 
@@ -649,7 +652,7 @@ def test_sglang_and_local_sample_the_distribution_the_trainer_scores(own_sglang,
              **chat.image_inputs([m for m in gen_images(msgs)])}
     with torch.no_grad():
         logits = model(**batch).logits[0, n0 - 1: len(ids) - 1].float()
-    lp = torch.log_softmax(logits, -1)
+    lp = torch.log_softmax(ban(logits, chat.placeholder_ids), -1)  # the vision placeholders banned, as sampled
     assert gen.output_ids == lp.argmax(-1).tolist()  # greedy on the raw model
     assert gen.logprobs == pytest.approx(lp.gather(1, torch.tensor(gen.output_ids)[:, None])[:, 0].tolist(), abs=1e-4)
     local = LocalPolicy(model_dir).generate_sync(msgs, s, "<think>\n")
@@ -665,6 +668,51 @@ def test_sglang_and_local_sample_the_distribution_the_trainer_scores(own_sglang,
             for body in (chat, {**chat, "repetition_penalty": 1.0, "top_k": -1})]
     assert all("choices" in r for r in said), said
     assert said[0]["choices"][0]["message"]["content"] != said[1]["choices"][0]["message"]["content"]
+
+
+def test_sglang_itself_never_samples_a_banned_token_and_reports_the_banned_distribution(sglang_toy, toy_policy_dir,
+                                                                                         tmp_path):
+    """The vision placeholders are banned everywhere a distribution is sampled or scored: the sglang backend sends
+    them as ``logit_bias`` (SGLang 0.5.23 adds it before sampling and before the logprobs it returns), and the
+    trainer's ``token_logprobs`` bans the same ids. Shown with the end of turn banned too: greedy, the toy policy
+    ends its turn after a few tokens; with the ban, SGLang itself runs on to max_new_tokens, and every logprob it
+    reports is the trainer's for the banned distribution (not the raw model's)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from paravt_agent.video import VideoReader
+    from paravt_train.rl.rollout import TokenSequence
+    from paravt_train.rl.update import collate, token_logprobs
+    from paravt_train.toy.render import write_segments
+
+    write_segments(tmp_path / "v.mp4", [((230, 25, 75), 2.0), ((0, 130, 200), 2.0)], fps=4, width=64, height=64)
+    clip = VideoReader(str(tmp_path / "v.mp4")).overview(n=2)
+    msgs = planner_messages("You are a video understanding agent.", clip.frames, clip.timestamps, 4.0,
+                            "Which colour?")
+    free = SGLangPolicy(model=toy_policy_dir, endpoint=sglang_toy.url)
+    payload, _ = free.build_request(msgs, Sampling(max_new_tokens=8), "<think>\n")
+    assert payload["sampling_params"]["logit_bias"] == {str(t): BANNED_LOGIT for t in free.chat.placeholder_ids}
+    ended = asyncio.run(free.generate(msgs, Sampling(max_new_tokens=60), "<think>\n"))
+    assert ended.finish_reason == "stop" and ended.completion_tokens < 60, ended  # greedy, it ends its turn
+    banned = SGLangPolicy(model=toy_policy_dir, endpoint=sglang_toy.url)
+    eos = banned.chat.eos_id
+    banned.chat.placeholder_ids.append(eos)
+    s = Sampling(max_new_tokens=ended.completion_tokens + 6)
+    gen = asyncio.run(banned.generate(msgs, s, "<think>\n"))
+    assert gen.completion_tokens == s.max_new_tokens and eos not in gen.output_ids
+    ids = [*gen.prompt_ids, *gen.prefix_ids, *gen.output_ids]
+    n0 = len(ids) - len(gen.output_ids)
+    seq = TokenSequence("banned", ids, [0] * n0 + [1] * len(gen.output_ids), [0.0] * n0 + list(gen.logprobs),
+                        images=list(gen_images(msgs)))
+    model = AutoModelForImageTextToText.from_pretrained(toy_policy_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        batch = collate([seq], banned.chat)
+        lp, _ = token_logprobs(model, batch, 1.0)
+        raw, _ = token_logprobs(model, {**batch, "banned_ids": torch.zeros(0, dtype=torch.long)}, 1.0)
+    scored = lp[0, n0 - 1:].tolist()
+    assert gen.logprobs == pytest.approx(scored, abs=1e-4)
+    # where the raw model ended its turn, the banned distribution is renormalised: scored raw, it would differ
+    assert max(abs(a - b) for a, b in zip(raw[0, n0 - 1:].tolist(), scored, strict=True)) > 0.1
 
 
 def gen_images(msgs):

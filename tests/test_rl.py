@@ -518,6 +518,13 @@ def _running(url: str) -> int:
     return httpx.get(url + "/v1/loads", timeout=30).json()["loads"][0]["num_running_reqs"]
 
 
+def _used_tokens(url: str) -> int:
+    """The server's KV cache in use, in tokens: it grows by one per token a running request generates."""
+    import httpx
+
+    return httpx.get(url + "/v1/loads", timeout=30).json()["loads"][0]["num_used_tokens"]
+
+
 def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sglang_toy):
     """Pushing weights to a server that is answering (the online learner's case), against SGLang itself, in every
     pause mode. retract (the default, with a flush): in-flight requests go back to the queue keeping their tokens
@@ -581,7 +588,10 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
     # in_place: the requests keep running through the update; the sync's flush waits until they are done
     threads, results = in_flight()
     logged: list[str] = []
-    with httpx.Client(timeout=120) as c:  # a server that stays busy longer than the flush's timeout: said
+    # held in place (the sync's own pause, early), the requests keep the server busy longer than the flush's
+    # timeout whatever the machine's speed: said (the sync below continues them)
+    httpx.post(stub.url + "/pause_generation", json={"mode": "in_place"}, timeout=60).raise_for_status()
+    with httpx.Client(timeout=120) as c:
         assert not flush_when_idle(c, stub.url, timeout=1, log=logged.append)
     assert "keeps prefixes computed with the old weights" in logged[0]
     SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").load(toy_policy_dir, version="2")
@@ -788,7 +798,10 @@ def test_a_push_mid_episode_trains_each_token_with_its_own_behaviour(tiny_model,
     while _running(stub.url) < 2:  # both rollouts of the group are generating
         assert time.time() < deadline, "no generation started"
         time.sleep(0.05)
-    time.sleep(0.5)  # some tokens in
+    base = _used_tokens(stub.url)
+    while _used_tokens(stub.url) < base + 2 * 400:  # some hundred tokens in, whatever the machine's speed
+        assert time.time() < deadline, "the rollouts did not generate"
+        time.sleep(0.05)
     tr.step = 1
     tr.sync()  # version "1" reaches the server while the group is generating
     thread.join(300)

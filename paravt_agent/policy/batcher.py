@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import SERVE_CLOCK, ServeClock
-from paravt_agent.policy.chat import EncodedPrompt
+from paravt_agent.policy.chat import EncodedPrompt, ban
 from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["QueuedBatcher", "RowSampler", "batch_key", "cancelled_rows", "scored_distribution"]
@@ -211,12 +211,10 @@ class RowSampler:
         chosen = torch.empty(scores.shape[0], dtype=torch.long)
         for i, s in enumerate(self.samplings):
             row = scores[i].float()
-            if self.banned:
-                row = row.index_fill(0, torch.tensor(self.banned, device=row.device), float("-inf"))
             if s.temperature <= 0:
-                chosen[i] = int(row.argmax())
+                chosen[i] = int(ban(row, self.banned).argmax())
                 continue
-            row = row / s.temperature
+            row = ban(row / s.temperature, self.banned)  # banned after scaling, as the trainer scores it
             if s.top_k:
                 kth = torch.topk(row, min(s.top_k, row.numel())).values[-1]
                 row = row.masked_fill(row < kth, float("-inf"))

@@ -24,9 +24,26 @@ import numpy as np
 from paravt_agent.policy.base import images_of, map_images
 from paravt_agent.types import Continuation, Generation
 
-__all__ = ["ChatTokenizer", "EncodedPrompt", "continuation_text", "continued_ids", "to_chat_messages"]
+__all__ = ["BANNED_LOGIT", "ChatTokenizer", "EncodedPrompt", "ban", "continuation_text", "continued_ids",
+           "to_chat_messages"]
 
 END_OF_TURN = "<|im_end|>"
+#: the logit of a token no policy may sample (a vision placeholder), everywhere a distribution is sampled or
+#: scored: the local sampler, SGLang's ``logit_bias`` and the trainer's log-probabilities. Far below any real
+#: logit (its probability is exactly 0 in float32), yet finite: an entropy over -inf logits is NaN.
+BANNED_LOGIT = -1e4
+
+
+def ban(logits, ids):
+    """``logits`` (..., V) with the tokens ``ids`` set to :data:`BANNED_LOGIT` (out of place, differentiable);
+    ``logits`` itself when there are none. The behaviour policy is the model with these tokens banned, so the
+    sampler and every log-probability that scores its samples apply the same ban."""
+    import torch
+
+    if ids is None or len(ids) == 0:
+        return logits
+    idx = ids if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.long)
+    return logits.index_fill(-1, idx.to(logits.device), BANNED_LOGIT)
 
 
 def to_chat_messages(messages: list[dict]) -> tuple[list[dict], list]:

@@ -40,7 +40,7 @@ from paravt_agent.policy.batcher import (
     cancelled_rows,
     scored_distribution,
 )
-from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt
+from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt, ban
 from paravt_agent.policy.reuse import PrefixCache, VisionCache, image_keys
 from paravt_agent.types import Continuation, Generation, Sampling
 
@@ -280,7 +280,8 @@ class LocalPolicy(QueuedBatcher, Policy):
             while new and new[-1] == pad != self.eos_id:  # a row ended by a stop string, padded after it
                 new.pop()
             temp = s.temperature if s.temperature > 0 else 1.0
-            lp = torch.log_softmax(logits[i, : len(new)] / temp, dim=-1)
+            # scored as sampled: the sampler's ban (vision placeholders) applies to the logprobs too
+            lp = torch.log_softmax(ban(logits[i, : len(new)] / temp, chat.placeholder_ids), dim=-1)
             logprobs = lp.gather(1, torch.tensor(new, device=lp.device)[:, None])[:, 0].tolist() if new else []
             stopped = bool(new) and new[-1] == self.eos_id
             body = new[:-1] if stopped else new

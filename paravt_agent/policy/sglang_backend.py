@@ -4,7 +4,7 @@ Request (SGLang ``GenerateRequest``, ``sglang/api/v1/api_types.py``)::
     {"input_ids": [...], "image_data": ["<base64 PNG>", ...],
      "sampling_params": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty": 1,
                          "frequency_penalty": 0, "presence_penalty": 0, "max_new_tokens", "stop",
-                         "skip_special_tokens", "sampling_seed"?},
+                         "skip_special_tokens", "sampling_seed"?, "logit_bias" (the banned placeholders)},
      "return_logprob": true, "return_prompt_token_ids": true}
 
 The prompt is the model's own chat template tokenised here (:mod:`paravt_agent.policy.chat`);
@@ -45,7 +45,7 @@ import time
 
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_image
-from paravt_agent.policy.chat import ChatTokenizer
+from paravt_agent.policy.chat import BANNED_LOGIT, ChatTokenizer
 from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["DEFAULT_URL", "SGLangPolicy", "sampling_params"]
@@ -53,9 +53,12 @@ __all__ = ["DEFAULT_URL", "SGLangPolicy", "sampling_params"]
 DEFAULT_URL = "http://127.0.0.1:30000"
 
 
-def sampling_params(sampling: Sampling) -> dict:
+def sampling_params(sampling: Sampling, banned: tuple[int, ...] | list[int] = ()) -> dict:
     """SGLang ``sampling_params`` for ``sampling``, every key the scored distribution depends on set
-    explicitly (an unset key takes the model's ``generation_config.json`` value on an SGLang server)."""
+    explicitly (an unset key takes the model's ``generation_config.json`` value on an SGLang server).
+    ``banned`` tokens (the vision placeholders) get :data:`~paravt_agent.policy.chat.BANNED_LOGIT` as their
+    ``logit_bias``: SGLang adds it before sampling and before the logprobs it returns, so the server samples
+    and reports the distribution the trainer scores (the local sampler and the trainer ban the same ids)."""
     params = {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
@@ -71,6 +74,8 @@ def sampling_params(sampling: Sampling) -> dict:
         params["stop"] = list(sampling.stop)
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
+    if banned:
+        params["logit_bias"] = {str(int(t)): BANNED_LOGIT for t in banned}
     return params
 
 
@@ -150,7 +155,7 @@ class SGLangPolicy(Policy):
         chat = self.chat
         enc = chat.encode(messages, prefix, continuation, pixels=False)
         compact = chat.compact(enc.ids)
-        params = sampling_params(sampling)
+        params = sampling_params(sampling, chat.placeholder_ids)
         payload = {"input_ids": compact, "sampling_params": params, "return_logprob": True,
                    "return_prompt_token_ids": True}
         if enc.images:

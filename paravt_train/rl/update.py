@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paravt_agent.policy.chat import ChatTokenizer
+from paravt_agent.policy.chat import ChatTokenizer, ban
 from paravt_train.infra.distributed import all_reduce_max, clip_grad_norm, with_dummy_image, world_scale
 from paravt_train.rl.metrics import weight_sketch
 from paravt_train.rl.objective import policy_loss, temporal_weights, token_scales
@@ -75,7 +75,8 @@ def collate(seqs: list[TokenSequence], chat: ChatTokenizer) -> dict:
         mask[i, :L] = torch.tensor(s.loss_mask, dtype=torch.float32)
         blp[i, :L] = torch.tensor(s.logprobs, dtype=torch.float32)
         images.extend(s.images)
-    batch = {"input_ids": ids, "attention_mask": att, "loss_mask": mask, "behaviour_logp": blp}
+    batch = {"input_ids": ids, "attention_mask": att, "loss_mask": mask, "behaviour_logp": blp,
+             "banned_ids": torch.tensor(chat.placeholder_ids, dtype=torch.long)}  # never sampled: never scored
     if chat.uses_mm_token_types:
         batch["mm_token_type_ids"] = chat.mm_token_types(ids)
     if images:
@@ -99,7 +100,8 @@ def token_logprobs(model, batch: dict, temperature: float, entropy: bool = False
     mask = batch["loss_mask"][:, 1:]
     keep = torch.nonzero(mask.any(0)).flatten()  # positions t whose logits predict token t+1
     out = model(**{k: batch[k] for k in FORWARD_KEYS if k in batch}, use_cache=False, logits_to_keep=keep)
-    logits = out.logits.float() / temperature  # (B, K, V)
+    # (B, K, V), with the samplers' ban (vision placeholders): the behaviour policy never samples them
+    logits = ban(out.logits.float() / temperature, batch.get("banned_ids"))
     logp_all = torch.log_softmax(logits, dim=-1)
     target = batch["input_ids"][:, keep + 1]
     B, T = mask.shape

@@ -63,7 +63,8 @@ class Policy(ABC):
 
     @property
     def placeholder_ids(self) -> tuple[int, ...]:
-        """Token ids that are never sampled (image placeholders), where the backend tokenises here."""
+        """Token ids this backend never samples (the vision placeholders, banned with ``chat.ban`` or SGLang's
+        ``logit_bias``), where it tokenises here. The trainer scores them as banned whatever a backend says."""
         return ()
 
     def prompt_token_bound(self, messages: list[dict]) -> int | None:

@@ -211,10 +211,11 @@ class RowSampler:
         chosen = torch.empty(scores.shape[0], dtype=torch.long)
         for i, s in enumerate(self.samplings):
             row = scores[i].float()
+            row = ban(row, self.banned)  # before the temperature, as SGLang adds its logit_bias
             if s.temperature <= 0:
-                chosen[i] = int(ban(row, self.banned).argmax())
+                chosen[i] = int(row.argmax())
                 continue
-            row = ban(row / s.temperature, self.banned)  # banned after scaling, as the trainer scores it
+            row = row / s.temperature
             if s.top_k:
                 kth = torch.topk(row, min(s.top_k, row.numel())).values[-1]
                 row = row.masked_fill(row < kth, float("-inf"))

@@ -37,7 +37,8 @@ BANNED_LOGIT = -1e4
 def ban(logits, ids):
     """``logits`` (..., V) with the tokens ``ids`` set to :data:`BANNED_LOGIT` (out of place, differentiable);
     ``logits`` itself when there are none. The behaviour policy is the model with these tokens banned, so the
-    sampler and every log-probability that scores its samples apply the same ban."""
+    sampler and every log-probability that scores its samples apply the same ban, before the temperature (where
+    SGLang adds its ``logit_bias``: at any τ the banned tokens stay far below the others)."""
     import torch
 
     if ids is None or len(ids) == 0:

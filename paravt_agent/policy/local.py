@@ -281,7 +281,7 @@ class LocalPolicy(QueuedBatcher, Policy):
                 new.pop()
             temp = s.temperature if s.temperature > 0 else 1.0
             # scored as sampled: the sampler's ban (vision placeholders) applies to the logprobs too
-            lp = torch.log_softmax(ban(logits[i, : len(new)] / temp, chat.placeholder_ids), dim=-1)
+            lp = torch.log_softmax(ban(logits[i, : len(new)].float(), chat.placeholder_ids) / temp, dim=-1)
             logprobs = lp.gather(1, torch.tensor(new, device=lp.device)[:, None])[:, 0].tolist() if new else []
             stopped = bool(new) and new[-1] == self.eos_id
             body = new[:-1] if stopped else new

@@ -87,7 +87,8 @@ class MultiPolicyTrainer:
             settings = RolloutSettings(group=cfg.group_size, n_frames=host.n_frames_for(p), reward=cfg.reward,
                                        seed=cfg.seed * 1_000_003 + step * 101 + 7919 * i,
                                        subagents=cfg.train_subagents, tool_models=cfg.tool_model_calls == "train",
-                                       tag=f"s{step}m{i}", agent_policies=[*self.agents, "team"])
+                                       tag=f"s{step}m{i}", agent_policies=[*self.agents, "team"],
+                                       banned=tuple(host.chat.placeholder_ids))
             return await run_group(self.agent, self.cache, p, settings, host.eos_id)
 
         async def all_():

@@ -212,6 +212,9 @@ class RolloutSettings:
     #: multi-agent RL with several policies: the agents whose calls this rollout trains whatever model made them
     #: (:mod:`paravt_train.rl.marl`); None: the trained policy's calls only
     agent_policies: list[str] | None = None
+    #: the tokens the trainer scores as banned (its tokenizer's vision placeholders): an episode that sampled one
+    #: fails, whether or not the backend bans them itself (a plugin backend may not)
+    banned: tuple[int, ...] = ()
 
 
 def episode_transcript(answer: Answer) -> str:
@@ -339,7 +342,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
         return [Episode(prompt_id=prompt.id, task=prompt.task, sample=i, n_frames=settings.n_frames, answer=None,
                         text="", sequences=[], failed=why, tag=settings.tag, reward=failed)
                 for i in range(settings.group)]
-    banned = agent.policy.placeholder_ids
+    banned = tuple(sorted(set(agent.policy.placeholder_ids) | set(settings.banned)))
 
     async def one(i: int) -> list[Episode]:
         t0 = time.perf_counter()

@@ -273,7 +273,7 @@ class GRPOTrainer(TrainerCheckpoints):
                                        seed=cfg.seed * 1_000_003 + step * 101 + salt + 7919 * repeat[i],
                                        subagents=cfg.train_subagents, judge=self.judge,
                                        tool_models=cfg.tool_model_calls == "train",
-                                       tag=f"s{step}r{self.rank}x{salt}d{i}")
+                                       tag=f"s{step}r{self.rank}x{salt}d{i}", banned=tuple(self.chat.placeholder_ids))
             async with sem:
                 return await run_group(self.agent, self.cache, p, settings, self.eos_id)
 

@@ -101,7 +101,7 @@ def token_logprobs(model, batch: dict, temperature: float, entropy: bool = False
     keep = torch.nonzero(mask.any(0)).flatten()  # positions t whose logits predict token t+1
     out = model(**{k: batch[k] for k in FORWARD_KEYS if k in batch}, use_cache=False, logits_to_keep=keep)
     # (B, K, V), with the samplers' ban (vision placeholders): the behaviour policy never samples them
-    logits = ban(out.logits.float() / temperature, batch.get("banned_ids"))
+    logits = ban(out.logits.float(), batch.get("banned_ids")) / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     target = batch["input_ids"][:, keep + 1]
     B, T = mask.shape

@@ -197,19 +197,22 @@ def serve_cmd(
                                                     "otherwise takes ~70% of the free memory, on CPU the RAM's)."),
     python: str = typer.Option(None, help="The Python that has SGLang installed (default: this one; e.g. "
                                           ".venv-sglang/bin/python)."),
-    vlm_cache_mb: int = typer.Option(4096, help="SGLANG_VLM_CACHE_SIZE_MB (at least 4096 for 64-frame inputs); 0 "
-                                                "turns the vision-feature cache off, which a server an RL run "
-                                                "pushes a trained vision tower to needs (SGLang keeps the cached "
-                                                "features across weight updates)."),
+    vlm_cache_mb: int = typer.Option(None, help="SGLANG_VLM_CACHE_SIZE_MB (unset: SGLang's own choice; a size is "
+                                                "raised to 4096, what 64-frame inputs need); 0 turns the "
+                                                "vision-feature cache off, which a server an RL run pushes a trained "
+                                                "vision tower to needs (SGLang keeps the cached features across "
+                                                "weight updates)."),
     deterministic: bool = typer.Option(False, "--deterministic", help="--enable-deterministic-inference: honour "
                                        "each request's sampling seed (reproducible RL rollouts); without it SGLang "
                                        "ignores seeds."),
     max_pixels: int = typer.Option(50176, help="The frame protocol's pixels per frame: a processor that would "
                                    "upscale such frames (Qwen3-VL's min_pixels 65536) is served through an overlay "
                                    "directory that keeps their size."),
-    lora_rank: int = typer.Option(None, min=1, help="Serve LoRA adapters up to this rank (--enable-lora on every "
-                                  "supported module): what a `lora.enabled` run with `weight_sync: lora` pushes. On CPU, SGLang "
+    lora_rank: int = typer.Option(None, min=1, help="Serve LoRA adapters up to this rank (--enable-lora on the "
+                                  "trainer's default modules): what a `lora.enabled` run with `weight_sync: lora` pushes. On CPU, SGLang "
                                   "0.5.23's LoRA needs the test suite's CPU module (`make sglang-cpu`)."),
+    lora_from: Path = typer.Option(None, help="A training config (its `lora` section) or a peft adapter directory: "
+                                   "serve LoRA adapters with that run's rank and target modules."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
     """Serve a model with SGLang (GPU, or --device cpu) and wait until it is healthy."""
@@ -223,7 +226,7 @@ def serve_cmd(
                    err=True)
     kw = dict(mem_fraction=mem_fraction, context_length=context_length, vlm_cache_mb=vlm_cache_mb,
               deterministic=deterministic, device=device, max_total_tokens=max_total_tokens, python=python,
-              lora_rank=lora_rank)
+              lora_rank=lora_rank, lora_from=lora_from)
     if dp > 1:
         # lazy: a command's modules load when it runs (`paravt --help` stays instant)
         from paravt_agent.serving.sglang_launch import launch_router, router_commands

@@ -1,7 +1,8 @@
 """A stand-in for an SGLang server: SGLang 0.5.23's HTTP API, backed by a real (tiny) Qwen3-VL on CPU.
 
     python tests/sglang_server.py --model DIR --port P [--enable-deterministic-inference]
-                                  [--sampling-defaults model|openai]
+                                  [--sampling-defaults model|openai] [--tp-size N] [--dp-size N]
+                                  [--api-key KEY] [--admin-api-key KEY]
 
 Shared by every test that needs a model server (policy, RL, weight sync, online learning, the router) and by
 the online-learning example. **Checked by SGLang's own contract**: every ``/generate`` body is validated with
@@ -36,7 +37,18 @@ Behaviour modelled on SGLang 0.5.23 (read from its source; ``../shared/FACTS.md`
   A cache flush while requests are held by an ``in_place`` pause fails the call with HTTP 400 (0.5.22+: the
   weights are updated, the flush is refused); ``/flush_cache`` likewise.
 * ``GET /health``, ``/model_info``, ``/server_info`` (and the deprecated ``/get_model_info``,
-  ``/get_server_info``).
+  ``/get_server_info``). ``/server_info`` carries what SGLang's resolved server arguments say and the clients
+  read: ``tp_size``, ``dp_size``, ``enable_deterministic_inference``, and, when ``SGLANG_EXPOSE_OWN_ENV_VARS`` is
+  set, the ``SGLANG_*`` environment in ``internal_states[0].env_vars``.
+* What takes SGLang down is modelled as a server that exits (every request in flight is lost): a tensor update
+  with fewer payloads than ``--tp-size`` (``tp_worker`` opens ``payloads[tp_rank]``), and ``min_p > 0`` on a
+  sampled request with deterministic inference (the seeded sampler's assertion). A tensor update with more
+  payloads is recorded (``tensor_payloads``: SGLang leaves the extra CUDA-IPC handles unopened). The
+  weight-update group has ``--tp-size`` ranks here (``rank_offset + tp_rank``; ``world_size`` too small is
+  refused, as SGLang's failed join).
+* ``--api-key`` / ``--admin-api-key``: SGLang 0.5.23's key check (``utils/auth.py``): ``/health*`` open; admin
+  routes (pause, weight updates, flush, groups) take the admin key when set, else the API key; the others the
+  API key; 401 otherwise.
 
 Requests run one model step at a time under one lock (a CPU model: throughput is not the point); pauses take
 effect between steps.
@@ -78,6 +90,19 @@ def load_contract():
 api = load_contract()
 
 
+def die(why: str) -> None:
+    """What an exception in SGLang's scheduler does: the whole server goes, every request in flight with it."""
+    print(f"scheduler exception, the server exits: {why}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+#: SGLang 0.5.23's auth levels (``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` in ``entrypoints/http_server.py``)
+ADMIN_ROUTES = {"/pause_generation", "/continue_generation", "/update_weights_from_disk", "/begin_weight_update",
+                "/end_weight_update", "/update_weights_from_tensor", "/init_weights_update_group",
+                "/destroy_weights_update_group", "/update_weights_from_distributed", "/update_weight_version",
+                "/flush_cache", "/load_lora_adapter", "/unload_lora_adapter"}
+
+
 class _Abort(Exception):
     pass
 
@@ -105,11 +130,14 @@ class _Request:
 
 
 class Engine:
-    def __init__(self, model_dir: str, deterministic: bool = False, sampling_defaults: str = "model"):
+    def __init__(self, model_dir: str, deterministic: bool = False, sampling_defaults: str = "model",
+                 tp_size: int = 1, dp_size: int = 1):
         from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
         self.model_dir = model_dir
         self.deterministic = deterministic
+        self.tp_size, self.dp_size = tp_size, dp_size
+        self.tensor_payloads: list[int] = []  # the payload count of every tensor update (one per TP rank expected)
         self.processor = AutoProcessor.from_pretrained(model_dir)
         self.tok = self.processor.tokenizer
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -124,7 +152,7 @@ class Engine:
         self.live: dict[str, _Request] = {}
         self.weight_version = "default"
         self.session: dict | None = None  # an open weight-update session
-        self.groups: dict[str, object] = {}  # weight-update process groups by name
+        self.groups: dict[str, list] = {}  # weight-update process groups by name: this server's rank per TP rank
         self.requests = 0
         self.started = time.time()
 
@@ -231,6 +259,9 @@ class Engine:
         payloads = body["serialized_named_tensors"]
         if not isinstance(payloads, list) or not payloads:
             raise Refused({"success": False, "message": "serialized_named_tensors must be a non-empty list"})
+        self.tensor_payloads.append(len(payloads))
+        if len(payloads) < self.tp_size:  # SGLang's tp_worker: payloads[tp_rank] raises in the scheduler
+            die(f"IndexError: list index out of range (TP rank {len(payloads)} of {self.tp_size} has no payload)")
         named = ForkingPickler.loads(base64.b64decode(payloads[0]))  # rank 0's copy (tp_size copies are sent)
         self.load_state({k: v.clone() for k, v in named}, body.get("weight_version"))
         self.session["loaded"] = True
@@ -239,45 +270,76 @@ class Engine:
 
     def init_group(self, body: dict) -> dict:
         """Join the trainer's weight-update group as SGLang's ``init_custom_process_group`` does: a TCP rendezvous
-        at master_address:master_port, the store prefixed by the group name, this server's one rank (tp 1) at
-        ``rank_offset``."""
+        at master_address:master_port, the store prefixed by the group name, one rank per TP rank at
+        ``rank_offset + tp_rank`` (gloo groups of this process's own, one per rank, joined side by side)."""
         import datetime
 
-        from torch.distributed.distributed_c10d import (
-            PrefixStore,
-            _new_process_group_helper,
-            _world,
-            rendezvous,
-        )
+        from torch.distributed.distributed_c10d import PrefixStore, rendezvous
 
         backend = body.get("backend", "nccl")
         if backend == "nccl" and not torch.cuda.is_available():
             raise Refused({"success": False, "message": "Failed to init group: nccl needs a GPU (use gloo on CPU)"})
         name = body.get("group_name", "weight_update_group")
+        offset, world = int(body["rank_offset"]), int(body["world_size"])
+        if offset + self.tp_size > world:
+            raise Refused({"success": False, "message": f"Failed to init group: rank {offset + self.tp_size - 1} "
+                                                        f"(TP rank {self.tp_size - 1}) is outside world_size {world}"})
         timeout = datetime.timedelta(seconds=120)
-        store, rank, world = next(rendezvous(f"tcp://{body['master_address']}:{int(body['master_port'])}",
-                                             int(body["rank_offset"]), int(body["world_size"]), timeout=timeout))
-        store.set_timeout(timeout)
-        pg, _ = _new_process_group_helper(world, rank, [], backend, PrefixStore(name, store), group_name=name,
-                                          timeout=timeout)
-        _world.pg_group_ranks[pg] = {i: i for i in range(world)}
-        self.groups[name] = pg
+        url = f"tcp://{body['master_address']}:{int(body['master_port'])}"
+        ranks: list = [None] * self.tp_size
+        errors: list = []
+
+        def join(r: int) -> None:
+            try:
+                store, rank, size = next(rendezvous(url, offset + r, world, timeout=timeout))
+                store.set_timeout(timeout)
+                prefixed = PrefixStore("cpu/", PrefixStore(f"{name}/", PrefixStore(name, store)))
+                ranks[r] = torch.distributed.ProcessGroupGloo(prefixed, rank, size, timeout)
+            except Exception as exc:  # noqa: BLE001 (answered below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=join, args=(r,), daemon=True) for r in range(self.tp_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise Refused({"success": False, "message": f"Failed to init group: {errors[0]}"})
+        self.groups[name] = ranks
         return {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    def destroy_group(self, body: dict) -> dict:
+        name = body.get("group_name", "weight_update_group")
+        if self.groups.pop(name, None) is None:
+            raise Refused({"success": False, "message": f"Failed to destroy group: group {name} does not exist"})
+        return {"success": True, "message": "Succeeded to destroy custom process group."}
 
     def update_from_distributed(self, body: dict) -> dict:
         import torch.distributed as dist
 
         self._in_session("update_weights_from_distributed")
-        pg = self.groups.get(body.get("group_name", "weight_update_group"))
-        if pg is None:
+        ranks = self.groups.get(body.get("group_name", "weight_update_group"))
+        if ranks is None:
             raise Refused({"success": False, "message": "Failed to receive weights: no such group; call "
                                                         "/init_weights_update_group first"})
-        state = {}
-        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
-            t = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")))
-            dist.broadcast(t, group=pg, group_src=0)
-            state[name] = t
-        self.load_state(state, body.get("weight_version"))
+        received: list[dict] = [{} for _ in ranks]
+
+        def receive(r: int) -> None:  # every TP rank receives each tensor (its own copy)
+            opts = dist.BroadcastOptions()
+            opts.rootRank = 0
+            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+                t = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")))
+                ranks[r].broadcast([t], opts).wait()
+                received[r][name] = t
+
+        threads = [threading.Thread(target=receive, args=(r,), daemon=True) for r in range(len(ranks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if any(len(got) != len(body["names"]) for got in received):
+            raise Refused({"success": False, "message": "Failed to receive weights: a broadcast failed"})
+        self.load_state(received[0], body.get("weight_version"))
         self.session["loaded"] = True
         return self.updated(body)
 
@@ -330,6 +392,8 @@ class Engine:
             return getattr(params, name)
 
         temperature, top_p, min_p = float(opt("temperature")), float(opt("top_p")), float(opt("min_p"))
+        if self.deterministic and min_p > 0 and temperature > 0:  # SGLang's seeded sampler asserts in the scheduler
+            die("AssertionError: With sampling seed, multinomial_with_seed will provide wrong results")
         top_k = int(opt("top_k"))
         penalties = (float(opt("repetition_penalty")), float(params.frequency_penalty),
                      float(params.presence_penalty))
@@ -483,9 +547,29 @@ def _spans(events: list[tuple[str, int]], current: str, n: int) -> list:
     return [api.WeightVersionSpan(version=v, start=s, end=e) for v, s, e in spans]
 
 
-def make_handler(engine: Engine):
+def make_handler(engine: Engine, api_key: str | None = None, admin_api_key: str | None = None):
+    import hmac
+
+    def allowed(path: str, header: str | None) -> bool:  # SGLang's decide_request_auth
+        if path.startswith(("/health", "/ready", "/metrics")):
+            return True
+        key = (admin_api_key or api_key) if path in ADMIN_ROUTES else api_key
+        if not key:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token, key)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def _authorised(self) -> bool:
+            if allowed(self.path.split("?")[0], self.headers.get("Authorization")):
+                return True
+            n = int(self.headers.get("Content-Length", 0) or 0)
+            if n:
+                self.rfile.read(n)
+            self._send(401, {"error": "Unauthorized"})
+            return False
 
         def _send(self, status: int, data: dict | str) -> None:
             raw = (json.dumps(data) if not isinstance(data, str) else data).encode()
@@ -507,10 +591,16 @@ def make_handler(engine: Engine):
                                              port=port).to_json_value()
             with engine.cv:
                 live = [len(r.chosen) for r in engine.live.values()]
+            if os.environ.get("SGLANG_EXPOSE_OWN_ENV_VARS", "").lower() in ("1", "true"):
+                info["internal_states"] = [{"env_vars": {k: v for k, v in os.environ.items() if k.startswith("SGLANG_")}}]
             return {**info, "served_requests": engine.requests, "enable_deterministic_inference": engine.deterministic,
-                    "running_output_tokens": live}  # this test server's own: tokens of the requests in flight
+                    "tp_size": engine.tp_size, "dp_size": engine.dp_size,
+                    # this test server's own: tokens of the requests in flight, payloads of each tensor update
+                    "running_output_tokens": live, "tensor_payloads": list(engine.tensor_payloads)}
 
         def do_GET(self):  # noqa: N802
+            if not self._authorised():
+                return
             if self.path in ("/health", "/health_generate"):
                 self._send(200, {})
             elif self.path in ("/model_info", "/get_model_info"):
@@ -523,6 +613,8 @@ def make_handler(engine: Engine):
                 self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):  # noqa: N802
+            if not self._authorised():
+                return
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
             try:
                 body = json.loads(raw or b"{}")
@@ -560,6 +652,8 @@ def make_handler(engine: Engine):
                     self._send(200, engine.update_from_tensor(body))
                 elif path == "/init_weights_update_group":
                     self._send(200, engine.init_group(body))
+                elif path == "/destroy_weights_update_group":
+                    self._send(200, engine.destroy_group(body))
                 elif path == "/update_weights_from_distributed":
                     self._send(200, engine.update_from_distributed(body))
                 elif path == "/update_weight_version":
@@ -593,11 +687,15 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--enable-deterministic-inference", action="store_true")
     ap.add_argument("--sampling-defaults", choices=["model", "openai"], default="model")
+    ap.add_argument("--tp-size", type=int, default=1)
+    ap.add_argument("--dp-size", type=int, default=1)
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--admin-api-key", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, int(os.environ.get("SGLANG_STUB_THREADS", "1"))))
     engine = Engine(args.model, deterministic=args.enable_deterministic_inference,
-                    sampling_defaults=args.sampling_defaults)
-    srv = ThreadingHTTPServer((args.host, args.port), make_handler(engine))
+                    sampling_defaults=args.sampling_defaults, tp_size=args.tp_size, dp_size=args.dp_size)
+    srv = ThreadingHTTPServer((args.host, args.port), make_handler(engine, args.api_key, args.admin_api_key))
     srv.daemon_threads = True
     print(f"serving {args.model} on http://{args.host}:{args.port} (SGLang {api.VERSION} contract)", flush=True)
     t0 = time.time()

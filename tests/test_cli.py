@@ -39,7 +39,7 @@ def test_paravt_answer_errors_are_clear(tmp_path, tiny_model):
 def test_paravt_serve_dry_run():
     out = run("paravt", "serve", "Qwen/Qwen3-VL-8B-Instruct", "--port", "31000", "--tp", "2",
               "--mem-fraction", "0.8", "--dry-run").stdout
-    assert "SGLANG_VLM_CACHE_SIZE_MB=4096" in out and "sglang.launch_server" in out
+    assert "SGLANG_VLM_CACHE_SIZE_MB" not in out and "sglang.launch_server" in out  # SGLang's own choice
     assert "--tp 2" in out and "--port 31000" in out and "--mem-fraction-static 0.8" in out
     assert "--tool-call-parser" in out and "--context-length" in out
     # the vision-feature cache: raised to the 64-frame minimum, or off for a server RL pushes a vision tower to
@@ -48,7 +48,8 @@ def test_paravt_serve_dry_run():
     # LoRA adapters up to a rank (a `weight_sync: lora` run's server); on CPU with SGLang's torch-native LoRA
     lora = {dev: run("paravt", "serve", "m", "--lora-rank", "16", "--device", dev, "--dry-run").stdout
             for dev in ("cuda", "cpu")}
-    assert "--enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 3" in lora["cuda"]
+    assert ("--enable-lora --max-lora-rank 16 --lora-target-modules q_proj k_proj v_proj o_proj gate_proj up_proj "
+            "down_proj --max-loras-per-batch 3") in lora["cuda"]  # the trainer's modules, never SGLang's `all`
     assert "--lora-backend" not in lora["cuda"] and "--lora-backend torch_native" in lora["cpu"]
     assert "--enable-lora" not in out
 

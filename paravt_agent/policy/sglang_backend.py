@@ -35,6 +35,12 @@ computes is an error, not silent drift.
 A reply that was aborted (``finish_reason.type == "abort"``: a weight update
 interrupted it on a server paused with ``abort``) is retried, never returned as a
 normal turn.
+
+A server started with ``--api-key`` gets it as ``Authorization: Bearer`` on every
+call (``api_key``). A request with ``min_p > 0`` is refused before it is sent when
+the server reports deterministic inference (``GET /server_info``,
+``enable_deterministic_inference``): SGLang's seeded sampler asserts on min-p
+inside the scheduler, which takes the whole server down.
 """
 
 from __future__ import annotations
@@ -94,9 +100,12 @@ class SGLangPolicy(Policy):
         concurrency: int = 64,
         processor=None,
         lora: str | None = None,
+        api_key: str | None = None,
     ):
         self.model = model
         self.lora = lora  # a LoRA adapter loaded on the server under this name: every request names it
+        self.api_key = api_key  # the server's --api-key, sent as a bearer token
+        self._deterministic: bool | None = None  # the server's enable_deterministic_inference, once asked
         url = (endpoint or DEFAULT_URL).rstrip("/")
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url
         self.timeout, self.max_retries, self.concurrency = timeout, max_retries, concurrency
@@ -140,10 +149,45 @@ class SGLangPolicy(Policy):
     def count_text_tokens(self, text: str) -> int:
         return len(self.chat.tokens(text))
 
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def _make_client(self):
         import httpx
 
-        return httpx.AsyncClient(timeout=self.timeout)
+        return httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
+
+    def server_info(self) -> dict:
+        """``GET /server_info`` of the server (its resolved arguments); ``{}`` when it does not answer one."""
+        import httpx
+
+        try:
+            resp = httpx.get(f"{self.url}/server_info", headers=self.headers, timeout=30)
+        except httpx.HTTPError:
+            return {}
+        if resp.status_code in (401, 403):
+            raise PolicyError(f"{self.url}/server_info answered HTTP {resp.status_code}: the server was started "
+                              "with --api-key; give the sglang backend that key (api_key)")
+        try:
+            data = resp.json() if resp.status_code == 200 else {}
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def server_deterministic(self) -> bool:
+        """Whether the server samples with SGLang's seeded sampler (``--enable-deterministic-inference``), as it
+        reports at ``/server_info`` (asked once; False when it does not say)."""
+        if self._deterministic is None:
+            self._deterministic = self.server_info().get("enable_deterministic_inference") is True
+        return self._deterministic
+
+    async def _refuse_min_p(self, sampling: Sampling) -> None:
+        if sampling.min_p > 0 and await asyncio.to_thread(self.server_deterministic):
+            raise PolicyError(f"{self.url} runs with deterministic inference (`paravt serve --deterministic`), whose "
+                              f"seeded sampler asserts on min_p > 0 inside the scheduler and takes the server down: "
+                              f"this request's min_p is {sampling.min_p:g}; set min_p 0 in the agent config's "
+                              "sampling, or serve without --deterministic")
 
     def _client(self):
         return self._clients.get()
@@ -250,6 +294,10 @@ class SGLangPolicy(Policy):
                             return data
                         problem = PolicyError(f"{self.url}/generate aborted the request ({fr.get('message', '')}): "
                                               "a weight update interrupted it", transient=True)
+                    elif resp.status_code in (401, 403):
+                        raise PolicyError(f"{self.url}/generate answered HTTP {resp.status_code}: the server was "
+                                          "started with --api-key; give the sglang backend that key (api_key, "
+                                          "`--api-key`, or sglang_api_key_env in a training config)")
                     elif resp.status_code < 500 and resp.status_code != 429:
                         raise PolicyError(f"{self.url}/generate answered HTTP {resp.status_code}: {resp.text[:300]}")
                     else:
@@ -264,6 +312,7 @@ class SGLangPolicy(Policy):
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
                        continuation: Continuation | None = None, role: str = "planner") -> Generation:
         t0 = time.perf_counter()
+        await self._refuse_min_p(sampling)
         payload, seen = await asyncio.to_thread(self.build_request, messages, sampling, prefix, continuation)
         data = await self._post(payload)
         gen = self.parse_response(data, seen, prefix, t0)

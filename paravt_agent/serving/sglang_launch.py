@@ -21,11 +21,21 @@ from pathlib import Path
 from paravt_agent.defaults import paravt_home
 from paravt_agent.errors import PolicyError
 
-__all__ = ["CPU_ENV", "CPU_FLAGS", "launch", "launch_router", "protocol_model_dir", "router_commands", "sglang_command",
-           "stop", "wait_healthy"]
+__all__ = ["CPU_ENV", "CPU_FLAGS", "LORA_TARGET_MODULES", "launch", "launch_router", "lora_of_run", "protocol_model_dir",
+           "router_commands", "sglang_command", "stop", "wait_healthy"]
 
-#: 64-frame inputs need a larger multimodal cache (paper, Appendix B: ~134 MB per 64-frame video).
+#: 64-frame inputs need a larger multimodal cache (paper, Appendix B: ~134 MB per 64-frame video): a cache size
+#: that is asked for is at least this.
 MIN_VLM_CACHE_MB = 4096
+
+#: the modules a LoRA run adapts by default (``paravt_train``'s ``LoraSettings.target_modules``: the language
+#: model's projections; never ``embed_tokens`` / ``lm_head``, which SGLang's ``all`` adds)
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+#: the modules SGLang 0.5.23 can serve adapters on (``SUPPORTED_LORA_TARGET_MODULES`` in ``sglang/srt/utils/common.py``)
+SGLANG_LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa", "q_b_proj",
+                                 "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj",
+                                 "qkv_proj", "gate_up_proj", "embed_tokens", "lm_head", "qkvr", "wo_ud"})
 
 #: the context length on GPUs (64 frames of 256 tokens need ~17K); on CPU the model's own
 GPU_CONTEXT_LENGTH = 65536
@@ -108,6 +118,49 @@ def protocol_model_dir(model: str, max_pixels: int = 50176, factor: int = 32, ca
     return str(out)
 
 
+def lora_of_run(path: str | Path) -> tuple[int, list[str]]:
+    """``(rank, target modules)`` of the adapters a run trains, for the server it pushes them to: from a training
+    config (its ``lora`` section: ``r``, ``target_modules``, the trainer's defaults where unset) or a peft adapter
+    directory (``adapter_config.json``: ``r``, ``target_modules``)."""
+    import json
+
+    path = Path(path)
+    if path.is_dir():
+        f = path / "adapter_config.json"
+        if not f.is_file():
+            raise ValueError(f"{path} has no adapter_config.json: name a peft adapter directory or a training config")
+        data = json.loads(f.read_text())
+        modules = data.get("target_modules") or list(LORA_TARGET_MODULES)
+        return int(data.get("r", 16)), [modules] if isinstance(modules, str) else list(modules)
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    lora = data.get("lora") or {}
+    if not lora.get("enabled"):
+        raise ValueError(f"{path} does not train LoRA adapters (lora.enabled is not true)")
+    return int(lora.get("r", 16)), list(lora.get("target_modules") or LORA_TARGET_MODULES)
+
+
+def lora_flags(rank: int | None, modules, cpu: bool, run: str | Path | None = None) -> list[str]:
+    """SGLang's flags for serving adapters up to ``rank`` on exactly ``modules`` (what the trainer adapts;
+    default :data:`LORA_TARGET_MODULES`), or both taken from ``run`` (:func:`lora_of_run`); none without a rank."""
+    if run is not None:
+        run_rank, run_modules = lora_of_run(run)
+        if rank is not None and rank < run_rank:
+            raise ValueError(f"lora_rank {rank} is below the rank {run_rank} of the adapters {run} trains")
+        rank, modules = rank or run_rank, modules or run_modules
+    if rank is None:
+        return []
+    modules = list(dict.fromkeys(modules or LORA_TARGET_MODULES))
+    unsupported = [m for m in modules if m not in SGLANG_LORA_MODULES]
+    if unsupported:
+        raise ValueError(f"SGLang cannot serve LoRA adapters on {', '.join(unsupported)} (it supports "
+                         f"{', '.join(sorted(SGLANG_LORA_MODULES))}): train the adapters on the language model's "
+                         "projections only")
+    return ["--enable-lora", "--max-lora-rank", str(rank), "--lora-target-modules", *modules,
+            "--max-loras-per-batch", "3", *(["--lora-backend", "torch_native"] if cpu else [])]
+
+
 def sglang_command(
     model: str,
     host: str = "127.0.0.1",
@@ -116,7 +169,7 @@ def sglang_command(
     mem_fraction: float | None = None,
     context_length: int | None = None,
     tool_call_parser: str = "qwen25",
-    vlm_cache_mb: int = MIN_VLM_CACHE_MB,
+    vlm_cache_mb: int | None = None,
     extra: list[str] | None = None,
     deterministic: bool = False,
     device: str = "cuda",
@@ -124,6 +177,8 @@ def sglang_command(
     max_total_tokens: int | None = None,
     python: str | None = None,
     lora_rank: int | None = None,
+    lora_target_modules: list[str] | tuple[str, ...] | None = None,
+    lora_from: str | Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen3-VL checkpoint.
 
@@ -137,8 +192,19 @@ def sglang_command(
     the float32 trainer's) and takes the model's own context length. ``max_total_tokens`` bounds the KV cache
     (SGLang otherwise takes ~70% of the free memory for it, which on CPU is the machine's RAM).
 
-    ``lora_rank`` serves LoRA adapters up to that rank on every supported module (``weight_sync: lora`` loads
-    them by name): three per batch (the served adapter, a gate's candidate beside it, and the base model's requests); on CPU with SGLang's torch-native LoRA backend (the default one is triton)."""
+    ``vlm_cache_mb``: SGLang's vision-feature cache (``SGLANG_VLM_CACHE_SIZE_MB``). None leaves it to SGLang
+    (100 MB in 0.5.23; off for Qwen3-VL on large Hopper GPUs); a size is raised to :data:`MIN_VLM_CACHE_MB`; 0
+    turns it off, which a server an RL run trains the vision tower of needs: 0.5.23 keys the cache by the pixels
+    and keeps it across weight updates (no flush clears it). Every server is started with
+    ``SGLANG_EXPOSE_OWN_ENV_VARS=1``, so its ``/server_info`` reports the setting and the trainer's syncs can
+    warn about a server that keeps the cache.
+
+    ``lora_rank`` serves LoRA adapters up to that rank (``weight_sync: lora`` loads them by name) on
+    ``lora_target_modules`` (default :data:`LORA_TARGET_MODULES`, the trainer's: never SGLang's ``all``, which
+    adds ``embed_tokens`` and ``lm_head`` the trainer never adapts); ``lora_from`` (a training config or an adapter
+    directory, :func:`lora_of_run`) derives both from the run. Three adapters per batch (the served adapter, a
+    gate's candidate beside it, and the base model's requests); on CPU with SGLang's torch-native LoRA backend
+    (the default one is triton)."""
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device {device!r}: use cuda or cpu")
     cpu = device == "cpu"
@@ -164,14 +230,11 @@ def sglang_command(
         argv.append("--enable-deterministic-inference")
     if mem_fraction is not None:
         argv += ["--mem-fraction-static", str(mem_fraction)]
-    if lora_rank is not None:
-        argv += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--lora-target-modules", "all",
-                 "--max-loras-per-batch", "3", *(["--lora-backend", "torch_native"] if cpu else [])]
+    argv += lora_flags(lora_rank, lora_target_modules, cpu, run=lora_from)
     argv += list(extra or [])
-    # 0 turns SGLang's cache of vision features off: 0.5.23 keys it by the pixels and keeps it across weight
-    # updates (no flush clears it), so a server whose vision tower is being trained must not keep one
-    cache = 0 if vlm_cache_mb == 0 else max(vlm_cache_mb, MIN_VLM_CACHE_MB)
-    env = {"SGLANG_VLM_CACHE_SIZE_MB": str(cache), **(CPU_ENV if cpu else {})}
+    env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1", **(CPU_ENV if cpu else {})}
+    if vlm_cache_mb is not None:
+        env["SGLANG_VLM_CACHE_SIZE_MB"] = str(0 if vlm_cache_mb == 0 else max(vlm_cache_mb, MIN_VLM_CACHE_MB))
     return argv, env
 
 

@@ -27,17 +27,20 @@ raise ``mini_batches`` for a trust region that acts (AReaL's own default is 4).
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from paravt_agent.config import load_yaml_model
+from paravt_agent.errors import ConfigError
+from paravt_agent.types import Sampling
 from paravt_train.infra.tracking import ReportTo
 from paravt_train.rewards import RewardConfig
 from paravt_train.rl.online_config import OnlineSettings
 from paravt_train.sft.config import LoraSettings
 
-__all__ = ["PRESETS", "GRPOConfig", "ReplaySettings"]
+__all__ = ["PRESETS", "GRPOConfig", "ReplaySettings", "check_served_sampling", "sampling_settings"]
 
 PRESETS: dict[str, dict] = {
     "para-grpo": {"think_prefix": "<think>\n", "gating": True, "reward": {"anchor": True, "answer_suffix": True}},
@@ -114,8 +117,9 @@ class GRPOConfig(BaseModel):
     weight_sync: Literal["disk", "tensor", "distributed", "lora"] = Field(
         "disk", description="How updated weights reach the SGLang server: disk = /update_weights_from_disk (the "
                             "server reads a directory rank 0 writes); tensor = /update_weights_from_tensor "
-                            "(co-located server on the same machine: tensors pass as shared-memory/CUDA IPC "
-                            "handles, nothing is written); distributed = /init_weights_update_group + "
+                            "(a server on this machine that sees the trainer's rank-0 GPU: CUDA tensors pass as "
+                            "IPC handles, refused before the first push otherwise; nothing is written); distributed "
+                            "= /init_weights_update_group + "
                             "/update_weights_from_distributed (a server on another node: tensors broadcast over "
                             "a process group, no shared disk); lora = the adapter alone (`lora.enabled`): "
                             "/load_lora_adapter under `lora_name`, the previous adapter of that name unloaded.")
@@ -145,8 +149,17 @@ class GRPOConfig(BaseModel):
                                "flush SGLang refuses then (old-weight prefixes stay cached until a flush once idle); "
                                "abort ends them (the client retries). A LoRA swap (weight_sync: lora) never "
                                "pauses: SGLang drains the adapter's running requests on the old version.")
-    sglang_tp_size: int = Field(1, ge=1, description="Tensor-parallel size of the SGLang server (weight_sync: "
-                                                     "tensor sends one payload per TP rank).")
+    sglang_tp_size: int | None = Field(None, ge=1, description="Tensor-parallel size assumed for an SGLang server "
+                                       "that does not report its own: the tensor and distributed syncs read each "
+                                       "server's tp_size (and dp_size) from GET /server_info before the first "
+                                       "push (a wrong count of tensor payloads kills the server).")
+    sglang_api_key_env: str | None = Field(None, description="Environment variable holding the rollout servers' "
+                                           "--api-key (SGLang then answers 401 without it): sent as Authorization: "
+                                           "Bearer on generation and by the weight syncs. Never the key itself in "
+                                           "a config file.")
+    sync_admin_api_key_env: str | None = Field(None, description="Environment variable holding the servers' "
+                                               "--admin-api-key, which SGLang requires on its admin routes (pause, "
+                                               "weight updates, flush, LoRA loads) when set; None = the API key.")
     agent_config: str | None = Field(None, description="Agent YAML; default: the model's agent_config.yaml.")
     # rollouts
     steps: int = Field(100, ge=1, description="Policy updates.")
@@ -284,6 +297,58 @@ class GRPOConfig(BaseModel):
             raise ValueError("weight_sync lora pushes an adapter: set lora.enabled true")
         return self
 
+    def sglang_api_key(self) -> str | None:
+        """The rollout servers' API key, from ``sglang_api_key_env``."""
+        return _key_from_env(self.sglang_api_key_env, "sglang_api_key_env")
+
+    def sync_admin_api_key(self) -> str | None:
+        """The rollout servers' admin API key, from ``sync_admin_api_key_env``."""
+        return _key_from_env(self.sync_admin_api_key_env, "sync_admin_api_key_env")
+
     @classmethod
     def from_yaml(cls, path, overrides=None) -> GRPOConfig:
         return load_yaml_model(cls, path, overrides)
+
+
+def _key_from_env(name: str | None, field: str) -> str | None:
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{field} names the environment variable {name}, which is not set: export the key there")
+    return value
+
+
+def sampling_settings(agent_config) -> dict[str, object]:
+    """Every :class:`~paravt_agent.types.Sampling` an agent config holds, by its field path."""
+    found: dict[str, object] = {}
+
+    def walk(obj, path: str) -> None:
+        if isinstance(obj, Sampling):
+            found[path] = obj
+        elif isinstance(obj, BaseModel):
+            for key in type(obj).model_fields:
+                walk(getattr(obj, key), f"{path}.{key}" if path else key)
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                walk(value, f"{path}.{key}")
+
+    walk(agent_config, "")
+    return found
+
+
+def check_served_sampling(policy, *agent_configs) -> None:
+    """The GRPO run's check against its rollout server, before the first request: SGLang's seeded sampler
+    (``--enable-deterministic-inference``, ``paravt serve --deterministic``) asserts inside the scheduler on a
+    request with ``min_p > 0`` (greedy ones included), which kills the server; such sampling in any agent config
+    the run asks the server with (rollouts, the held-out evaluation) is refused here. A policy that cannot say
+    how its server samples is not checked (its own requests are: the ``sglang`` backend refuses them too)."""
+    offending = {f"{path}.min_p": s.min_p for cfg in agent_configs
+                 for path, s in sampling_settings(cfg).items() if s.min_p > 0}
+    if not offending or not hasattr(policy, "server_deterministic"):
+        return
+    if policy.server_deterministic():
+        listed = ", ".join(f"{k} = {v:g}" for k, v in sorted(offending.items()))
+        raise ConfigError(f"the rollout server {policy.url} runs with deterministic inference, whose seeded sampler "
+                          f"asserts on min_p > 0 and takes the server down: set min_p 0 in the agent config "
+                          f"({listed}), or serve without --deterministic")

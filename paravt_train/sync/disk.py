@@ -8,12 +8,11 @@
   ``ForkingPickler`` payload, base64, one copy per tensor-parallel rank), in
   buckets, inside a weight-update session (``/begin_weight_update`` …
   ``/end_weight_update``: SGLang 0.5.21+ refuses tensor updates outside one; a
-  server without the routes, HTTP 404, is updated without). Pickled tensors travel
-  as shared-memory / CUDA IPC handles, so this path needs the server on the same
-  machine (co-located rollouts); CUDA tensors are tagged with their device's UUID
-  (as SGLang's own helper does), so they open on the right GPU whatever order
-  ``CUDA_VISIBLE_DEVICES`` gives each side; CPU tensors are shared by file name,
-  which any process on the machine can open.
+  server without the routes, HTTP 404, is updated without). CUDA tensors travel as
+  IPC handles tagged with their device's UUID (as SGLang's own helper does), so this
+  path needs a server on the same machine that sees the trainer's rank-0 GPU (any
+  order ``CUDA_VISIBLE_DEVICES`` gives each side); another server is refused before
+  the first push (:mod:`~paravt_train.sync.checks`). CPU tensors go by value.
 * :class:`SGLangDistributedSync` (``weight_sync: distributed``): a server on another
   node, no shared disk (how verl, AReaL and slime push weights): the trainer's rank 0
   and the server's ranks form a process group (``/init_weights_update_group``), and
@@ -52,7 +51,17 @@ from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 from paravt_train.sync.base import WeightSync
-from paravt_train.sync.http import PAUSE_MODES, Paused, expand_routers, flush_when_idle, json_of, urls_of
+from paravt_train.sync.checks import warn_vision_cache
+from paravt_train.sync.http import (
+    PAUSE_MODES,
+    Paused,
+    ServerKeys,
+    expand_routers,
+    flush_when_idle,
+    json_of,
+    server_facts,
+    urls_of,
+)
 
 __all__ = ["SGLangWeightSync"]
 
@@ -62,11 +71,14 @@ class SGLangWeightSync(WeightSync):
 
     ``POST /pause_generation {"mode"}`` → ``POST /update_weights_from_disk {"model_path": DIR, "flush_cache"}``
     (answer ``{"success", "message", ...}``) → ``POST /continue_generation``, per server. The directory must
-    be readable by every server (same machine or a shared filesystem).
+    be readable by every server (same machine or a shared filesystem). ``keys``: the keys the servers were started
+    with; ``vision_trained``: the run trains the vision tower (a server that does not report its vision-feature
+    cache off is warned about, :func:`~paravt_train.sync.checks.warn_vision_cache`).
     """
 
     def __init__(self, endpoint: str | Iterable[str], folder: Path, timeout: float = 600.0,
-                 pause_mode: str = "retract", export=None):
+                 pause_mode: str = "retract", export=None, keys: ServerKeys | None = None,
+                 vision_trained: bool = False, log=print):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
         self.urls = urls_of(endpoint)
@@ -74,6 +86,8 @@ class SGLangWeightSync(WeightSync):
         self.timeout = timeout
         self.pause_mode = pause_mode
         self.export = export  # model, directory -> the model directory the servers load (the trainer's export)
+        self.keys, self.vision_trained, self.log = keys or ServerKeys(), vision_trained, log
+        self.warned: set = set()
 
     def push(self, model, version: str, rank: int = 0) -> dict | None:
         """Every rank exports ``model`` (gathered from its shards) into ``folder/current``; rank 0 has the
@@ -88,8 +102,12 @@ class SGLangWeightSync(WeightSync):
         import httpx
 
         results = []
-        with httpx.Client(timeout=self.timeout) as client:
-            for url in expand_routers(client, self.urls):
+        with self.keys.client(self.timeout) as client:
+            targets = expand_routers(client, self.urls, self.keys)
+            if self.vision_trained:
+                for url in targets:
+                    warn_vision_cache(server_facts(client, url, self.keys), self.warned, self.log)
+            for url in targets:
                 try:
                     with Paused(client, url, self.pause_mode):
                         body = {"model_path": str(Path(model_dir).resolve()),

@@ -3,9 +3,11 @@ verl, AReaL and slime do it) over a process group each server joins (``/init_wei
 a time (:class:`~paravt_train.sync.streamed._StreamedSync`: pause, session, buckets, continue).
 
 Server ``k`` joins its own group with the trainer's rank 0 (a TCP rendezvous at ``master_address:master_port +
-k``, the store prefixed by the group name, as SGLang's ``init_custom_process_group`` does), once; each bucket is
-announced with ``/update_weights_from_distributed`` {names, dtypes, shapes} and its tensors broadcast from rank 0
-(NCCL; gloo on CPU). The server's old group of a name is destroyed (``/destroy_weights_update_group``) before every
+k``, the store prefixed by the group name, as SGLang's ``init_custom_process_group`` does; ``1 + tp_size`` ranks,
+the server's TP size read from its ``/server_info``), once; each bucket is announced with
+``/update_weights_from_distributed`` {names, dtypes, shapes} and its tensors broadcast from rank 0 (NCCL; gloo on
+CPU) on a worker thread, watched from the calling one: a refusal or the deadline aborts the group rather than
+leaving the trainer in NCCL's connect. The server's old group of a name is destroyed (``/destroy_weights_update_group``) before every
 join and after a failed push: a push after a failure, a restarted trainer or a resume joins afresh under the same
 name (a server still holding it would refuse the join, and the trainer would wait in the rendezvous until its
 timeout).
@@ -20,7 +22,7 @@ from paravt_agent.errors import PolicyError
 from paravt_train.sync.http import json_of
 from paravt_train.sync.streamed import _StreamedSync
 
-__all__ = ["SGLangDistributedSync", "destroy_group_on", "init_weight_update_group"]
+__all__ = ["SGLangDistributedSync", "abort_group", "destroy_group_on", "init_weight_update_group"]
 
 
 def init_weight_update_group(master_address: str, master_port: int, rank: int, world_size: int,
@@ -50,6 +52,8 @@ class SGLangDistributedSync(_StreamedSync):
     port ``master_port + k``: so each server can be updated on its own. ``master_address`` must be reachable from
     the servers (this node's address); each server joins with ``tp_size`` ranks."""
 
+    kind = "distributed"
+
     def __init__(self, endpoint, master_address: str = "127.0.0.1", master_port: int = 29600,
                  backend: str = "nccl", group_name: str = "paravt_weight_sync", **kw):
         super().__init__(endpoint, **kw)
@@ -70,7 +74,7 @@ class SGLangDistributedSync(_StreamedSync):
             return
         name = self.name_of(url, k)
         destroy_group_on(client, url, name)
-        world = 1 + self.tp_size
+        world = 1 + self.tp_of(url)  # this process, then the server's ranks rank_offset + tp_rank
         reply: dict[str, object] = {}
 
         def join() -> None:
@@ -123,17 +127,11 @@ class SGLangDistributedSync(_StreamedSync):
     def failed(self, url: str) -> None:
         """After a failed push the server may be out of step (a bucket half received): both sides leave its group,
         and the next push joins afresh."""
-        import httpx
-        import torch.distributed as dist
-
         group = self.groups.pop(url, None)
         if group is not None:
-            try:
-                dist.destroy_process_group(group)
-            except Exception:  # noqa: BLE001 (already broken)
-                pass
+            abort_group(group)
         if url in self.names:
-            with httpx.Client(timeout=60) as client:
+            with self.keys.client(60) as client:
                 destroy_group_on(client, url, self.names[url])
 
     def close(self) -> None:
@@ -142,18 +140,43 @@ class SGLangDistributedSync(_StreamedSync):
             self.failed(url)
 
     def send(self, client, url, bucket, i, last, version) -> None:
+        """Announce one bucket and broadcast its tensors. The broadcasts run on a worker thread and this one
+        watches: NCCL connects a group at its first collective and blocks there until every rank has joined, with
+        no timeout of its own, so a server that refuses the bucket (its out-of-memory allocating the receive
+        buffers, say) never joins and a broadcast on this thread would wait forever. A refusal, a failed
+        broadcast or the deadline aborts the group (:func:`abort_group`, which ends a blocked NCCL call) and
+        raises; ``send_tensors`` then leaves the group on the server's side too."""
         import torch.distributed as dist
 
         body = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).replace("torch.", "") for _, t in bucket],
                 "shapes": [list(t.shape) for _, t in bucket], "group_name": self.names[url],
                 **self._body(last, version)}
         reply: dict[str, object] = {}
+        sent: dict[str, object] = {}
+        group = self.groups[url]
+        stop = threading.Event()
 
         def announce() -> None:
             try:
                 reply["r"] = client.post(f"{url}/update_weights_from_distributed", json=body)
             except Exception as exc:  # noqa: BLE001 (reported below)
                 reply["r"] = exc
+
+        def broadcast() -> None:  # the server receives in the announced order
+            try:
+                if any(t.is_cuda for _, t in bucket):
+                    import torch
+
+                    torch.cuda.set_device(next(t.device for _, t in bucket if t.is_cuda))
+                works = [dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in bucket]
+                while not all(w.is_completed() for w in works):
+                    if stop.wait(0.005):
+                        return
+                for w in works:
+                    w.wait()
+                sent["done"] = True
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                sent["error"] = exc
 
         def refusal() -> str | None:
             r = reply.get("r")
@@ -163,26 +186,46 @@ class SGLangDistributedSync(_StreamedSync):
                 return str(r) if isinstance(r, Exception) else (json_of(r).get("message") or r.text[:300])
             return None
 
-        thread = threading.Thread(target=announce, daemon=True)
-        thread.start()
-        # the server receives in the announced order; a server that refuses the announcement never receives, so
-        # the broadcasts are watched rather than waited on (send_tensors() leaves the group on any failure)
-        group = self.groups[url]
-        works = [dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in bucket]
+        announcer = threading.Thread(target=announce, daemon=True)
+        sender = threading.Thread(target=broadcast, daemon=True, name=f"paravt-broadcast-{i + 1}")
+        announcer.start()
+        sender.start()
         deadline = time.monotonic() + self.timeout
-        while not all(w.is_completed() for w in works):
+        problem = None
+        while sender.is_alive() and problem is None:
             if refusal():
-                raise PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: {refusal()}")
-            if time.monotonic() > deadline:
-                raise PolicyError(f"bucket {i + 1} was not received by {url} within {self.timeout:g}s",
-                                  transient=True)
-            time.sleep(0.01)
-        for w in works:
-            w.wait()
-        thread.join(self.timeout)
+                problem = PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: {refusal()}")
+            elif time.monotonic() > deadline:
+                problem = PolicyError(f"bucket {i + 1} was not received by {url} within {self.timeout:g}s",
+                                      transient=True)
+            else:
+                sender.join(0.01)
+        if problem is None and "error" in sent:
+            problem = PolicyError(f"broadcasting bucket {i + 1} to {url} failed: {sent['error']}", transient=True)
+        if problem is not None:
+            stop.set()
+            self.groups.pop(url, None)
+            abort_group(group)  # ends a broadcast blocked in NCCL's connect; send_tensors() leaves the server's side
+            raise problem
+        announcer.join(max(0.0, deadline - time.monotonic()))
         if reply.get("r") is None or refusal():
             raise PolicyError(f"{url}/update_weights_from_distributed refused bucket {i + 1}: "
                               f"{refusal() or 'no answer'}")
+
+
+def abort_group(group) -> None:
+    """End this process's side of a weight-update group, even one blocked in a collective: ``abort()`` (NCCL
+    aborts its communicators, which makes a blocked call return with an error), then destroy it."""
+    import torch.distributed as dist
+
+    try:
+        group.abort()
+    except Exception:  # noqa: BLE001 (a backend without abort, or already broken)
+        pass
+    try:
+        dist.destroy_process_group(group)
+    except Exception:  # noqa: BLE001 (already destroyed, or broken)
+        pass
 
 
 def destroy_group_on(client, url: str, name: str) -> None:

@@ -1,15 +1,18 @@
-"""SGLang's admin HTTP API as the weight syncs use it: server URLs (a router stands for its workers), the pause
-around an update, the weight-update session SGLang 0.5.21+ requires around tensor and distributed updates, and the
-cache flush that waits for an idle server."""
+"""SGLang's admin HTTP API as the weight syncs use it: server URLs (a router stands for its workers), the keys a
+server was started with, what a server says about itself (``GET /server_info``), the pause around an update, the
+weight-update session SGLang 0.5.21+ requires around tensor and distributed updates, and the cache flush that
+waits for an idle server."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from paravt_agent.errors import PolicyError
+from paravt_agent.errors import ConfigError, PolicyError
 
-__all__ = ["PAUSE_MODES", "Paused", "Session", "base_url", "expand_routers", "flush_when_idle", "json_of", "urls_of"]
+__all__ = ["PAUSE_MODES", "Paused", "ServerFacts", "ServerKeys", "Session", "base_url", "bearer", "expand_routers",
+           "flush_when_idle", "json_of", "refused_key", "server_facts", "urls_of"]
 
 PAUSE_MODES = ("retract", "in_place", "abort")
 
@@ -32,15 +35,103 @@ def json_of(resp) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def expand_routers(client, urls: list[str]) -> list[str]:
+def bearer(key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header SGLang checks (``--api-key``, ``--admin-api-key``); none without a key."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """The keys a server was started with, as SGLang 0.5.23 checks them (``utils/auth.py``): ``--api-key`` guards
+    every route (generation, ``/server_info``); the admin routes (pause, weight updates, flush, LoRA loads) take
+    ``--admin-api-key`` when the server has one, else ``--api-key``. A server without keys ignores the header."""
+
+    api_key: str | None = None
+    admin_api_key: str | None = None
+
+    @property
+    def normal(self) -> dict[str, str]:
+        return bearer(self.api_key)
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return bearer(self.admin_api_key or self.api_key)
+
+    def client(self, timeout: float):
+        """An HTTP client that sends the admin key (the syncs' calls are admin calls; the others pass
+        :attr:`normal`)."""
+        import httpx
+
+        return httpx.Client(timeout=timeout, headers=self.admin)
+
+
+def refused_key(resp, url: str, what: str) -> None:
+    """401/403 from SGLang's key check: a ConfigError naming the settings, never a retried failure."""
+    if resp.status_code in (401, 403):
+        raise ConfigError(f"{url}{what} answered HTTP {resp.status_code}: the server was started with --api-key "
+                          "or --admin-api-key; name the environment variables holding them with sglang_api_key_env "
+                          "and sync_admin_api_key_env")
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What one SGLang server says about itself at ``GET /server_info`` (its resolved server arguments): None
+    where it says nothing (a server that does not answer the route, or an older release)."""
+
+    url: str
+    tp_size: int | None = None
+    dp_size: int | None = None
+    deterministic: bool | None = None
+    #: ``SGLANG_VLM_CACHE_SIZE_MB`` as the server reports it (``internal_states[i].env_vars``, which SGLang fills
+    #: only with ``SGLANG_EXPOSE_OWN_ENV_VARS=1``: ``paravt serve`` sets it); None when it does not say
+    vlm_cache_mb: int | None = None
+
+
+def _int(value) -> int | None:
+    try:
+        return None if value is None or isinstance(value, bool) else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def server_facts(client, url: str, keys: ServerKeys | None = None) -> ServerFacts:
+    """``GET /server_info`` (the deprecated ``/get_server_info`` on 404) of one server, read into
+    :class:`ServerFacts`. A server that does not answer it gives facts of None; one that refuses the key raises."""
+    keys = keys or ServerKeys()
+    data: dict = {}
+    for route in ("/server_info", "/get_server_info"):
+        try:
+            resp = client.get(f"{url}{route}", headers=keys.normal, timeout=30)
+        except Exception:  # noqa: BLE001 (a server that cannot answer is reported by the update that follows)
+            break
+        refused_key(resp, url, route)
+        if resp.status_code == 200:
+            data = json_of(resp)
+            break
+        if resp.status_code != 404:
+            break
+    cache = None
+    for state in data.get("internal_states") or []:
+        env = state.get("env_vars") if isinstance(state, dict) else None
+        if isinstance(env, dict) and "SGLANG_VLM_CACHE_SIZE_MB" in env:
+            cache = _int(env["SGLANG_VLM_CACHE_SIZE_MB"])
+            break
+    deterministic = data.get("enable_deterministic_inference")
+    return ServerFacts(url=url, tp_size=_int(data.get("tp_size")), dp_size=_int(data.get("dp_size")),
+                       deterministic=deterministic if isinstance(deterministic, bool) else None,
+                       vlm_cache_mb=cache)
+
+
+def expand_routers(client, urls: list[str], keys: ServerKeys | None = None) -> list[str]:
     """Each URL, or the workers behind it when it is an SGLang router (``GET /workers`` lists them): the router
     forwards generation but not weight updates, so every worker is updated directly. Asked at each push, so
     workers added to the router later are updated too."""
     out: list[str] = []
+    headers = (keys or ServerKeys()).normal
     for url in urls:
         workers = None
         try:
-            resp = client.get(f"{url}/workers", timeout=10)
+            resp = client.get(f"{url}/workers", timeout=10, headers=headers)
             data = json_of(resp) if resp.status_code == 200 else {}
             listed = data.get("workers")
             if isinstance(listed, list) and listed and all(isinstance(w, dict) and w.get("url") for w in listed):
@@ -60,7 +151,9 @@ class Paused:
         self.client, self.url, self.mode = client, url, mode
 
     def __enter__(self):
-        self.client.post(f"{self.url}/pause_generation", json={"mode": self.mode}).raise_for_status()
+        resp = self.client.post(f"{self.url}/pause_generation", json={"mode": self.mode})
+        refused_key(resp, self.url, "/pause_generation")
+        resp.raise_for_status()
         return self
 
     def __exit__(self, *exc):

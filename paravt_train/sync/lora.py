@@ -27,7 +27,7 @@ from pathlib import Path
 
 from paravt_agent.errors import PolicyError
 from paravt_train.sync.base import WeightSync
-from paravt_train.sync.http import PAUSE_MODES, expand_routers, json_of, urls_of
+from paravt_train.sync.http import PAUSE_MODES, ServerKeys, expand_routers, json_of, refused_key, urls_of
 
 __all__ = ["SGLangLoraSync"]
 
@@ -45,11 +45,12 @@ def serve_from(adapter_dir: Path, name: str) -> Path:
 
 class SGLangLoraSync(WeightSync):
     def __init__(self, endpoint: str | Iterable[str], folder: Path, name: str = "paravt", timeout: float = 600.0,
-                 pause_mode: str = "retract", export=None):
+                 pause_mode: str = "retract", export=None, keys: ServerKeys | None = None):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
         self.urls, self.folder, self.name = urls_of(endpoint), Path(folder), name
         self.timeout, self.pause_mode, self.export = timeout, pause_mode, export
+        self.keys = keys or ServerKeys()  # the load routes are admin routes
         self.bytes = 0  # what the last push sent (the adapter's files)
 
     def push(self, model, version: str, rank: int = 0) -> dict | None:
@@ -61,15 +62,13 @@ class SGLangLoraSync(WeightSync):
 
     def load(self, adapter_dir: str | Path, name: str | None = None) -> dict:
         """The adapter in ``adapter_dir`` becomes ``name`` (default: the served name) on every server."""
-        import httpx
-
         name = name or self.name
         adapter_dir = Path(adapter_dir).resolve()
         self.bytes = sum(f.stat().st_size for f in adapter_dir.iterdir() if f.is_file())
         served = serve_from(adapter_dir, name)
         results = []
-        with httpx.Client(timeout=self.timeout) as client:
-            for url in expand_routers(client, self.urls):
+        with self.keys.client(self.timeout) as client:
+            for url in expand_routers(client, self.urls, self.keys):
                 results.append(self._swap(client, url, name, served))
         return results[0] if len(results) == 1 else {"success": True, "servers": results}
 
@@ -79,7 +78,8 @@ class SGLangLoraSync(WeightSync):
 
         for _ in range(tries):
             try:
-                client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})  # absent: fine
+                refused_key(client.post(f"{url}/unload_lora_adapter", json={"lora_name": name}),  # absent: fine
+                            url, "/unload_lora_adapter")
                 resp = client.post(f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": str(served)})
             except httpx.HTTPError as exc:
                 raise PolicyError(f"adapter sync to {url} failed: {exc}", transient=True) from exc
@@ -95,11 +95,10 @@ class SGLangLoraSync(WeightSync):
 
     def load_beside(self, adapter_dir: str | Path, name: str) -> dict:
         """A candidate under its own name, beside the served adapter (no pause needed: nobody names it yet)."""
-        import httpx
-
-        with httpx.Client(timeout=self.timeout) as client:
-            for url in expand_routers(client, self.urls):
-                client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
+        with self.keys.client(self.timeout) as client:
+            for url in expand_routers(client, self.urls, self.keys):
+                refused_key(client.post(f"{url}/unload_lora_adapter", json={"lora_name": name}), url,
+                            "/unload_lora_adapter")
                 resp = client.post(f"{url}/load_lora_adapter", json={"lora_name": name,
                                                                       "lora_path": str(Path(adapter_dir).resolve())})
                 if resp.status_code != 200 or json_of(resp).get("success") is False:

@@ -1,9 +1,10 @@
 """Streamed weight syncs: the trained tensors themselves go to SGLang servers, bucket by bucket.
 
-* :class:`SGLangTensorSync` (``weight_sync: tensor``): co-located servers. Each bucket is a
-  ``/update_weights_from_tensor`` call carrying SGLang's serialised named tensors (base64, serialised once per
-  tensor-parallel rank, as SGLang's ``Engine`` does): CUDA tensors travel as IPC handles tagged with their
-  device's UUID (as SGLang's own helper does), CPU tensors by value (:func:`serialize_named_tensors`).
+* :class:`SGLangTensorSync` (``weight_sync: tensor``): servers on this machine that see the trainer's rank-0 GPU
+  (others are refused before the first push). Each bucket is a ``/update_weights_from_tensor`` call carrying
+  SGLang's serialised named tensors (base64, serialised once per tensor-parallel rank of that server, as SGLang's
+  ``Engine`` does): CUDA tensors travel as IPC handles tagged with their device's UUID (as SGLang's own helper
+  does), CPU tensors by value (:func:`serialize_named_tensors`).
 * :class:`~paravt_train.sync.distributed.SGLangDistributedSync` (``weight_sync: distributed``, in
   :mod:`paravt_train.sync.distributed`): servers on other nodes. The trainer's
   rank 0 and each server's ranks form a process group once (``/init_weights_update_group``: a TCP
@@ -13,7 +14,9 @@
   servers' side of a group is destroyed (``/destroy_weights_update_group``) before every join and after a
   failed push, so a push after a failure, a trainer restart or a resume joins afresh under the same name.
 
-Both update **one server at a time**: ``/pause_generation`` → a weight-update session
+Before the first server is paused, each is checked (:mod:`~paravt_train.sync.checks`: its own TP size and DP from
+``GET /server_info``, its GPUs for ``tensor``, its vision-feature cache when the vision tower trains). Both update
+**one server at a time**: ``/pause_generation`` → a weight-update session
 (``/begin_weight_update`` … ``/end_weight_update``, which SGLang 0.5.21+ requires) → every bucket (the last one
 flushes the cache, not with ``in_place``, and names the ``weight_version``) → ``/continue_generation``, then the
 next server. A paused SGLang answers ``/health`` with 503 after 20 s (its health check generates a token), so
@@ -30,13 +33,16 @@ from collections.abc import Iterable, Iterator
 
 from paravt_agent.errors import PolicyError
 from paravt_train.sync.base import WeightSync
+from paravt_train.sync.checks import refuse_dp, refuse_unreachable_ipc, tp_size_of, warn_vision_cache
 from paravt_train.sync.http import (
     PAUSE_MODES,
     Paused,
+    ServerKeys,
     Session,
     expand_routers,
     flush_when_idle,
     json_of,
+    server_facts,
     urls_of,
 )
 
@@ -140,21 +146,40 @@ def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
 
 class _StreamedSync(WeightSync):
     """One server at a time (a router's workers found at each push): pause, session, the buckets, the last one
-    flushing and naming the version, continue. Subclasses send one bucket to one server (:meth:`send`)."""
+    flushing and naming the version, continue. Subclasses send one bucket to one server (:meth:`send`).
 
-    def __init__(self, endpoint: str | Iterable[str], tp_size: int = 1, bucket_bytes: int = 512 << 20,
-                 timeout: float = 600.0, pause_mode: str = "retract", dtype=None, device=None):
+    Before the first server is paused, every server is checked (:meth:`check`, :mod:`~paravt_train.sync.checks`):
+    its own TP size (``GET /server_info``; ``tp_size`` only for a server that does not report one), no DP,
+    and, when ``vision_trained``, its vision-feature cache. ``keys``: the keys the servers were started with."""
+
+    kind = "streamed"  # the weight_sync name, in messages
+
+    def __init__(self, endpoint: str | Iterable[str], tp_size: int | None = None, bucket_bytes: int = 512 << 20,
+                 timeout: float = 600.0, pause_mode: str = "retract", dtype=None, device=None,
+                 keys: ServerKeys | None = None, vision_trained: bool = False, log=print):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
         self.urls = urls_of(endpoint)
         self.tp_size, self.bucket_bytes, self.timeout, self.pause_mode = tp_size, bucket_bytes, timeout, pause_mode
         self.dtype, self.device = dtype, device  # what the tensors are sent as (the serving dtype), and from where
+        self.keys, self.vision_trained, self.log = keys or ServerKeys(), vision_trained, log
+        self.tp_sizes: dict[str, int] = {}  # each server's TP size, as it said at the last push
+        self.warned: set = set()
 
     def targets(self) -> list[str]:
-        import httpx
+        with self.keys.client(self.timeout) as client:
+            return expand_routers(client, self.urls, self.keys)
 
-        with httpx.Client(timeout=self.timeout) as client:
-            return expand_routers(client, self.urls)
+    def tp_of(self, url: str) -> int:
+        return self.tp_sizes.get(url) or self.tp_size or 1
+
+    def check(self, client, url: str) -> None:
+        """Before any server is paused: what this server says about itself allows the push (see the class)."""
+        facts = server_facts(client, url, self.keys)
+        refuse_dp(facts, self.kind)
+        self.tp_sizes[url] = tp_size_of(facts, self.tp_size, self.warned, self.log)
+        if self.vision_trained:
+            warn_vision_cache(facts, self.warned, self.log)
 
     def push(self, model, version: str, rank: int = 0) -> dict | None:
         """Every rank gathers the parameters one at a time (a collective under FSDP2), once per server (rank 0
@@ -234,8 +259,10 @@ class _StreamedSync(WeightSync):
         sent = n_buckets = 0
         url = None
         try:
-            with httpx.Client(timeout=self.timeout) as client:
-                targets = expand_routers(client, self.urls) if targets is None else targets
+            with self.keys.client(self.timeout) as client:
+                targets = expand_routers(client, self.urls, self.keys) if targets is None else targets
+                for u in targets:  # every server, before the first is paused
+                    self.check(client, u)
                 for k, url in enumerate(targets):
                     sent, n_buckets = self._update_one(client, url, k, stream(), version)
         except httpx.HTTPError as exc:
@@ -280,11 +307,23 @@ class SGLangTensorSync(_StreamedSync):
     """Pushes tensors to co-located SGLang servers: ``POST /update_weights_from_tensor
     {"serialized_named_tensors": [one payload per TP rank], "flush_cache", "weight_version"}`` per bucket of about
     ``bucket_bytes``. Parameter names are the Hugging Face checkpoint names (what SGLang's ``load_weights``
-    maps)."""
+    maps). ``source_device``: where the parameters are (the trainer's rank-0 GPU); a server that cannot open
+    CUDA-IPC handles from it is refused before the first push (:func:`~paravt_train.sync.checks.refuse_unreachable_ipc`)."""
+
+    kind = "tensor"
+
+    def __init__(self, endpoint, source_device=None, **kw):
+        super().__init__(endpoint, **kw)
+        self.source_device = source_device
+
+    def check(self, client, url: str) -> None:
+        super().check(client, url)
+        refuse_unreachable_ipc(url, self.device or self.source_device, self.warned, self.log)
 
     def send(self, client, url, bucket, i, last, version) -> None:
-        # one copy per rank, each serialised on its own: a rank's rebuild releases the references of its copy
-        payloads = [serialize_named_tensors(bucket) for _ in range(self.tp_size)]
+        # one copy per rank (the server's own TP size), each serialised on its own: a rank's rebuild releases the
+        # references of its copy, and SGLang's tp_worker opens payloads[tp_rank]
+        payloads = [serialize_named_tensors(bucket) for _ in range(self.tp_of(url))]
         resp = client.post(f"{url}/update_weights_from_tensor", json={
             "serialized_named_tensors": payloads, **self._body(last, version)})
         data = json_of(resp)

@@ -10,7 +10,7 @@ else
 TORCH := torch==2.14.1 torchvision==0.29.1
 endif
 
-.PHONY: install test lint demo bench clean browser postgres sglang-contract sglang-cpu lmms-eval
+.PHONY: install test test-gpu lint demo bench clean browser postgres sglang-contract sglang-cpu lmms-eval
 
 # The SGLang release whose HTTP contract the test server checks every request and reply against (named here only;
 # the `sglang` extra in pyproject.toml admits the range the client was tested with).
@@ -79,13 +79,22 @@ SGLANG_CPU := .venv-sglang
 
 sglang-cpu: $(SGLANG_CPU)/.installed
 
-$(SGLANG_CPU)/.installed: $(VENV)/.installed Makefile tests/sglang_cpu/install.sh
+$(SGLANG_CPU)/.installed: $(VENV)/.installed Makefile tests/sglang_cpu/install.sh tests/sglang_cpu/constraints.txt
 	BASE=$(VENV) TARGET=$(SGLANG_CPU) SGLANG_VERSION=$(SGLANG_VERSION) bash tests/sglang_cpu/install.sh && touch $@ || \
 	  echo "warning: could not install SGLang's CPU engine; the tests against the real SGLang server will be skipped"
 
 test: install browser postgres sglang-contract sglang-cpu lmms-eval
 	$(BIN)/python -m ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	# the numerics a GPU gets (bf16 weights in the local backend, bf16 autocast in the trainers), on the CPU
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m dtype --dtype bfloat16 -p no:cacheprovider
+
+# The GPU runner: the tests of the paths that pick CUDA, on a machine with a CUDA GPU and torch (no registry needed:
+# tests/gpu/bundle.py prepares the wheels where pip works; docs/install.md, "On a GPU machine"). It writes
+# gpu-report.md. Without .venv (a bare GPU machine) it runs with the system's python3.
+GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+test-gpu:
+	$(GPU_PY) tests/gpu/run.py $(GPU_ARGS)
 
 # README command #1: the real agent on held-out toy videos, with the shipped toy policy (checkpoints/toy)
 demo: install

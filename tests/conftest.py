@@ -5,6 +5,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
 from paravt_train.toy.render import write_segments  # noqa: E402
@@ -19,6 +21,67 @@ PALETTE = [
     (70, 240, 240),
     (240, 50, 230),
 ]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--dtype", default="float32", choices=["float32", "bfloat16"],
+                     help="The dtype of the numerics a GPU changes: the local backend's weights and the trainers' "
+                          "autocast, in the tests that take the `dtype` fixture (marked `dtype`). `make test` runs "
+                          "those again with bfloat16, the dtype a GPU gets by default.")
+    parser.addoption("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                     help="The local backend's device in the tests that take the `device` fixture: auto (the "
+                          "backend's own choice: the CPU for the tiny test models), cpu or cuda (the GPU runner).")
+
+
+def pytest_runtest_logreport(report):
+    """With ``PARAVT_TEST_LOG`` set (the GPU runner, tests/gpu/run.py), one JSON line per test phase as it ends:
+    a run stopped by its time limit still has the outcome of every test it finished."""
+    path = os.environ.get("PARAVT_TEST_LOG")
+    if not path or (report.when != "call" and report.passed):
+        return
+    import json
+
+    reason = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+    elif report.failed:
+        reason = " ".join(str(report.longrepr).split())[-400:]
+    line = {"test": report.nodeid, "when": report.when, "outcome": report.outcome, "seconds": report.duration,
+            "reason": reason, "properties": {str(k): str(v) for k, v in report.user_properties}}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+@pytest.fixture(scope="session")
+def dtype(pytestconfig) -> str:
+    """The dtype the numerics under test run in (``--dtype``): the local backend's ``dtype`` and, for the
+    trainers, ``bf16: "true"`` when it is bfloat16 (autocast, as on a GPU)."""
+    return pytestconfig.getoption("--dtype")
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> str:
+    """The local backend's device (``--device``)."""
+    return pytestconfig.getoption("--device")
+
+
+@pytest.fixture(scope="session")
+def tol(dtype):
+    """Tolerances of the exactness claims in the dtype under test, by what is compared (measured: see
+    docs/performance.md, "Numerics by dtype and device"). float32 keeps the claims' own numbers."""
+    return NUMERIC_TOLERANCE[dtype]
+
+
+#: per dtype, the largest |logprob difference| allowed between: one row batched with others and the row alone
+#: (``batch``), a continued turn or a repeated prompt from cached KV and a plain prefill (``reuse``), the backend's
+#: logprob and a re-scoring forward of the whole sequence (``rescore``), and the mean per token between an in-process
+#: rollout and the GRPO update's scoring (``update``: the trainer's ``logprob_mismatch``). float32: the claims' own
+#: numbers. bfloat16: measured on the 2-core CPU (max seen: batch 0.045 on the toy policy, reuse 3.0e-5, rescore
+#: 2.2e-5, update 4.6e-3), with room; the GPU runner records each test's largest difference in its report.
+NUMERIC_TOLERANCE = {
+    "float32": {"batch": 1e-4, "reuse": 1e-5, "rescore": 1e-3, "update": 1e-3},
+    "bfloat16": {"batch": 0.1, "reuse": 1e-4, "rescore": 1e-4, "update": 2e-2},
+}
 
 
 @pytest.fixture(scope="session")
@@ -204,6 +267,9 @@ def sglang_stub():
     servers = []
 
     def start(model: str, **kw) -> SGLangStub:
+        if not (Path(__file__).resolve().parents[1] / ".sglang-contract" / "api_types.py").is_file():
+            engine_unavailable("SGLang's contract types are not here (`make sglang-contract`, or send .sglang-contract/ "
+                               "to a machine without a registry): the stand-in checks every request with them")
         s = SGLangStub(model, **kw)
         servers.append(s)
         return s
@@ -211,6 +277,16 @@ def sglang_stub():
     yield start
     for s in servers:
         s.close()
+
+
+def engine_unavailable(reason: str | None) -> None:
+    """Skip a test whose real engine is not installed here, saying why; with ``PARAVT_REQUIRE_ENGINES=1`` (CI's
+    ``.ci/run``) fail it instead, so a failed ``make sglang-cpu`` cannot leave a green run with none of them."""
+    if not reason:
+        return
+    if os.environ.get("PARAVT_REQUIRE_ENGINES", "").strip() not in ("", "0"):
+        pytest.fail(f"{reason}; PARAVT_REQUIRE_ENGINES is set, so this is a failure, not a skip", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -223,9 +299,7 @@ def real_sglang(tmp_path_factory):
     ``sglang_toy`` fixture does it before every test)."""
     from tests.sglang_cpu.server import SGLangServer, unavailable
 
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
+    engine_unavailable(unavailable())
     logs = tmp_path_factory.mktemp("sglang-logs")
     live: dict[str, SGLangServer] = {}
 
@@ -256,9 +330,7 @@ def own_sglang(tmp_path):
 
     from tests.sglang_cpu.server import SGLangServer, unavailable
 
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
+    engine_unavailable(unavailable())
     servers: list = []
 
     def start(*models: str, **kw) -> list:

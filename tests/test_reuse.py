@@ -18,39 +18,47 @@ def overview(media, n):
     return planner_messages("You are a video understanding agent.", clip.frames, clip.timestamps, 40.0, "Which colour?")
 
 
-def same_outputs(a, b):
+def same_outputs(a, b, abs_tol=1e-5) -> float:
+    """Asserts the same tokens and logprobs within ``abs_tol`` (1e-5 in float32); returns the largest difference."""
     assert len(a) == len(b)
+    worst = 0.0
     for x, y in zip(a, b, strict=True):
         assert x.output_ids == y.output_ids and x.prompt_ids == y.prompt_ids
-        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+        assert x.logprobs == pytest.approx(y.logprobs, abs=abs_tol)
+        worst = max([worst, *(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True))])
+    return worst
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_model):
-    return LocalPolicy(tiny_model, reuse=False), LocalPolicy(tiny_model)
+def pair(tiny_model, device, dtype):
+    return (LocalPolicy(tiny_model, reuse=False, device=device, dtype=dtype),
+            LocalPolicy(tiny_model, device=device, dtype=dtype))
 
 
-def test_repeated_prompt_and_mixed_batch_equal_plain_generation(pair, media):
+@pytest.mark.dtype
+def test_repeated_prompt_and_mixed_batch_equal_plain_generation(pair, media, tol, record_property):
     plain, shared = pair
     g = [(overview(media, 8), Sampling(temperature=1.0, max_new_tokens=12, seed=s), "<think>\n") for s in range(4)]
     other = [(overview(media, 4), Sampling(temperature=0.0, max_new_tokens=12), ""),
              (overview(media, 6), Sampling(temperature=1.0, max_new_tokens=12, seed=9), "<think>\n")]
     # the G rollouts of one prompt: one prefill, the tower once per distinct frame
     before = shared.vision_cache.misses
-    same_outputs(plain.generate_batch(g), shared.generate_batch(g))
+    worst = same_outputs(plain.generate_batch(g), shared.generate_batch(g), tol["reuse"])
     assert 0 < shared.vision_cache.misses - before <= 8
     # rows of different lengths, two of them the same prompt: left-padded shared KV
     mixed = [g[0], other[0], g[1], other[1]]
-    same_outputs(plain.generate_batch(mixed), shared.generate_batch(mixed))
+    worst = max(worst, same_outputs(plain.generate_batch(mixed), shared.generate_batch(mixed), tol["reuse"]))
     assert shared.vision_cache.hits > 0  # these frames were seen before
+    record_property("max_abs_logprob_diff", worst)
 
 
-def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pair, media):
+@pytest.mark.dtype
+def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pair, media, tol, record_property):
     plain, shared = pair
     msgs = overview(media, 8)
     s = Sampling(temperature=0.0, max_new_tokens=10)
     first = [p.generate_sync(msgs, s, "<think>\n") for p in pair]
-    same_outputs([first[0]], [first[1]])
+    worst = same_outputs([first[0]], [first[1]], tol["reuse"])
 
     def turn2(gen):
         return [*msgs, {"role": "assistant", "content": gen.text},
@@ -59,7 +67,7 @@ def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pai
     hits, reused = shared.prefix_cache.hits, shared.prefix_cache.reused_tokens
     second = [p.generate_sync(turn2(f), s, "<think>\n", Continuation(len(msgs), f)) for p, f in zip(pair, first,
                                                                                                   strict=True)]
-    same_outputs([second[0]], [second[1]])
+    worst = max(worst, same_outputs([second[0]], [second[1]], tol["reuse"]))
     assert shared.prefix_cache.hits == hits + 1
     # the whole first turn (prompt, think prefix and its own tokens) came from the cache
     assert shared.prefix_cache.reused_tokens - reused >= len(first[1].prompt_ids) + len(first[1].output_ids) - 1
@@ -68,8 +76,9 @@ def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pai
           for k in range(3)]
     reqs = [(turn2(x), s, "<think>\n", Continuation(len(msgs), x)) for x in gs]
     hits = shared.prefix_cache.hits
-    same_outputs(plain.generate_batch(reqs), shared.generate_batch(reqs))
+    worst = max(worst, same_outputs(plain.generate_batch(reqs), shared.generate_batch(reqs), tol["reuse"]))
     assert shared.prefix_cache.hits == hits + 3
+    record_property("max_abs_logprob_diff", worst)
 
 
 def test_caches_follow_the_weights(tiny_model, media):

@@ -167,15 +167,22 @@ class _Request:
 
 
 class cancelled_rows:  # noqa: N801 (a stopping criterion used like a function)
-    """A stopping criterion: rows whose event is set are done (the others go on)."""
+    """A stopping criterion: rows whose event is set are done (the others go on). While no row is cancelled (the
+    common case) it hands back the same all-False tensor every step: no host-to-device copy per token."""
 
     def __init__(self, events: list[threading.Event]):
         self.events = events
+        self._none = None  # the all-False answer, made once on the model's device
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
-        return torch.tensor([e.is_set() for e in self.events], dtype=torch.bool, device=input_ids.device)
+        flags = [e.is_set() for e in self.events]
+        if any(flags):
+            return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
+        if self._none is None:
+            self._none = torch.zeros(len(flags), dtype=torch.bool, device=input_ids.device)
+        return self._none
 
 
 def batch_key(s: Sampling) -> tuple:
@@ -187,6 +194,10 @@ class RowSampler:
 
     Returns scores that are 0 at the chosen token and -inf elsewhere, so ``generate`` run greedily
     takes exactly that token. Temperature 0 is greedy (argmax of the raw scores).
+
+    Per decoding step it makes no host sync and no host-to-device copy: the banned ids live on the model's
+    device, greedy rows take one batched argmax, and a sampled row draws on the device with its own generator
+    there (on a GPU every ``int(tensor)`` would stall the step until the GPU is idle).
     """
 
     def __init__(self, samplings: list[Sampling], banned: list[int] | None = None):
@@ -195,38 +206,48 @@ class RowSampler:
         self.samplings = samplings
         self.banned = list(banned or [])  # never chosen (vision placeholders)
         self.first_call: float | None = None  # when the first token's scores arrived (the prefill's end)
-        self.generators = []
-        for s in samplings:
-            g = None
-            if s.temperature > 0:
-                g = torch.Generator()
-                g.manual_seed(s.seed if s.seed is not None else int(torch.randint(0, 2**62, (1,))))
-            self.generators.append(g)
+        # the seeds are drawn now (the global generator's order does not depend on the device); the generators are
+        # made on the first call, on the scores' device
+        self.seeds = [None if s.temperature <= 0 else
+                      (s.seed if s.seed is not None else int(torch.randint(0, 2**62, (1,))))
+                      for s in samplings]
+        self.generators: list = []
+        self._banned_ids = None  # the banned ids as a tensor on the scores' device
+
+    def _setup(self, device) -> None:
+        import torch
+
+        self.generators = [None if seed is None else torch.Generator(device=device).manual_seed(seed)
+                           for seed in self.seeds]
+        self._banned_ids = torch.tensor(self.banned, dtype=torch.long, device=device) if self.banned else None
 
     def __call__(self, input_ids, scores):
         import torch
 
         if self.first_call is None:
             self.first_call = time.perf_counter()
-        chosen = torch.empty(scores.shape[0], dtype=torch.long)
+            self._setup(scores.device)
+        x = ban(scores.float(), self._banned_ids)  # before the temperature, as SGLang adds its logit_bias
+        chosen = x.argmax(dim=-1)  # every row greedy; the sampled rows draw below
         for i, s in enumerate(self.samplings):
-            row = scores[i].float()
-            row = ban(row, self.banned)  # before the temperature, as SGLang adds its logit_bias
-            if s.temperature <= 0:
-                chosen[i] = int(row.argmax())
-                continue
-            row = row / s.temperature
-            if s.top_k:
-                kth = torch.topk(row, min(s.top_k, row.numel())).values[-1]
-                row = row.masked_fill(row < kth, float("-inf"))
-            probs = torch.softmax(row, dim=-1)
-            if s.min_p > 0:
-                probs = probs.masked_fill(probs < s.min_p * probs.max(), 0.0)
-            if s.top_p < 1.0:
-                sp, order = probs.sort(descending=True)
-                drop = sp.cumsum(0) - sp > s.top_p  # keep the smallest set whose mass reaches top_p
-                probs = probs.scatter(0, order, sp.masked_fill(drop, 0.0))
-            chosen[i] = int(torch.multinomial(probs.cpu(), 1, generator=self.generators[i]))
-        out = torch.full_like(scores, float("-inf"))
-        out[torch.arange(scores.shape[0]), chosen.to(scores.device)] = 0.0
-        return out
+            if s.temperature > 0:
+                chosen[i] = _draw(x[i] / s.temperature, s, self.generators[i])
+        return torch.full_like(scores, float("-inf")).scatter_(1, chosen[:, None], 0.0)
+
+
+def _draw(row, s: Sampling, generator):
+    """One token (a 1-element tensor on ``row``'s device) from the temperature-scaled logits ``row`` under
+    ``s``'s top-k, min-p and top-p."""
+    import torch
+
+    if s.top_k:
+        kth = torch.topk(row, min(s.top_k, row.numel())).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    if s.min_p > 0:
+        probs = probs.masked_fill(probs < s.min_p * probs.max(), 0.0)
+    if s.top_p < 1.0:
+        sp, order = probs.sort(descending=True)
+        drop = sp.cumsum(0) - sp > s.top_p  # keep the smallest set whose mass reaches top_p
+        probs = probs.scatter(0, order, sp.masked_fill(drop, 0.0))
+    return torch.multinomial(probs, 1, generator=generator)[0]

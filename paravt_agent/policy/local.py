@@ -14,6 +14,11 @@ temperature, top-p/top-k and seed (:class:`RowSampler`), and gets its own token
 ids and logprobs back. Model calls hold one lock, so direct ``generate_sync``
 calls from other threads are safe too.
 
+Device and dtype (:mod:`paravt_agent.policy.placement`): ``auto`` runs a model on the GPU when one is present and
+the model has 64 MiB of weights or more (bfloat16 there), else on the CPU in float32: a smaller model (the toy
+policy) decodes faster on the CPU, where a step is not bound by kernel launches. A decoding step makes no host
+sync of its own (the sampler keeps its work on the device).
+
 Fairness: the rows of a batch are within ``length_ratio`` (4) of each other's
 prompt length and hold at most ``max_batch_tokens`` padded prompt tokens (rows ×
 the longest row), so one long prompt never pads short ones; when the oldest
@@ -25,6 +30,7 @@ its row stops, and a batch whose rows are all cancelled ends at once.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -41,6 +47,7 @@ from paravt_agent.policy.batcher import (
     scored_distribution,
 )
 from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt, ban
+from paravt_agent.policy.placement import patch_embed_as_matmul, resolve_device, resolve_dtype
 from paravt_agent.policy.reuse import PrefixCache, VisionCache, image_keys
 from paravt_agent.types import Continuation, Generation, Sampling
 
@@ -57,8 +64,11 @@ class LocalPolicy(QueuedBatcher, Policy):
     def __init__(self, model: str | Path, device: str = "auto", dtype: str = "auto", model_obj=None, processor=None,
                  max_batch: int = 8, batch_wait: float = 0.005, reuse: bool = True, vision_cache_mb: int = 256,
                  prefix_cache_mb: int = 256, max_batch_tokens: int = 32768, length_ratio: float = 4.0,
-                 long_prompt_tokens: int = 2048, long_patience: int = 4):
+                 long_prompt_tokens: int = 2048, long_patience: int = 4, autocast=None):
         self.path = str(model)
+        # a torch dtype to generate under autocast in (an in-process trainer's bf16 autocast: the rollouts then come
+        # from the numerics the trainer scores them with); None: the weights' own dtype
+        self.autocast = autocast
         # shared prompt work (paravt_agent.policy.reuse): vision features per distinct frame, KV of prefixes
         self.reuse = reuse
         self.vision_cache = VisionCache(vision_cache_mb << 20)
@@ -90,16 +100,7 @@ class LocalPolicy(QueuedBatcher, Policy):
         with self._load_lock:
             if self._model is not None and self._processor is not None:
                 return self._model, self._processor
-            import torch
             from transformers import AutoModelForImageTextToText, AutoProcessor
-
-            device = self.device
-            if device == "auto":
-                device = "cuda" if torch.cuda.is_available() else "cpu"
-            if self.dtype == "auto":
-                dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-            else:
-                dtype = getattr(torch, self.dtype)
             from transformers.utils import logging as hf_logging
 
             bars = hf_logging.is_progress_bar_enabled()
@@ -108,8 +109,11 @@ class LocalPolicy(QueuedBatcher, Policy):
                 if self._processor is None:
                     self._processor = AutoProcessor.from_pretrained(self.path)
                 if self._model is None:
-                    self._model = AutoModelForImageTextToText.from_pretrained(self.path, dtype=dtype).to(device)
-                    self._model.eval()
+                    device = resolve_device(self.device, self.path)  # auto: a small model stays on the CPU
+                    model = AutoModelForImageTextToText.from_pretrained(self.path, dtype=resolve_dtype(self.dtype,
+                                                                                                       device))
+                    patch_embed_as_matmul(model)  # a model it loads itself (a trainer's model is left as it is)
+                    self._model = model.to(device).eval()
             except OSError as exc:
                 raise PolicyError(f"cannot load a model from {self.path}: {exc}") from exc
             finally:
@@ -253,7 +257,9 @@ class LocalPolicy(QueuedBatcher, Policy):
         if cancelled:
             kw["stopping_criteria"] = StoppingCriteriaList([cancelled_rows(cancelled)])
         reuse = self.reuse and self._reusable(model)
-        with self._lock, torch.inference_mode():
+        autocast = (torch.autocast(model.device.type, dtype=self.autocast) if self.autocast is not None
+                    else contextlib.nullcontext())
+        with self._lock, torch.inference_mode(), autocast:
             t_gen = time.perf_counter()
             if reuse:
                 self.prefix_cache.check_version(model)
@@ -268,33 +274,38 @@ class LocalPolicy(QueuedBatcher, Policy):
         t_first = sampler.first_call or t_end
         timings = {"encode": round(t_gen - t0, 6), "prefill": round(t_first - t_gen, 6),
                    "decode": round(t_end - t_first, 6)}
-        gens: list[Generation | Exception] = []
-        for i, (enc, s, prefix) in enumerate(rows):
-            if cancelled and cancelled[i].is_set():
-                gens.append(PolicyError("the request was cancelled (its deadline passed or its caller went away)"))
-                continue
-            n_prompt = len(enc.ids)
-            new = out.sequences[i, width:].tolist()
-            if self.eos_id in new:  # the row's own end; the batch pads finished rows after it
-                new = new[: new.index(self.eos_id) + 1]
-            while new and new[-1] == pad != self.eos_id:  # a row ended by a stop string, padded after it
-                new.pop()
-            temp = s.temperature if s.temperature > 0 else 1.0
-            # scored as sampled: the sampler's ban (vision placeholders) applies to the logprobs too
-            lp = torch.log_softmax(ban(logits[i, : len(new)].float(), chat.placeholder_ids) / temp, dim=-1)
-            logprobs = lp.gather(1, torch.tensor(new, device=lp.device)[:, None])[:, 0].tolist() if new else []
-            stopped = bool(new) and new[-1] == self.eos_id
-            body = new[:-1] if stopped else new
-            text = prefix + proc.tokenizer.decode(body, skip_special_tokens=False)
-            stopped = stopped or any(x in text[len(prefix):] for x in s.stop)
-            gens.append(Generation(
-                text=text, prefix=prefix, finish_reason="stop" if stopped else "length",
-                prompt_tokens=n_prompt, completion_tokens=len(new), latency=latency,
-                prompt_ids=enc.prompt_ids, prefix_ids=list(enc.prefix_ids), output_ids=new, logprobs=logprobs,
-                logprob_temperature=temp, image_grid_thw=list(enc.image_grid_thw), retokenized=enc.retokenized,
-                batch_size=len(rows), timings=dict(timings),
-            ))
-        return gens
+        return [PolicyError("the request was cancelled (its deadline passed or its caller went away)")
+                if cancelled and cancelled[i].is_set() else
+                self._generation(enc, s, prefix, out.sequences[i, width:].tolist(), logits[i], latency, timings,
+                                 len(rows))
+                for i, (enc, s, prefix) in enumerate(rows)]
+
+    def _generation(self, enc: EncodedPrompt, s: Sampling, prefix: str, new: list[int], logits, latency: float,
+                    timings: dict, batch_size: int) -> Generation:
+        """One row's result: its own tokens (the batch's padding after its end dropped), their logprobs under the
+        distribution it sampled from, its text."""
+        import torch
+
+        chat = self.chat
+        if self.eos_id in new:  # the row's own end; the batch pads finished rows after it
+            new = new[: new.index(self.eos_id) + 1]
+        while new and new[-1] == chat.pad_id != self.eos_id:  # a row ended by a stop string, padded after it
+            new.pop()
+        temp = s.temperature if s.temperature > 0 else 1.0
+        # scored as sampled: the sampler's ban (vision placeholders) applies to the logprobs too
+        lp = torch.log_softmax(ban(logits[: len(new)].float(), chat.placeholder_ids) / temp, dim=-1)
+        logprobs = lp.gather(1, torch.tensor(new, device=lp.device)[:, None])[:, 0].tolist() if new else []
+        stopped = bool(new) and new[-1] == self.eos_id
+        body = new[:-1] if stopped else new
+        text = prefix + self.processor.tokenizer.decode(body, skip_special_tokens=False)
+        stopped = stopped or any(x in text[len(prefix):] for x in s.stop)
+        return Generation(
+            text=text, prefix=prefix, finish_reason="stop" if stopped else "length",
+            prompt_tokens=len(enc.ids), completion_tokens=len(new), latency=latency,
+            prompt_ids=enc.prompt_ids, prefix_ids=list(enc.prefix_ids), output_ids=new, logprobs=logprobs,
+            logprob_temperature=temp, image_grid_thw=list(enc.image_grid_thw), retokenized=enc.retokenized,
+            batch_size=batch_size, timings=dict(timings),
+        )
 
     # ------------------------------------------------------------------ shared prompt work
 

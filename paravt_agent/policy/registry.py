@@ -31,13 +31,13 @@ Factory = Callable[..., Policy]
 
 
 def _local(model=None, endpoint=None, api_key=None, model_obj=None, processor=None, max_batch: int = 8,
-           **kw) -> Policy:
+           autocast=None, **kw) -> Policy:
     # lazy: a backend and its client library load when it is used
     from paravt_agent.policy.local import LocalPolicy
 
     if not model:
         raise ConfigError("the local backend needs model=<path of a model directory>")
-    return LocalPolicy(model, model_obj=model_obj, processor=processor, max_batch=max_batch, **kw)
+    return LocalPolicy(model, model_obj=model_obj, processor=processor, max_batch=max_batch, autocast=autocast, **kw)
 
 
 def _openai(model=None, endpoint=None, api_key=None, **kw) -> Policy:
@@ -53,7 +53,7 @@ def _sglang(model=None, endpoint=None, api_key=None, processor=None, lora=None, 
 
     if not model:
         raise ConfigError("the sglang backend needs model=<path or name of the served model's processor>")
-    return SGLangPolicy(model=model, endpoint=endpoint, processor=processor, lora=lora, **kw)
+    return SGLangPolicy(model=model, endpoint=endpoint, processor=processor, lora=lora, api_key=api_key, **kw)
 
 
 _REGISTRY: dict[str, Factory] = {"local": _local, "openai": _openai, "sglang": _sglang}
@@ -88,20 +88,24 @@ def make_policy(backend: str, model: str | None = None, endpoint: str | None = N
 
 
 def make_rollout_policy(backend: str, model: str, endpoint: str | None = None, *, trained_model=None,
-                        processor=None, max_batch: int | None = None, lora: str | None = None) -> Policy:
+                        processor=None, max_batch: int | None = None, lora: str | None = None,
+                        api_key: str | None = None, autocast=None) -> Policy:
     """The policy RL rolls out with, by backend name: any registered backend that returns token ids and
     logprobs (``local``, ``sglang``, a plugin). A factory is offered, by the names it declares, the trained
     model itself (``model_obj``: an in-process backend then generates with the trained parameters and
     nothing needs syncing), the trainer's ``processor``, the ``max_batch`` of concurrent calls it may
-    batch, and ``lora``: the name of the LoRA adapter the server holds the trained weights under (a LoRA run's
-    ``weight_sync: lora``), which a server backend names in every request."""
+    batch, ``lora``: the name of the LoRA adapter the server holds the trained weights under (a LoRA run's
+    ``weight_sync: lora``), which a server backend names in every request, ``api_key``: the server's key, and
+    ``autocast``: the trainer's autocast dtype, which an in-process backend generating with the trained model
+    generates under (the rollouts then come from the numerics the update scores them with)."""
     import inspect
 
     _load_entry_points()
     factory = _REGISTRY.get(backend)
     if factory is None:
         raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(_REGISTRY)}")
-    offered = {"model_obj": trained_model, "processor": processor, "max_batch": max_batch, "lora": lora}
+    offered = {"model_obj": trained_model, "processor": processor, "max_batch": max_batch, "lora": lora,
+               "api_key": api_key, "autocast": autocast}
     declared = inspect.signature(factory).parameters
     policy = factory(model=model, endpoint=endpoint, **{k: v for k, v in offered.items()
                                                          if v is not None and k in declared})

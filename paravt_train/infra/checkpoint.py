@@ -108,10 +108,9 @@ def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, extra: d
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     if rank_blobs is not None:
-        torch.save({"blobs": rank_blobs, "rng": torch.get_rng_state()}, tmp / f"rank-{rank}.pt")
+        torch.save({"blobs": rank_blobs, **_rng_state()}, tmp / f"rank-{rank}.pt")
     if rank == 0:
-        torch.save({"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "blobs": blobs or {}},
-                   tmp / "extra.pt")
+        torch.save({"scheduler": scheduler.state_dict(), **_rng_state(), "blobs": blobs or {}}, tmp / "extra.pt")
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **(extra or {})}))
     barrier()
     if rank == 0:
@@ -130,8 +129,23 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> int:
     extra = torch.load(Path(path) / "extra.pt", weights_only=False)
     scheduler.load_state_dict(extra["scheduler"])
     mine = Path(path) / f"rank-{rank_world()[0]}.pt"
-    torch.set_rng_state(torch.load(mine, weights_only=False)["rng"] if mine.is_file() else extra["rng"])
+    _set_rng_state(torch.load(mine, weights_only=False) if mine.is_file() else extra)
     return json.loads((Path(path) / STATE_FILE).read_text())["step"]
+
+
+def _rng_state() -> dict:
+    """The generators a resumed run must continue: the CPU's and, on a GPU, this process's CUDA devices'."""
+    state = {"rng": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(saved: dict) -> None:
+    torch.set_rng_state(saved["rng"])
+    cuda = saved.get("cuda_rng")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)  # a checkpoint of another machine's devices keeps this one's
 
 
 def load_blobs(path: Path) -> dict:

@@ -14,7 +14,7 @@ import random
 import torch
 import torch.distributed as dist
 
-from paravt_agent.errors import PolicyError
+from paravt_agent.errors import ConfigError, PolicyError
 
 __all__ = [
     "shutdown_distributed",
@@ -50,6 +50,13 @@ def init_distributed(timeout_minutes: float = 60.0) -> None:
         import datetime
 
         # NCCL takes CUDA tensors only: the small CPU collectives (counts, object gathers) go over gloo
+        if torch.cuda.is_available():
+            local, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+            if local >= gpus:  # NCCL puts one rank on one GPU; two ranks cannot share one
+                raise ConfigError(
+                    f"local rank {local} has no GPU of its own: this machine shows {gpus} GPU(s). Start at most "
+                    f"{gpus} processes per node (torchrun --nproc_per_node {gpus}), or train on the CPU over gloo "
+                    "with CUDA_VISIBLE_DEVICES=\"\"")
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
         if torch.cuda.is_available():

@@ -202,7 +202,7 @@ def policy_loss(
     mask = mask.float()
     if scales is None:
         scales = torch.tensor(token_scales(list(range(len(mask))), [int(m.sum()) for m in mask], "seq-mean"),
-                              dtype=torch.float32)
+                              dtype=torch.float32, device=logp.device)
     adv = advantages[:, None].float()
     if token_weights is not None:
         adv = adv * token_weights

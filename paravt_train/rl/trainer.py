@@ -59,7 +59,7 @@ from paravt_train.judge import LLMJudge
 from paravt_train.rl import lora
 from paravt_train.rl.async_loop import AsyncRollouts, require_served_policy, within_staleness
 from paravt_train.rl.checkpoints import TrainerCheckpoints
-from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.config import GRPOConfig, check_served_sampling
 from paravt_train.rl.metrics import step_metrics
 from paravt_train.rl.objective import episode_advantages
 from paravt_train.rl.replay import ReplayBuffer
@@ -182,7 +182,8 @@ class GRPOTrainer(TrainerCheckpoints):
                 self.ref = shard_model(self.ref)
         policy = make_rollout_policy(cfg.backend, cfg.model, cfg.endpoint, trained_model=self.model,
                                      processor=self.processor, max_batch=cfg.rollout_batch,
-                                     lora=cfg.lora_name if cfg.weight_sync == "lora" else None)
+                                     lora=cfg.lora_name if cfg.weight_sync == "lora" else None,
+                                     api_key=cfg.sglang_api_key(), autocast=self.autocast_dtype)
         if self.world > 1 and policy.generates_with(self.model):
             raise ConfigError(f"multi-process training needs a rollout server (backend: sglang): the {cfg.backend} "
                               "backend generates with the trained parameters in this process")
@@ -197,6 +198,8 @@ class GRPOTrainer(TrainerCheckpoints):
         # server through SGLang's admin API only (the sync named by weight_sync)
         self.syncer = make_weight_sync(cfg, policy, self.model, self.out / "weights",
                                        export=self.export_for_server, device=self.device)
+        if self.syncer is not None:  # a min-p the server's seeded sampler would die on, refused before any request
+            check_served_sampling(policy, self.agent_config(), self.eval_agent_config())
         self.agent = Agent(policy=policy, config=self.agent_config())
         self.cache = PromptCache(self.agent)
         self.update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,

@@ -184,7 +184,8 @@ class Demo:
         view.update(run["view"], windows="", pending="")
         try:
             calls = [{"start_time": float(a), "end_time": float(b)} for a, b in
-                     (line.replace(" ", "").split("-", 1) for line in (windows_text or "").splitlines() if line.strip())]
+                     (line.replace(" ", "").split("-", 1) for line in (windows_text or "").splitlines()
+                      if line.strip())]
         except ValueError:
             self._paused[pending] = run
             view.update(windows=windows_text, pending=pending,
@@ -259,7 +260,8 @@ class Demo:
         key = (ev.turn, rec.agent or "", rec.index)  # a collaborating agent's calls: their own slots
         w = windows.setdefault(key, {"index": rec.index, "window": rec.window, "error": None, "summary": "",
                                      "agent": rec.agent})
-        w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"], frames=rec.evidence == "frames")
+        w.update(summary=rec.summary, error=rec.error, window=rec.window or w["window"],
+                 frames=rec.evidence == "frames")
         if rec.frame_timestamps and run["reader"] is not None and key not in thumbs:
             mid = rec.frame_timestamps[len(rec.frame_timestamps) // 2]
             img = run["reader"].sample([mid], max_pixels=96 * 96, factor=8).frames[0]

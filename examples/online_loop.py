@@ -56,10 +56,10 @@ from paravt_agent.protocol import LETTERS, option_body  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
 from paravt_train.data import write_parquet  # noqa: E402
 from paravt_train.eval.stats import mean_ci, paired_diff_ci  # noqa: E402
+from paravt_train.online.gate import evaluate_dir  # noqa: E402
+from paravt_train.online.learner import OnlineLearner  # noqa: E402
+from paravt_train.online.versions import push_version  # noqa: E402
 from paravt_train.rl.config import GRPOConfig  # noqa: E402
-from paravt_train.rl.gate import evaluate_dir  # noqa: E402
-from paravt_train.rl.online import OnlineLearner  # noqa: E402
-from paravt_train.rl.versions import push_version  # noqa: E402
 from paravt_train.sft import train  # noqa: E402
 from paravt_train.sft.config import SFTConfig  # noqa: E402
 from paravt_train.toy.build import TEST_SEED0, toy_agent_config  # noqa: E402
@@ -169,7 +169,8 @@ def serve(start: Path, out: Path, python: str):
                                extra=["--skip-server-warmup", "--log-level", "warning"], vlm_cache_mb=0)
     env = {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     with (out / "server.log").open("w") as f:
-        proc = launch([*(["taskset", "-c", str(cores[0])] if two else []), *argv], env, "127.0.0.1", port, timeout=300, log=f)
+        proc = launch([*(["taskset", "-c", str(cores[0])] if two else []), *argv], env, "127.0.0.1", port,
+                      timeout=300, log=f)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -204,7 +205,8 @@ def main() -> None:
     from paravt_train.data import prompts_from_rl
 
     held_prompts = prompts_from_rl(held_set, vids)
-    cfg8 = toy_agent_config().model_copy(update={"frames": toy_agent_config().frames.model_copy(update={"n_frames": 8})})
+    cfg8 = toy_agent_config().model_copy(
+        update={"frames": toy_agent_config().frames.model_copy(update={"n_frames": 8})})
     cache: dict[str, list] = {}
 
     def heldout(path) -> list:

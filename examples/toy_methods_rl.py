@@ -10,9 +10,9 @@ with and without agent dropout, each from a weak start, before → after on held
    answering from it — always on dense overviews (32, 64 frames), three times in four on sparse ones (4, 8, 16).
    Greedy at n = 8 they skip the tool; sampled, some rollouts still use it.
 2. RL on colour-at-t questions of 60 worlds no SFT saw, overviews of 8 frames:
-   * Weaver: ``paravt-train grpo --set preset=weaver``: its tools' model calls frozen (``tool_model_calls:
+   * Weaver: ``paravt-train grpo --set method=weaver``: its tools' model calls frozen (``tool_model_calls:
      freeze``), R = 0.7·R_corr + 0.2·R_format + 0.1·R_tool (R_tool: a tool call that worked and a right answer);
-   * VideoChat-M1: ``--set preset=videochat-m1`` (τ = 1, KL 1e-5) on the collaborative cpp protocol: each agent's
+   * VideoChat-M1: ``--set method=videochat-m1`` (τ = 1, KL 1e-5) on the collaborative cpp protocol: each agent's
      turns with its own advantage, R_i = R_res + R_format + R_col + R_tool; the same with agent dropout
      (``collab.dropout``).
 3. Held-out: 80 MCQ questions (40 worlds) at n = 8, greedy, with the trainer's scorer, before and after; accuracy
@@ -59,7 +59,8 @@ def agent_yaml(method: str, overrides: dict, path: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=str(MODES), help="The toy policy that learned every mode (checkpoints/toy-modes).")
+    ap.add_argument("--model", default=str(MODES),
+                    help="The toy policy that learned every mode (checkpoints/toy-modes).")
     ap.add_argument("--out", default="runs/toy_methods_rl")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--prompts-per-step", type=int, default=4)
@@ -95,7 +96,7 @@ def main() -> None:
                                            method=method, progress=False)
         slug = name.lower().replace(" ", "-").replace("(", "").replace(")", "").replace("+", "plus")
         cfg = GRPOConfig(
-            preset=preset, model=str(starts[method]), data=str(train), video_root=str(vids),
+            method=preset, model=str(starts[method]), data=str(train), video_root=str(vids),
             agent_config=agent_yaml(method, overrides, out / f"{slug}.yaml"), output_dir=str(out / slug),
             steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr,
             max_new_tokens=160, subagent_max_new_tokens=32, micro_batch_size=1, save_every=1000,

@@ -6,7 +6,8 @@
 1. The start: the shipped toy policy (checkpoints/toy) made tool-shy by a short SFT on traces that mostly
    answer colour-at-t questions from the nearest overview frame although the tool is offered
    (:mod:`paravt_train.toy.toolshy`: always on 32- and 64-frame overviews, mostly on sparser ones). Greedy,
-   it skips the tool at n = 8 and 64; sampled at τ = 0.7 it still crops now and then on sparse overviews. Why this start: the shipped policy is already near 1.0 on colour-at-t and
+   it skips the tool at n = 8 and 64; sampled at τ = 0.7 it still crops now and then on sparse overviews.
+   Why this start: the shipped policy is already near 1.0 on colour-at-t and
    nearly deterministic (nothing for RL to move), while this one has a real decision to improve — the
    one the paper's nFrames gating targets (use the tool when the overview is sparse).
 2. RL: `vanilla-grpo` and `para-grpo` from the same start with the same seeds, on colour-at-t questions of
@@ -69,7 +70,7 @@ def main() -> None:
     for preset in args.presets.split(","):
         t1 = time.time()
         cfg = GRPOConfig(
-            preset=preset, model=str(start), data=str(train), eval_data=str(held), eval_n_frames=8,
+            method=preset, model=str(start), data=str(train), eval_data=str(held), eval_n_frames=8,
             video_root=str(vids), output_dir=str(out / preset), steps=args.steps,
             prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr, temperature=0.7,
             max_new_tokens=256, subagent_max_new_tokens=32, micro_batch_size=1, save_every=10,
@@ -95,7 +96,8 @@ def main() -> None:
             "heldout_calls_before": summary["eval_before"]["eval/tool_calls"],
             "heldout_calls_after": summary["eval_after"]["eval/tool_calls"],
             "n_heldout": len(before),
-            "heldout_failed": (summary["eval_before"].get("eval/failed", 0), summary["eval_after"].get("eval/failed", 0)),
+            "heldout_failed": (summary["eval_before"].get("eval/failed", 0),
+                               summary["eval_after"].get("eval/failed", 0)),
         }
     png = plot(",".join(str(out / p) for p in results), out / "curves.png")
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -1,8 +1,9 @@
-"""Module paths that moved in the regrouping by concept (v0.4), kept importable for one release.
+"""Module paths that moved (the regrouping by concept of v0.4, the rooms of v0.5), kept importable until
+:data:`REMOVED_IN`.
 
 ``import paravt_train.grpo_trainer`` (or a YAML/pickle naming a class under it) still works: the old name is an
 alias of the new module, and importing it warns with a ``DeprecationWarning`` naming the new path. The package's
-``__init__`` installs :class:`MovedModules` with its table; nothing else imports this module.
+``__init__`` installs :class:`MovedModules` with its table; the configs that rename keys read :data:`REMOVED_IN`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import importlib.machinery
 import sys
 import warnings
 
-__all__ = ["MovedModules"]
+__all__ = ["REMOVED_IN", "MovedModules"]
+
+#: the release in which the moved module paths (and the deprecated config keys) stop working: importable until
+#: then, with a DeprecationWarning naming the new path. tests/test_architecture.py fails once the package's
+#: version reaches it, so the aliases cannot outlive it (CHANGELOG.md lists what goes)
+REMOVED_IN = "0.6.0"
 
 
 class _Alias(importlib.abc.Loader):
@@ -21,7 +27,7 @@ class _Alias(importlib.abc.Loader):
         self.old, self.new = old, new
 
     def create_module(self, spec):
-        warnings.warn(f"{self.old} moved to {self.new}; the old path goes away in the next release",
+        warnings.warn(f"{self.old} moved to {self.new}; the old path goes away in {REMOVED_IN}",
                       DeprecationWarning, stacklevel=4)
         module = importlib.import_module(self.new)
         self._spec = module.__spec__  # the import system writes the alias's spec over it: put back in exec_module

@@ -18,11 +18,11 @@ from paravt_agent.graph import build_graph, final_answer, initial_state, trace_o
 from paravt_agent.graph.checkpoints import open_checkpointer
 from paravt_agent.graph.context import AgentContext, check_input, prepare_input, system_prompt, tool_schemas
 from paravt_agent.graph.frames import FrameStore, refs_of
+from paravt_agent.plugins import toolset
 from paravt_agent.policy.base import Policy
 from paravt_agent.policy.registry import make_policy
 from paravt_agent.trajectory import Phase, Trace
 from paravt_agent.types import Answer, AnswerEvent, OverviewEvent, ReviewEvent, RolloutInput, StreamEvent
-from tools.registry import registry_of
 
 __all__ = ["Agent", "Answer", "make_policy"]
 
@@ -38,8 +38,8 @@ class Agent:
 
     ``config`` defaults to the model directory's ``agent_config.yaml`` when it has one
     (:meth:`AgentConfig.for_model`), else to the paper's protocol. ``tools`` is a tool registry or a list
-    of tool instances (default: the built-ins and every ``paravt.tools`` plugin); ``config.tools`` picks
-    the ones offered.
+    of tool instances (default: the built-ins and every ``paravt.tools`` plugin, reached through the
+    ``paravt.toolsets`` entry point: :func:`paravt_agent.plugins.toolset`); ``config.tools`` picks the ones offered.
 
     ``checkpointer`` makes runs durable (LangGraph's checkpointers): a saver object, or ``"memory"``,
     ``"sqlite:///path.db"`` or a ``postgresql://`` URL. A run then has a ``thread_id`` (``answer(...,
@@ -73,7 +73,7 @@ class Agent:
             raise ConfigError(f"the {self.policy.name} policy cannot pin the think prefix "
                               f"{self.config.think_prefix!r}; set think_prefix: '' in the agent config "
                               "or use a backend that can (local, sglang, openai with prefill)")
-        registry = registry_of(tools)
+        registry = toolset()(tools)  # the tools package's registry_of, by its entry point
         if tools is not None and registry is not tools and \
                 self.config.tools == AgentConfig.model_fields["tools"].default_factory():
             self.config = self.config.model_copy(update={"tools": registry.names()})
@@ -128,7 +128,8 @@ class Agent:
         return prepare_input(self.config, self.policy, self.registry, video, question, options, n_frames)
 
     def check_input(self, question: str, options: Sequence[str] | None = None) -> None:
-        """Refuse an empty question, or one or an option over its token limit (:func:`paravt_agent.graph.context.check_input`)."""
+        """Refuse an empty question, or one or an option over its token limit
+        (:func:`paravt_agent.graph.context.check_input`)."""
         check_input(self.config, self.policy, question, options)
 
     def _graph_config(self, thread_id: str | None = None) -> dict:
@@ -385,7 +386,8 @@ class Agent:
     def answer_many(self, items: Iterable[dict], concurrency: int = 4, progress: bool = True,
                     reruns: int = 0) -> list[Answer]:
         """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item
-        (each answer's ``status``); ``reruns``: tries again for answers the runtime spoiled (see :meth:`aanswer_many`)."""
+        (each answer's ``status``); ``reruns``: tries again for answers the runtime spoiled
+        (see :meth:`aanswer_many`)."""
         return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress, reruns=reruns))
 
     def _finish(self, state: dict, ctx: AgentContext, trace: Trace, latency: float, t0: float | None) -> Answer:

@@ -27,9 +27,9 @@ def tools_cmd(
 ) -> None:
     """List the available tools (built-ins and `paravt.tools` entry-point plugins) with their schemas."""
     # lazy: a command's modules load when it runs (`paravt --help` stays instant)
-    from tools.registry import ToolRegistry
+    from paravt_agent.plugins import toolset
 
-    reg = ToolRegistry.default()
+    reg = toolset()(None)  # the default set, by its entry point (paravt_agent never imports the tools package)
     if as_json:
         typer.echo(json.dumps(reg.schemas(), indent=2))
         return
@@ -209,7 +209,8 @@ def serve_cmd(
                                    "upscale such frames (Qwen3-VL's min_pixels 65536) is served through an overlay "
                                    "directory that keeps their size."),
     lora_rank: int = typer.Option(None, min=1, help="Serve LoRA adapters up to this rank (--enable-lora on the "
-                                  "trainer's default modules): what a `lora.enabled` run with `weight_sync: lora` pushes. On CPU, SGLang "
+                                  "trainer's default modules): what a `lora.enabled` run with `weight_sync: lora` "
+                                  "pushes. On CPU, SGLang "
                                   "0.5.23's LoRA needs the test suite's CPU module (`make sglang-cpu`)."),
     lora_from: Path = typer.Option(None, help="A training config (its `lora` section) or a peft adapter directory: "
                                    "serve LoRA adapters with that run's rank and target modules."),

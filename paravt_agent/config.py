@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from paravt_agent._moved import REMOVED_IN
 from paravt_agent.errors import ConfigError
 from paravt_agent.protocol.presets import preset_settings
 from paravt_agent.types import Sampling
 from paravt_agent.video.sampling import FrameConfig
 
-__all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "CollabAgent", "CollabConfig", "FrameConfig", "Layout", "ModelSpec", "apply_overrides", "load_yaml_model",
-           "protocol_differences", "resolve_agent_config"]
+__all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "CollabAgent", "CollabConfig", "FrameConfig", "Layout", "ModelSpec",
+           "apply_overrides", "load_yaml_model", "merge_settings", "protocol_differences", "resolve_agent_config",
+           "upgrade_keys"]
 
 #: The file a trained model directory carries: the agent settings (frame protocol, limits) it was trained with.
 AGENT_CONFIG_FILE = "agent_config.yaml"
@@ -154,10 +157,18 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    #: what a user sets, by topic (docs/config.md lists these first; the rest is advanced)
+    user_settings: ClassVar[dict[str, tuple[str, ...]]] = {
+        "protocol": ("preset", "mode", "tools", "think_prefix"),
+        "budget": ("frames", "max_turns", "max_calls_per_turn", "planner_sampling", "subagent_sampling",
+                   "request_timeout"),
+    }
+
     preset: str = Field(
-        "paravt", description="Protocol preset (paravt_agent.protocol.presets): paravt (this project's layout), paravt-rl, "
-        "paravt-eval (the released ParaVT-8B's RL workflow and eval driver), longvt. It supplies every setting "
-        "not given explicitly.")
+        "paravt", description="Protocol preset (paravt_agent.protocol.presets): paravt (this project's layout), "
+        "paravt-rl, paravt-eval (the released ParaVT-8B's RL workflow and eval driver), longvt, weaver, "
+        "videochat-m1. It supplies every setting not given explicitly; a training method names its own "
+        "(paravt_train/methods.py).")
     frames: FrameConfig = Field(default_factory=FrameConfig, description="The frame protocol (paper, Appendix B).")
     layout: Layout = Field(default_factory=Layout, description="The conversation layout (prompts, tool results).")
     mode: Literal["parallel", "sequential", "none", "collaborative"] = Field(
@@ -219,7 +230,7 @@ class AgentConfig(BaseModel):
         """A preset's settings under the explicitly given ones (nested sections merged key by key)."""
         if not isinstance(data, dict):
             return data
-        return _deep_merge(preset_settings(data.get("preset", "paravt")), data)
+        return merge_settings(preset_settings(data.get("preset", "paravt")), data)
 
     @model_validator(mode="after")
     def _collaborative(self):
@@ -250,22 +261,59 @@ class AgentConfig(BaseModel):
         return apply_overrides(self, overrides)
 
 
-def _deep_merge(base: dict, top: dict) -> dict:
+def merge_settings(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, nested sections merged key by key (a pydantic model in ``top`` counts with the fields
+    it was given). The one merge of the package: a protocol preset under an agent config's own settings, a
+    training method under a GRPO config's (:mod:`paravt_train.methods`)."""
     out = dict(base)
     for k, v in top.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
+            out[k] = merge_settings(out[k], v)
         elif isinstance(v, BaseModel) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v.model_dump(exclude_unset=True))
+            out[k] = merge_settings(out[k], v.model_dump(exclude_unset=True))
         else:
             out[k] = v
     return out
 
 
+def upgrade_keys(data: dict, deprecated: dict[str, str | None], owner: str) -> dict:
+    """``data`` with its deprecated keys moved: ``deprecated`` maps an old key to its new dotted key (a value given
+    under the new key wins), or to None for a setting that is gone (dropped). Each old key warns, naming the new
+    key and the release that stops reading it (a FutureWarning: shown to whoever runs the YAML)."""
+    if not isinstance(data, dict) or not deprecated.keys() & data.keys():
+        return data
+    out = dict(data)
+    for old, new in deprecated.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        _warn_deprecated(owner, old, new)
+        if new is None:
+            continue
+        *path, last = new.split(".")
+        section = out
+        for k in path:
+            section[k] = dict(section.get(k) or {})
+            section = section[k]
+        section.setdefault(last, value)
+    return out
+
+
+def _warn_deprecated(owner: str, old: str, new: str | None) -> None:
+    if new is None:
+        warnings.warn(f"{owner}: `{old}` is no longer a setting and is ignored; delete it (refused from "
+                      f"{REMOVED_IN})", FutureWarning, stacklevel=4)
+        return
+    top, _, rest = new.partition(".")
+    where = f" (YAML `{top}: {{{rest}: ...}}`, or --set {new}=...)" if rest else ""
+    warnings.warn(f"{owner}: `{old}` is renamed `{new}`{where}; `{old}` is refused from {REMOVED_IN}", FutureWarning,
+                  stacklevel=4)
+
+
 #: Settings that do not change what the model sees or writes (left out of protocol comparisons).
 _RUNTIME_KEYS = {"planner_timeout", "subagent_timeout", "retries", "request_timeout", "max_concurrency",
-                 "review_windows", "frames.backend", "frames.fast_overview", "planner_sampling.seed", "subagent_sampling.seed",
-                 "preset"}
+                 "review_windows", "frames.backend", "frames.fast_overview", "planner_sampling.seed",
+                 "subagent_sampling.seed", "preset"}
 
 
 def _flat(data: dict, prefix: str = "") -> dict:
@@ -337,13 +385,24 @@ def _set_dotted(data: dict, dotted: str, value) -> None:
     data[keys[-1]] = value
 
 
-def _apply_dotted(data: dict, overrides: list[str] | None) -> None:
-    """``key.sub=value`` items (values parsed as YAML) set into ``data`` in order."""
+def _apply_dotted(data: dict, overrides: list[str] | None, cls: type | None = None) -> dict:
+    """``key.sub=value`` items (values parsed as YAML) set into ``data`` in order; a deprecated key of ``cls``
+    (its ``deprecated_keys``), in ``data`` or an item, is moved to its new name first, so the last one wins."""
+    deprecated = getattr(cls, "deprecated_keys", {})
+    owner = getattr(cls, "__name__", "config")
+    data = upgrade_keys(data, deprecated, owner)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. frames.n_frames=8)")
         key, raw = item.split("=", 1)
-        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+        key, value = key.strip(), yaml.safe_load(raw)
+        if key in deprecated:
+            _warn_deprecated(owner, key, deprecated[key])
+            if deprecated[key] is None:
+                continue
+            key = deprecated[key]
+        _set_dotted(data, key, value)
+    return data
 
 
 def apply_overrides(model: BaseModel, overrides: list[str] | None) -> BaseModel:
@@ -353,7 +412,7 @@ def apply_overrides(model: BaseModel, overrides: list[str] | None) -> BaseModel:
     preset = [o for o in overrides or [] if o.split("=", 1)[0].strip() == "preset"]
     if preset and isinstance(model, AgentConfig):
         data = {}
-    _apply_dotted(data, overrides)
+    data = _apply_dotted(data, overrides, type(model))
     try:
         return type(model).model_validate(data)
     except ValidationError as exc:
@@ -370,7 +429,7 @@ def load_yaml_model(cls: type[BaseModel], path: str | Path, overrides: list[str]
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    _apply_dotted(data, overrides)
+    data = _apply_dotted(data, overrides, cls)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

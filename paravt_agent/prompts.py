@@ -90,7 +90,8 @@ NO_TOOL_SYSTEM_PROMPT = """You are a helpful video understanding assistant.
 First, reason about the question inside <think>...</think>.
 Then provide your final answer inside <answer>...</answer>."""
 
-SUBAGENT_SYSTEM_PROMPT = """You are a video inspection sub-agent. You see frames from one temporal window of a video, each labelled with its time in seconds.
+SUBAGENT_SYSTEM_PROMPT = """You are a video inspection sub-agent. You see frames from one temporal window of a video, \
+each labelled with its time in seconds.
 Describe concisely what the frames show that is relevant to the question, citing times. Reply with the summary only."""
 
 #: The forced last turn once ``max_turns`` is used up. No protocol tags: an instruction the agent injects is
@@ -261,7 +262,8 @@ def tool_response_messages(layout, slots: Sequence[dict]) -> list[dict]:
             return [tool_response_message([(s["label"], s["text"]) for s in slots])]
         parts: list[dict] = [{"type": "text", "text": "<tool_response>"}]
         for i, s in enumerate(slots, 1):
-            line = f"\n[{i}] {_clip(neutralize(s['label']), 200)}: {_clip(neutralize(s['text'].strip()), MAX_SLOT_CHARS)}"
+            line = (f"\n[{i}] {_clip(neutralize(s['label']), 200)}: "
+                    f"{_clip(neutralize(s['text'].strip()), MAX_SLOT_CHARS)}")
             parts.append({"type": "text", "text": line})
             if s.get("frames") is not None:
                 parts.extend(frame_parts(s["frames"], s["timestamps"], labels=layout.frame_labels))

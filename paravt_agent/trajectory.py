@@ -128,7 +128,8 @@ def agent_view(name: str, entries: list[MemoryEntry]) -> str:
         if e.info and e.info != info:
             lines.append(f"Key info: {_clip_text(e.info)}")
             info = e.info
-        lines += [f"Turn {e.round}: {_clip_text(c.label or c.name or 'call', 200)} -> {_clip_text(c.slot_text)}" for c in e.calls]
+        lines += [f"Turn {e.round}: {_clip_text(c.label or c.name or 'call', 200)} -> {_clip_text(c.slot_text)}"
+                  for c in e.calls]
         if e.decision:
             lines.append(f"Decision: {_clip_text(e.decision)}")
         if e.answer is not None:
@@ -168,7 +169,8 @@ class Trace(BaseModel):
     video: str = Field("", description="The video as the caller named it (a path or a URL).")
     question: str = Field("", description="The question as asked.")
     options: list[str] | None = Field(None, description="The answer options of a multiple-choice question.")
-    mode: str = Field("parallel", description="The dispatch mode the run used (parallel, sequential, none or collaborative).")
+    mode: str = Field("parallel",
+                      description="The dispatch mode the run used (parallel, sequential, none or collaborative).")
     duration: float = Field(0.0, description="The video's length in seconds.")
     overview_timestamps: list[float] = Field(default_factory=list,
                                              description="The times (seconds) of the planner's overview frames.")
@@ -301,7 +303,8 @@ class Trace(BaseModel):
         lines.append(f"{'total':<28} {self.latency:8.3f}")
         lines.append("")
         for p in sorted(self.phases, key=lambda p: p.start):
-            where = "" if p.turn is None else f" turn {p.turn + 1}" + ("" if p.index is None else f" call {p.index + 1}")
+            where = ("" if p.turn is None
+                     else f" turn {p.turn + 1}" + ("" if p.index is None else f" call {p.index + 1}"))
             detail = ", ".join(f"{k} {v:.3f}" for k, v in p.detail.items())
             lines.append(f"  {p.start:7.3f}s +{p.seconds:.3f}s  {p.name}{where}" + (f"  ({detail})" if detail else ""))
         return "\n".join(lines)
@@ -328,7 +331,8 @@ class Trace(BaseModel):
         ]
         for t in self.turns:
             tag = " (asked for the final answer)" if t.forced_final else ""
-            lines.append(f"-- planner turn {t.turn + 1}{tag} [{t.latency:.2f}s, {t.prompt_tokens}+{t.completion_tokens} tok]")
+            lines.append(f"-- planner turn {t.turn + 1}{tag} "
+                         f"[{t.latency:.2f}s, {t.prompt_tokens}+{t.completion_tokens} tok]")
             if t.reasoning:
                 lines.append(f"   think: {clip(t.reasoning)}")
             if t.consensus:
@@ -357,8 +361,8 @@ class Trace(BaseModel):
             lines.append("Errors: " + "; ".join(self.errors))
         status = self.status
         if status == "degraded":
-            lines.append(f"Status: DEGRADED: {self.failed_calls} of {self.tool_calls} tool calls failed in the runtime; "
-                         "the answer was given without their evidence")
+            lines.append(f"Status: DEGRADED: {self.failed_calls} of {self.tool_calls} tool calls failed in the "
+                         "runtime; the answer was given without their evidence")
         elif status == "failed":
             lines.append("Status: FAILED: no usable answer")
         lines.append(f"Total {self.latency:.2f}s, {self.tool_calls} tool calls, "

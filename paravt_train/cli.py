@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from paravt_train.rl.online_cli import app as online_app
+from paravt_train.online.cli import app as online_app
 
 app = typer.Typer(
     help="ParaVT trainer: validate and convert data, SFT cold start, PARA-GRPO, online learning, the toy world.",
@@ -118,7 +118,8 @@ def prefilter_cmd(
 @app.command("sft")
 def sft_cmd(
     config: Path = typer.Option(..., "--config", help="SFTConfig YAML file."),
-    set_: list[str] = typer.Option(None, "--set", help="Override key=value, e.g. --set lr=1e-5 --set lora.enabled=true."),
+    set_: list[str] = typer.Option(None, "--set",
+                                   help="Override key=value, e.g. --set lr=1e-5 --set lora.enabled=true."),
 ) -> None:
     """Supervised fine-tuning (cold start). Run under `torchrun --nproc_per_node N` for FSDP2."""
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
@@ -142,7 +143,8 @@ def sft_cmd(
 
 @app.command("toy")
 def toy_cmd(
-    out: Path = typer.Option(None, "--out", help="Output folder (default: $PARAVT_HOME/toy, i.e. ~/.cache/paravt/toy)."),
+    out: Path = typer.Option(None, "--out",
+                             help="Output folder (default: $PARAVT_HOME/toy, i.e. ~/.cache/paravt/toy)."),
     train_worlds: int = typer.Option(None, help="Training videos (default 400)."),
     test_worlds: int = typer.Option(None, help="Held-out videos (disjoint seeds; default 60)."),
     steps: int = typer.Option(None, help="SFT steps of batch 16 of the first stage (default 1800)."),
@@ -216,8 +218,8 @@ def eval_cmd(
     config: Path = typer.Option(None, help="AgentConfig YAML (default: the model directory's agent_config.yaml, "
                                            "else the paper's protocol, greedy)."),
     set_: list[str] = typer.Option(None, "--set", help="AgentConfig override key=value."),
-    out: Path = typer.Option(Path("runs/eval/results.jsonl"), help="Per-sample JSONL (appended; resume skips answered items and asks failed ones again; an item's last line "
-                                    "counts)."),
+    out: Path = typer.Option(Path("runs/eval/results.jsonl"), help="Per-sample JSONL (appended; resume skips "
+                             "answered items and asks failed ones again; an item's last line counts)."),
     concurrency: int = typer.Option(4, help="Questions in flight."),
     shard: str = typer.Option("0/1", help="i/k: this machine takes every k-th item starting at i."),
     limit: int = typer.Option(None, help="Only the first N items of each benchmark."),
@@ -287,22 +289,23 @@ def quickstart_cmd(
 @app.command("grpo")
 def grpo_cmd(
     config: Path = typer.Option(..., "--config", help="GRPOConfig YAML (see examples/configs/paragrpo_*.yaml)."),
-    set_: list[str] = typer.Option(None, "--set", help="Override key=value, e.g. --set preset=vanilla-grpo "
+    set_: list[str] = typer.Option(None, "--set", help="Override key=value, e.g. --set method=vanilla-grpo "
                                                        "--set reward.gamma=0 --set gating=false."),
 ) -> None:
-    """PARA-GRPO (or vanilla GRPO) from an RL Parquet file; resumes from the newest checkpoint.
+    """GRPO by a training method (para-grpo, vanilla-grpo, dapo, weaver, videochat-m1: `method` in the config)
+    from an RL Parquet file; resumes from the newest checkpoint.
 
     Metrics per step go to OUTPUT_DIR/metrics.jsonl; `paravt-train plot OUTPUT_DIR` draws them.
     Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError, ParaVTError
     from paravt_train.infra.distributed import end_process, shutdown_distributed
+    from paravt_train.methods import trainer_class
     from paravt_train.rl.config import GRPOConfig
-    from paravt_train.rl.trainer import GRPOTrainer
 
     try:
         cfg = GRPOConfig.from_yaml(config, list(set_ or []))
-        summary = GRPOTrainer(cfg).run()
+        summary = trainer_class(cfg.method)(cfg).run()  # the method's trainer
     except (ConfigError, ParaVTError) as exc:
         _fail(str(exc))
     finally:

@@ -1,10 +1,11 @@
 """Rewards and rollout metrics of PARA-GRPO (paper, Section 3.2.3 and Appendix B). Pure functions.
 
-    R(x, y) = λ_acc · R_acc(y, a*) + λ_fmt · R_fmt(y) + R_tool(y) + Σ_k w_k R_k(y) + bias,   R_fmt = R_base + λ_anchor · R_anchor
+    R(x, y) = λ_acc · R_acc(y, a*) + λ_fmt · R_fmt(y) + R_tool(y) + Σ_k w_k R_k(y) + bias,
+    R_fmt = R_base + λ_anchor · R_anchor
 
 (λ_acc = 1 in the paper; Weaver's R = 0.7·R_corr + 0.2·R_format + 0.1·R_tool is ``acc_weight``, ``format_reward:
 answer``, ``tool_reward: success``; VideoChat-M1's per-agent R_res + R_format + R_col is
-:mod:`paravt_train.rl.agent_rewards`.)
+:mod:`paravt_train.rl.marl.rewards`.)
 
 ``y`` is the rollout transcript the policy is scored on: every planner response, *including the pinned think
 prefix*, with the tool-response turns in between (:func:`transcript`); tool output is neutralised before it
@@ -96,7 +97,7 @@ class RewardConfig(BaseModel):
         "<tool_call>s (the paper's); success = Weaver's tool-success reward (after DeepEyes): tool_bonus × R_acc "
         "when the rollout made a tool call that worked, else 0 (tool use that led to a right answer).")
     collaboration: float = Field(1.0, description="R_col's weight in a collaborating agent's reward (VideoChat-M1, "
-                                 "A.5: R = R_res + R_format + R_col; paravt_train.rl.agent_rewards).")
+                                 "A.5: R = R_res + R_format + R_col; paravt_train.rl.marl.rewards).")
     reward_bias: float = Field(0.0, description="Added to every reward (the paper's RL: -0.2; GRPOConfig sets it).")
     degenerate_count: int = Field(5, description="<|im_start|> count that marks a degenerate output ...")
     degenerate_window: int = Field(300, description="... within this many characters.")

@@ -54,7 +54,8 @@ def main() -> None:
     from paravt_train.toy.world import make_worlds
 
     tmp = Path(tempfile.mkdtemp(prefix="paravt-bench-e2e-"))
-    worlds = make_worlds(range(940_000, 940_000 + max(2, (args.questions + 3) // 4)), tmp / "videos", mcq=2, oe=2, tvg=0)
+    worlds = make_worlds(range(940_000, 940_000 + max(2, (args.questions + 3) // 4)), tmp / "videos",
+                         mcq=2, oe=2, tvg=0)
     items = [(w, q) for w in worlds for q in w.questions][: args.questions]
 
     agent = Agent(model=str(REPO_CHECKPOINT))

@@ -10,7 +10,8 @@ Prints wall time per K and mode, the ratio to the ideal (parallel: 3 delays;
 sequential: 2K+1 delays), and the runtime overhead per sub-agent, both as
 (wall - ideal) / K and as the marginal cost of one more sub-agent relative to
 the smallest K (the fixed cost of the planner turns and the overview excluded).
-The harness server shares the machine's cores, so its own work is counted too. Then the planner's context in tokens (summed over its
+The harness server shares the machine's cores, so its own work is counted too.
+Then the planner's context in tokens (summed over its
 requests) for both dispatch modes and both evidence modes (sub-agent summaries,
 or the crops' frames returned to the planner) at K = 1..8, counted with the tiny
 model's processor on a 64-frame 640x360 overview: parallel mode encodes the

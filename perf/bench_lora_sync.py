@@ -46,9 +46,9 @@ def main() -> None:
     from safetensors.torch import load_file
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+    from paravt_train.infra import lora
     from paravt_train.infra.checkpoint import ServerExport
-    from paravt_train.rl import lora
-    from paravt_train.sft.config import LoraSettings
+    from paravt_train.infra.lora import LoraSettings
 
     heads, kv, inter = max(1, args.hidden // 128), max(1, args.hidden // 512), 3 * args.hidden
     cfg = Qwen3VLConfig(text_config={"hidden_size": args.hidden, "num_hidden_layers": args.layers,

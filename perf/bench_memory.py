@@ -50,9 +50,9 @@ from paravt_agent.video import POOL
 tmp = Path(tempfile.mkdtemp())
 worlds = make_worlds(range(960_000, 960_004), tmp / "videos")
 data = write_parquet(rl_rows(worlds, tmp / "videos"), tmp / "rl.parquet")
-cfg = GRPOConfig(model=str(REPO_CHECKPOINT), data=str(data), video_root=str(tmp / "videos"), output_dir=str(tmp / "out"),
-                 steps=1, prompts_per_step=2, group_size=8, max_new_tokens=96, subagent_max_new_tokens=40,
-                 temperature=0.7, concurrency=8)
+cfg = GRPOConfig(model=str(REPO_CHECKPOINT), data=str(data), video_root=str(tmp / "videos"),
+                 output_dir=str(tmp / "out"), steps=1, prompts_per_step=2, group_size=8, max_new_tokens=96,
+                 subagent_max_new_tokens=40, temperature=0.7, concurrency=8)
 tr = GRPOTrainer(cfg, progress=False, log=lambda *a: None)
 tr.setup()
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -54,8 +54,9 @@ def text_only_turns(tr, prompts, group: int, temperature: float) -> list:
     out = []
     for gen in asyncio.run(all_()):
         head = [*gen.prompt_ids, *gen.prefix_ids]
-        out.append(TokenSequence("text", head + list(gen.output_ids), [0] * len(head) + [1] * len(gen.output_ids),
-                                 [0.0] * len(head) + list(gen.logprobs)))
+        out.append(TokenSequence(role="text", input_ids=head + list(gen.output_ids),
+                                 loss_mask=[0] * len(head) + [1] * len(gen.output_ids),
+                                 logprobs=[0.0] * len(head) + list(gen.logprobs)))
     return out
 
 

@@ -51,7 +51,8 @@ def rollout_bench(repeats: int) -> None:
             t = time.perf_counter()
             groups = tr.rollout(prompts)
             times[reuse].append(time.perf_counter() - t)
-            tokens[reuse] = [[r.generation.output_ids for r in e.answer.records] if e.answer else e.failed for g in groups for e in g]
+            tokens[reuse] = [[r.generation.output_ids for r in e.answer.records] if e.answer else e.failed
+                             for g in groups for e in g]
     off, on = statistics.median(times[False]), statistics.median(times[True])
     print(f"rollout phase, one toy GRPO step (2 prompts x G = 8, tau = 0.7), median of {repeats}:")
     print(f"  without reuse {off:.2f} s, with reuse {on:.2f} s: {off / on:.2f}x faster")

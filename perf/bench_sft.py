@@ -47,7 +47,8 @@ def main() -> None:
             rows.append({"messages": [
                 {"role": "system", "content": TOOL_SYSTEM_PROMPT},
                 {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4", "n_frames": 16},
-                                             {"type": "text", "text": question_text("What colour is shown at 00:07?")}]},
+                                             {"type": "text",
+                                              "text": question_text("What colour is shown at 00:07?")}]},
                 {"role": "assistant", "content": "<think>\nI should look at 00:05-00:09.</think>\n<tool_call>"
                  '{"name": "crop_video", "arguments": {"start_time": 5, "end_time": 9}}</tool_call>'},
             ]})

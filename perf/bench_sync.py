@@ -213,7 +213,8 @@ def main() -> None:
     if disk is not None and args.dtype != "float32":
         # the trainer holds fp32 weights and export_model writes them as they are: a disk sync moves fp32 bytes
         up = 4 / (disk["gb"] * 1e9 / disk["params"])
-        print(f"\ndisk in the trainer: fp32, not {args.dtype} (paravt_train/infra/checkpoint.py export_model writes the "
+        print(f"\ndisk in the trainer: fp32, not {args.dtype} (paravt_train/infra/checkpoint.py export_model "
+              "writes the "
               f"fp32 weights it holds): at 8 B {8e9 * 4 / 1e9:.0f} GB, ~{disk['seconds'] * scale * up:.0f} s and "
               f"~{disk['sender_peak_mb'] * scale * up / 1000:.0f} GB of sender peak (--dtype float32 measures it)")
 

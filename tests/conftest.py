@@ -37,8 +37,8 @@ def pytest_runtest_logreport(report):
     """With ``PARAVT_TEST_LOG`` set (the GPU runner, tests/gpu/run.py), one JSON line per test phase as it ends:
     a run stopped by its time limit still has the outcome of every test it finished."""
     path = os.environ.get("PARAVT_TEST_LOG")
-    if not path or (report.when != "call" and report.passed):
-        return
+    if not path or (report.when != "call" and report.passed) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under xdist the controller writes (it gets every worker's reports)
     import json
 
     reason = ""
@@ -82,6 +82,22 @@ NUMERIC_TOLERANCE = {
     "float32": {"batch": 1e-4, "reuse": 1e-5, "rescore": 1e-3, "update": 1e-3},
     "bfloat16": {"batch": 0.1, "reuse": 1e-4, "rescore": 1e-4, "update": 2e-2},
 }
+
+
+def assert_same_tokens(got_ids, got_lps, want_ids, want_lps, tol: float, exact: bool) -> float:
+    """Two runs of one row agree: with ``exact`` (float32), the same tokens and every logprob within ``tol``.
+    Otherwise (bf16) the same tokens up to a near-tie: where they first differ, both runs' chosen tokens had
+    logprobs within ``tol`` of each other (each run's argmax flipped by rounding, not a different distribution),
+    and every logprob before it within ``tol``. Returns the largest logprob difference compared."""
+    common = min(len(got_ids), len(want_ids))
+    n = next((i for i in range(common) if got_ids[i] != want_ids[i]), common)
+    if exact or n == common:
+        assert got_ids == want_ids
+    else:  # a near-tie at n: the two argmaxes' logprobs are as close as the dtype's rounding
+        assert abs(got_lps[n] - want_lps[n]) <= tol, (n, got_lps[n], want_lps[n])
+    upto = min(n + 1, common)
+    assert got_lps[:upto] == pytest.approx(want_lps[:upto], abs=tol)
+    return max((abs(got_lps[i] - want_lps[i]) for i in range(upto)), default=0.0)
 
 
 @pytest.fixture(scope="session")
@@ -267,9 +283,7 @@ def sglang_stub():
     servers = []
 
     def start(model: str, **kw) -> SGLangStub:
-        if not (Path(__file__).resolve().parents[1] / ".sglang-contract" / "api_types.py").is_file():
-            engine_unavailable("SGLang's contract types are not here (`make sglang-contract`, or send .sglang-contract/ "
-                               "to a machine without a registry): the stand-in checks every request with them")
+        require_contract()
         s = SGLangStub(model, **kw)
         servers.append(s)
         return s
@@ -277,6 +291,14 @@ def sglang_stub():
     yield start
     for s in servers:
         s.close()
+
+
+def require_contract() -> None:
+    """The stand-in SGLang server checks every request with SGLang's own contract types: without them (a machine
+    that could not run `make sglang-contract`) its tests skip, saying so (fail under PARAVT_REQUIRE_ENGINES)."""
+    if not (Path(__file__).resolve().parents[1] / ".sglang-contract" / "api_types.py").is_file():
+        engine_unavailable("SGLang's contract types are not here (`make sglang-contract`, or send .sglang-contract/ "
+                           "to a machine without a registry): the stand-in checks every request with them")
 
 
 def engine_unavailable(reason: str | None) -> None:

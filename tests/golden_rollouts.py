@@ -25,12 +25,13 @@ def _sha(xs) -> str:
 def digest(agent, world, case: dict) -> list[dict]:
     import numpy as np
 
+    from paravt_train.data.records import PromptItem
     from paravt_train.rewards import RewardConfig
-    from paravt_train.rl.rollout import PromptCache, PromptItem, RolloutSettings, run_group
+    from paravt_train.rl.rollout import PromptCache, RolloutSettings, run_group
 
     q = next(q for q in world.questions if q.task == case["task"])
     answer = [int(x) for x in q.span] if q.task == "tvg" else q.answer
-    prompt = PromptItem(q.qid, world.video, q.question, q.options, answer, q.task)
+    prompt = PromptItem(id=q.qid, video=world.video, question=q.question, options=q.options, answer=answer, task=q.task)
     settings = RolloutSettings(group=2, n_frames=case["n"], reward=RewardConfig(), seed=0)
     eps = agent.run(run_group(agent, PromptCache(agent), prompt, settings, agent.policy.eos_id))
     out = []

@@ -16,8 +16,8 @@ from paravt_train.rl.trainer import GRPOTrainer
 
 def main() -> None:
     cfg_path, items_path, out_path = sys.argv[1:4]
-    tr = GRPOTrainer(GRPOConfig.from_yaml(cfg_path), progress=False, log=lambda *_: None)
-    tr.auto_sync = False  # no server behind the endpoint: the update alone is compared (no push at setup)
+    # no server behind the endpoint: the update alone is compared (no push at setup)
+    tr = GRPOTrainer(GRPOConfig.from_yaml(cfg_path), progress=False, log=lambda *_: None, push_updates=False)
     tr.setup()
     with open(items_path, "rb") as f:
         items = pickle.load(f)

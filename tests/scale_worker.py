@@ -50,7 +50,7 @@ def main() -> None:
 
             GRPOTrainer(cfg, progress=False).run()
         else:
-            from paravt_train.rl.online import OnlineLearner
+            from paravt_train.online.learner import OnlineLearner
 
             learner = OnlineLearner(cfg, args.store, progress=False)
             if args.restart_server_at is not None:
@@ -74,7 +74,7 @@ def restart_server_at(tr, cfg, at: int) -> None:
         if tr.step == at:
             barrier()
             if tr.rank == 0:
-                SGLangWeightSync(cfg.endpoint, tempfile.mkdtemp()).load(cfg.model, version="default")
+                SGLangWeightSync(cfg.endpoint, tempfile.mkdtemp()).serve(cfg.model, version="default")
             barrier()
         return step(prompts, *a, **kw)
 

@@ -20,7 +20,8 @@ Behaviour modelled on SGLang 0.5.23 (read from its source; ``../shared/FACTS.md`
   level. ``sampling_params``: temperature, top_p, top_k (-1 = all), min_p, repetition / frequency / presence
   penalties (on output tokens), max_new_tokens, stop (strings: generation ends and the text is trimmed unless
   ``no_stop_trim``), stop_token_ids, ignore_eos, skip_special_tokens, logit_bias (added after the penalties),
-  sampling_seed (honoured only with ``--enable-deterministic-inference``). Unset sampling keys take SGLang's own defaults: ``/generate`` does not
+  sampling_seed (honoured only with ``--enable-deterministic-inference``). Unset sampling keys take SGLang's own
+  defaults: ``/generate`` does not
   read the model's ``generation_config.json`` (SGLang 0.5.23 applies ``--sampling-defaults model`` to its OpenAI
   routes only; the flag is accepted here and changes nothing).
   Logprobs (``return_logprob``) are those of the distribution sampled from (penalties and logit_bias applied,
@@ -219,8 +220,9 @@ class Engine:
             with torch.no_grad():
                 for k, v in state.items():
                     if tuple(v.shape) != tuple(own[k].shape):
-                        raise Refused({"success": False, "message": f"Failed to update weights: {k} has shape "
-                                                                    f"{tuple(v.shape)}, expected {tuple(own[k].shape)}"})
+                        raise Refused({"success": False,
+                                       "message": f"Failed to update weights: {k} has shape "
+                                                  f"{tuple(v.shape)}, expected {tuple(own[k].shape)}"})
                     own[k].copy_(v.to(own[k].dtype))
             self._set_version(version)
 
@@ -592,7 +594,8 @@ def make_handler(engine: Engine, api_key: str | None = None, admin_api_key: str 
             with engine.cv:
                 live = [len(r.chosen) for r in engine.live.values()]
             if os.environ.get("SGLANG_EXPOSE_OWN_ENV_VARS", "").lower() in ("1", "true"):
-                info["internal_states"] = [{"env_vars": {k: v for k, v in os.environ.items() if k.startswith("SGLANG_")}}]
+                info["internal_states"] = [
+                    {"env_vars": {k: v for k, v in os.environ.items() if k.startswith("SGLANG_")}}]
             return {**info, "served_requests": engine.requests, "enable_deterministic_inference": engine.deterministic,
                     "tp_size": engine.tp_size, "dp_size": engine.dp_size,
                     # this test server's own: tokens of the requests in flight, payloads of each tensor update

@@ -369,7 +369,8 @@ def test_paravt_api_on_the_toy_policy_answers_32_concurrent_requests(toy_rl, tmp
         assert len(replies) == 32 and all(r.choices[0].message.content for r in replies)
         exts = [r.model_extra["paravt"] for r in replies]
         assert all(e["ok"] for e in exts)
-        sizes = [b for e in exts for b in e["planner_batch_sizes"]] + [c["batch_size"] for e in exts for c in e["calls"]]
+        sizes = ([b for e in exts for b in e["planner_batch_sizes"]]
+                 + [c["batch_size"] for e in exts for c in e["calls"]])
         assert max(sizes) > 1  # concurrent questions shared batches on the local backend
         right = sum(e["choice"] == q.answer for e, (_, q) in zip(exts, items, strict=True))
         assert right >= 24, right  # the shipped toy policy answers these colour questions

@@ -1,14 +1,29 @@
-"""The shape of the code (issue 45): the import graph of the package code has no circle and its packages no cycle,
-``tools`` stands on the agent's foundation only, imports inside functions say why, and moved module paths still
-import (with a DeprecationWarning naming the new one).
+"""The shape of the code (issues 45 and 55): the import graph of the package code has no circle, its packages no
+cycle, ``paravt_train``'s folders import downward only, ``tools`` stands on the agent's foundation only and the agent
+never imports ``tools``, no base class reads what only its subclasses set, imports inside functions say why, and
+moved module paths still import (with a DeprecationWarning naming the new one).
 
-The layers, bottom to top::
+The packages, bottom to top::
 
     paravt_agent foundation   errors, plugins, defaults, protocol/, video/, trajectory, types, config, prompts
     tools                     the Tool interface, the built-in tools, the registry          (→ foundation only)
-    paravt_agent runtime      policy/, graph/, agent, serving/, store, telemetry, cli        (→ tools, foundation)
-    paravt_train              sft/, rl/, sync/, data/, eval/, benchmarks/, toy/, infra/      (→ paravt_agent, tools)
+    paravt_agent runtime      policy/, graph/, agent, serving/, store, telemetry, cli        (→ foundation; the
+                              default tools through the ``paravt.toolsets`` entry point, never by import)
+    paravt_train              its folders, in the layers of TRAIN_LAYERS below               (→ paravt_agent, tools)
     paravt_lmms               the lmms-eval plugin and its command                           (→ paravt_train, ...)
+
+``paravt_train``'s folders (and its top-level modules), bottom to top; a module imports its own folder and the
+layers below it, never a layer above or another folder of its own layer::
+
+    judge, rewards, methods   the LLM judge, R = R_acc + λ_fmt·R_fmt + R_tool (pure), the method table
+    infra                     torchrun/FSDP2, checkpoints and the one atomic export, LoRA, SIGTERM, trackers
+    data                      formats, the records they become (PromptItem, transcripts), conversion, pre-filters
+    benchmarks, eval          benchmark loaders; scoring and held-out evaluation
+    sft                       the SFT cold start
+    sync                      weights onto the rollout servers
+    rl                        the GRPO loop (multi-agent RL inside it: rl/marl/)
+    online, toy               online learning (it holds a GRPO trainer); the embedded toy world
+    config_reference, cli     the generated configuration reference; the ``paravt-train`` command
 """
 
 from __future__ import annotations
@@ -28,10 +43,16 @@ PACKAGES = ("paravt_agent", "paravt_train", "paravt_lmms", "tools")
 FOUNDATION = ("paravt_agent.errors", "paravt_agent.plugins", "paravt_agent.defaults", "paravt_agent.protocol",
               "paravt_agent.video", "paravt_agent.trajectory", "paravt_agent.types", "paravt_agent.config",
               "paravt_agent.prompts")
-#: the direction packages may import each other in (paravt_agent ↔ tools by the layers above)
+#: the direction packages may import each other in: one way, so the packages have no cycle (the agent reaches its
+#: default tools through an entry point, not an import)
 ALLOWED = {("paravt_train", "paravt_agent"), ("paravt_train", "tools"), ("paravt_lmms", "paravt_agent"),
-           ("paravt_lmms", "paravt_train"), ("paravt_lmms", "tools"), ("paravt_agent", "tools"),
-           ("tools", "paravt_agent")}
+           ("paravt_lmms", "paravt_train"), ("paravt_lmms", "tools"), ("tools", "paravt_agent")}
+#: paravt_train's folders and top-level modules, bottom to top (the module docstring says what each layer is)
+TRAIN_LAYERS = [("judge",), ("rewards",), ("methods",), ("infra",), ("data",), ("benchmarks",), ("eval",), ("sft",),
+                ("sync",), ("rl",), ("online", "toy"), ("config_reference",), ("cli",)]
+#: base classes that still read attributes only their subclasses set (a debt, named so it cannot grow): the local
+#: backend's batching mixin, to become an object the backend holds
+READS_SUBCLASS_STATE = {"paravt_agent.policy.batcher.QueuedBatcher"}
 
 
 def modules() -> dict[str, Path]:
@@ -79,18 +100,16 @@ def graph():
     return mods, imports(mods)
 
 
-def test_no_import_circle(graph):
-    """No two modules reach each other through imports — at module level, in functions or under TYPE_CHECKING."""
-    mods, imps = graph
-    edges = {m: {t for t, _, _ in imps[m]} for m in mods}
-    index, low, stack, on, circles = {}, {}, [], set(), []
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan): every circle of ``edges``."""
+    index, low, stack, on, found = {}, {}, [], set(), []
     sys.setrecursionlimit(10_000)
 
     def visit(v):
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in edges[v]:
+        for w in edges.get(v, ()):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -105,12 +124,119 @@ def test_no_import_circle(graph):
                 if w == v:
                     break
             if len(comp) > 1:
-                circles.append(sorted(comp))
+                found.append(sorted(comp))
 
-    for v in mods:
+    for v in sorted(edges):
         if v not in index:
             visit(v)
-    assert circles == []
+    return found
+
+
+def test_no_import_circle(graph):
+    """No two modules reach each other through imports — at module level, in functions or under TYPE_CHECKING."""
+    mods, imps = graph
+    assert circles({m: {t for t, _, _ in imps[m]} for m in mods}) == []
+
+
+def train_folder(module: str) -> str | None:
+    """The folder of ``paravt_train`` a module is in (a top-level module is its own), None outside it."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "paravt_train" and len(parts) > 1 else None
+
+
+def test_no_package_cycle_and_paravt_train_imports_downward(graph):
+    """0 cycles between the packages and between paravt_train's folders, and no arrow up TRAIN_LAYERS: a folder
+    imports only from the layers below its own (a new folder or top-level module takes its place in the list)."""
+    mods, imps = graph
+    pkg = lambda name: name.split(".")[0]  # noqa: E731
+    packages: dict[str, set[str]] = {}
+    folders: dict[str, set[str]] = {}
+    for m in mods:
+        for t, _, _ in imps[m]:
+            packages.setdefault(pkg(m), set()).add(pkg(t))
+            a, b = train_folder(m), train_folder(t)
+            if a and b and a != b:
+                folders.setdefault(a, set()).add(b)
+    assert circles({p: ts - {p} for p, ts in packages.items()}) == []
+    assert circles(folders) == []
+    layer = {name: i for i, names in enumerate(TRAIN_LAYERS) for name in names}
+    unplaced = sorted({train_folder(m) for m in mods if train_folder(m)} - set(layer))
+    assert not unplaced, f"give these a layer in TRAIN_LAYERS: {unplaced}"
+    upward = sorted(f"{m} -> {t}" for m in mods for t, _, _ in imps[m]
+                    if train_folder(m) and train_folder(t) and train_folder(m) != train_folder(t)
+                    and layer[train_folder(t)] >= layer[train_folder(m)])
+    assert upward == []
+
+
+def test_data_imports_nothing_from_rl(graph):
+    """The records the loops share (PromptItem, the transcript a reward scores) live in data/, below rl/."""
+    mods, imps = graph
+    assert [(m, t) for m in mods if m.startswith("paravt_train.data") for t, _, _ in imps[m]
+            if t.startswith("paravt_train.rl")] == []
+
+
+def test_the_agent_reaches_tools_only_through_the_entry_point(graph):
+    """``paravt_agent`` imports nothing of ``tools`` (not lazily, not by an import path in a string): its default
+    tool set is the ``paravt.toolsets`` entry point, which pyproject.toml declares (and a source tree on PYTHONPATH
+    reads from there)."""
+    import re
+
+    mods, imps = graph
+    assert [(m, t) for m in mods if m.startswith("paravt_agent") for t, _, _ in imps[m] if t.startswith("tools")] == []
+    named = [f"{m}: {node.value}" for m, f in mods.items() if m.startswith("paravt_agent")
+             for node in ast.walk(ast.parse(f.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and re.fullmatch(r"tools(\.\w+)+(:[\w.]+)?|tools:[\w.]+", node.value)]
+    assert named == []
+    from paravt_agent.plugins import _source_entry_points, toolset
+    from tools.registry import registry_of
+
+    assert _source_entry_points("paravt.toolsets") == {"default": "tools.registry:registry_of"}
+    assert toolset() is registry_of
+
+
+def test_no_base_class_reads_what_only_its_subclasses_set():
+    """Composition over size-cut inheritance (STYLE.md): a project class that another one inherits from defines or
+    sets every attribute it reads on ``self`` (in its own body or its own project bases) — a part cut off a class
+    that grew is an object the class holds (``GRPOTrainer.checkpoints``, ``OnlineLearner.promotion``), never a
+    base reading the subclass's attributes. Bases with a base outside the project (pydantic, Exception) are not
+    judged. READS_SUBCLASS_STATE names the ones left."""
+    classes: dict[str, ast.ClassDef] = {}
+    for m, f in modules().items():
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                classes[f"{m}.{node.name}"] = node
+    by_name: dict[str, list[str]] = {}
+    for q in classes:
+        by_name.setdefault(q.rsplit(".", 1)[1], []).append(q)
+
+    def bases(q: str) -> list[str | None]:  # project bases by name; None for one outside the project
+        names = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in
+                 classes[q].bases]
+        return [x for n in names for x in (by_name.get(n) or [None if n not in ("object", "ABC", "Protocol") else
+                                                              "object"]) if x != "object"]
+
+    def own(q: str) -> set[str]:
+        node, out = classes[q], set()
+        for st in node.body:
+            if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                out.add(st.name)
+            elif isinstance(st, ast.Assign | ast.AnnAssign):
+                targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+                out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        out |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                and isinstance(n.value, ast.Name) and n.value.id == "self"}
+        return out | {a for b in bases(q) if b for a in own(b)}
+
+    reading = []
+    for base in sorted({b for q in classes for b in bases(q) if b}):
+        if None in bases(base) or base in READS_SUBCLASS_STATE:
+            continue
+        reads = {n.attr for n in ast.walk(classes[base]) if isinstance(n, ast.Attribute)
+                 and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+        if reads - own(base):
+            reading.append(f"{base} reads {sorted(reads - own(base))}")
+    assert reading == []
 
 
 def test_packages_import_in_one_direction_and_tools_only_the_foundation(graph):
@@ -156,7 +282,8 @@ def test_imports_inside_functions_say_why(graph):
 def test_the_folders_hold_their_concepts():
     """A top level of a few modules per package, the rest in folders named by concept (issue 45's shape)."""
     for pkg, folders, most in (("paravt_agent", {"protocol", "graph", "policy", "video", "serving"}, 14),
-                               ("paravt_train", {"rl", "sync", "sft", "data", "eval", "benchmarks", "toy", "infra"}, 6)):
+                               ("paravt_train", {"rl", "online", "sync", "sft", "data", "eval", "benchmarks", "toy",
+                                                 "infra"}, 6)):
         top = [p.name for p in (ROOT / pkg).glob("*.py") if p.name != "__init__.py" and not p.name.startswith("_")]
         assert len(top) <= most, top
         assert folders <= {p.name for p in (ROOT / pkg).iterdir() if (p / "__init__.py").is_file()}
@@ -194,3 +321,31 @@ def test_importing_the_sdk_stays_cheap():
             "print(sorted(m for m in ('torch', 'transformers', 'gradio', 'langgraph') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+#: the records the trainer passes between its stages, built by keyword only (``@dataclass(kw_only=True)``)
+RECORDS = ("PromptItem", "TokenSequence", "UpdateItem", "ReplayItem")
+
+
+def test_records_are_built_by_keyword():
+    """A record built positionally (``UpdateItem(s, a, r.alpha, True)``) breaks silently when a field is added or
+    moved: the records are keyword-only, and no call in the package, tests, examples or benchmarks passes one a
+    positional argument."""
+    import dataclasses
+
+    from paravt_train.data.records import PromptItem
+    from paravt_train.rl.replay import ReplayItem
+    from paravt_train.rl.rollout import TokenSequence
+    from paravt_train.rl.update import UpdateItem
+
+    for cls in (PromptItem, TokenSequence, UpdateItem, ReplayItem):
+        assert all(f.kw_only for f in dataclasses.fields(cls)), cls.__name__
+    positional = []
+    for top in (*PACKAGES, "tests", "examples", "perf"):
+        for f in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Call) and node.args:
+                    name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                    if name in RECORDS:
+                        positional.append(f"{f.relative_to(ROOT)}:{node.lineno} {name}")
+    assert not positional, positional

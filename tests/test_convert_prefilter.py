@@ -17,7 +17,8 @@ USER = {"role": "user", "content": [{"type": "video", "video": "v.mp4"}, {"type"
 
 
 def call(a, b):
-    return f'<tool_call>{{"name": "crop_video", "arguments": {{"video_path": "v.mp4", "start_time": {a}, "end_time": {b}}}}}</tool_call>'
+    return (f'<tool_call>{{"name": "crop_video", "arguments": {{"video_path": "v.mp4", "start_time": {a}, '
+            f'"end_time": {b}}}}}</tool_call>')
 
 
 def frames(a, b):
@@ -31,7 +32,8 @@ def seq_trace():
         frames(30, 50),
         {"role": "assistant", "content": "<think>A man enters a kitchen. Now the end.</think>" + call(130, 145)},
         frames(130, 145),
-        {"role": "assistant", "content": "<think>He leaves with a cup. Look closer at the exit.</think>" + call(138, 142)},
+        {"role": "assistant",
+         "content": "<think>He leaves with a cup. Look closer at the exit.</think>" + call(138, 142)},
         frames(138, 142),
         {"role": "assistant", "content": "<think>At 02:20 he holds the cup.</think>" + call(60, 40)},
         frames(60, 40),
@@ -74,7 +76,8 @@ def rl_rows(video):
     base = {"prompt": json.dumps([SYSTEM, user]), "videos": [video]}
     return [
         {**base, "id": "ok", "answer": "A", "question_type": "mcq", "options": ["red", "blue"], "question": "Colour?"},
-        {**base, "id": "never", "answer": "B", "question_type": "mcq", "options": ["red", "blue"], "question": "Colour?"},
+        {**base, "id": "never", "answer": "B", "question_type": "mcq", "options": ["red", "blue"],
+         "question": "Colour?"},
         {**base, "id": "long", "answer": " ".join(["word"] * 16), "question_type": "oe"},
         {**base, "id": "short", "answer": "a man with a cup", "question_type": "oe", "question": "Who?"},
     ]

@@ -62,7 +62,8 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
     log = tmp_path / "router.log"
     with log.open("w") as f:
         router = subprocess.Popen([str(PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                                   "--port", str(port), "--policy", "round_robin", "--prometheus-port", str(free_port()),
+                                   "--port", str(port), "--policy", "round_robin",
+                                   "--prometheus-port", str(free_port()),
                                    "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
                                    "--health-success-threshold", "1", "--health-check-timeout-secs", "5",
                                    "--worker-urls", w1.url, w2.url],
@@ -86,7 +87,7 @@ def test_sglang_router_spreads_an_eval_shard_and_loses_nothing_when_a_worker_die
 
         # a weight push to the router reaches every worker behind it
         before = [httpx.get(s.url + "/model_info").json()["weight_version"] for s in (w1, w2)]
-        SGLangWeightSync(router_url, tmp_path / "weights").load(Path(toy_policy_dir), version="5")
+        SGLangWeightSync(router_url, tmp_path / "weights").serve(Path(toy_policy_dir), version="5")
         after = [httpx.get(s.url + "/model_info").json()["weight_version"] for s in (w1, w2)]
         assert before == ["default", "default"] and after == ["5", "5"]
 

@@ -107,7 +107,8 @@ def test_review_windows_pauses_before_the_subagents_and_resumes_with_edited_call
 
     events = agent.run(run())
     done = events[-1].answer
-    assert [e.record.summary for e in events if isinstance(e, SubAgentEvent)] == ["summary of 5-9", "summary of 12-15"] \
+    assert [e.record.summary for e in events if isinstance(e, SubAgentEvent)] == ["summary of 5-9",
+                                                                                 "summary of 12-15"] \
         or sorted(e.record.summary for e in events if isinstance(e, SubAgentEvent)) == ["summary of 12-15",
                                                                                        "summary of 5-9"]
     assert [c.summary for c in done.trace.turns[0].calls] == ["summary of 5-9", "summary of 12-15"]

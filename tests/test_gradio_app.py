@@ -82,8 +82,8 @@ def test_collaborative_mode_shows_one_lane_per_agent(demo, red_video):
                    f"<share>{'no' if name == 'right' else 'yes'}</share>"
         return "looked" if role == "subagent" else "<think>\nfrom memory</think><answer>red</answer>"
 
-    cfg = AgentConfig(mode="collaborative", collab={"protocol": "rounds", "agents": [{"name": "left"}, {"name": "right"}],
-                                                          "turns": 2})
+    cfg = AgentConfig(mode="collaborative",
+                      collab={"protocol": "rounds", "agents": [{"name": "left"}, {"name": "right"}], "turns": 2})
     demo._agents[("embedded", "", "", "collaborative", False)] = Agent(policy=ScriptedPolicy(script), config=cfg)
     outs = collect(demo.ask(red_video, "Which colour?", "", "embedded", "", "", 8, "collaborative"))
     status, *_, answer, stats, trace_id, windows, pending, lanes = outs[-1]
@@ -131,9 +131,9 @@ def test_page_in_headless_chromium(tmp_path):
 
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "gradio_app.py"), "--port", str(port), "--model", str(CHECKPOINT),
-                             "--store", str(tmp_path / "t.db"), "--seed", str(SEED)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "gradio_app.py"), "--port", str(port),
+                             "--model", str(CHECKPOINT), "--store", str(tmp_path / "t.db"), "--seed", str(SEED)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.time() + 120

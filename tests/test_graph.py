@@ -61,7 +61,8 @@ def test_parallel_k_calls_one_tool_response_in_call_order(media):
     assert ans.choice == "B" and ans.text == "B"
     [turn1, turn2] = ans.trace.turns
     assert [c.window for c in turn1.calls] == [(float(a), float(b)) for a, b in WINDOWS]
-    assert all(c.frame_timestamps and a <= c.frame_timestamps[0] for c, (a, _) in zip(turn1.calls, WINDOWS, strict=True))
+    assert all(c.frame_timestamps and a <= c.frame_timestamps[0]
+               for c, (a, _) in zip(turn1.calls, WINDOWS, strict=True))
     assert turn1.reasoning == "inspect the windows" and not turn2.calls
     assert final_prompt[0]["role"] == "system" and "<tool_call>" in text_of(final_prompt[0]["content"])
 
@@ -175,7 +176,8 @@ def test_a_turn_whose_calls_fail_still_reaches_an_answer(media, mode, turns, fai
     ans = Agent(policy=pol, config=AgentConfig(mode=mode, retries=0)).answer(media["video"], "q?")
     assert ans.text == "B" and not ans.ok and ans.status == "degraded" and ans.trace.failed_calls == len(failing)
     assert not ans.trace.scorable and "DEGRADED" in ans.trace.render()
-    assert [e.split(": ", 1)[1] for e in ans.trace.errors] == [f"decoder exploded at {float(s)}" for s in sorted(failing)]
+    assert [e.split(": ", 1)[1] for e in ans.trace.errors] == [f"decoder exploded at {float(s)}"
+                                                               for s in sorted(failing)]
     assert all(e.startswith("turn ") and " (crop_video(" in e for e in ans.trace.errors)  # where and which call
     calls = [c for t in ans.trace.turns for c in t.calls]
     assert [c.window[0] for c in calls if c.error] == sorted(failing)

@@ -175,7 +175,7 @@ def test_replay_draws_forty_thirty_five_twenty_five():
 
 
 def _item(pid):
-    return ReplayItem(pid, [], 0.0)
+    return ReplayItem(prompt_id=pid, sequences=[], reward=0.0)
 
 
 def test_baseline_window_is_per_rollout():

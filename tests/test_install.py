@@ -1,4 +1,5 @@
-"""A wheel install carries the shipped toy policy: Agent() finds it from any directory, without the repository."""
+"""A wheel install carries the shipped toy policy and the entry point of the default tools: Agent() finds both from
+any directory, without the repository."""
 
 import subprocess
 import sys
@@ -29,6 +30,9 @@ def test_a_wheel_install_finds_the_toy_policy_anywhere(tmp_path):
         import paravt_agent, sys
         from paravt_agent.defaults import default_model_dir
         assert "site-packages" in paravt_agent.__file__, paravt_agent.__file__   # the wheel, not the clone
+        from paravt_agent.plugins import _source_entry_points, toolset
+        from tools.registry import registry_of
+        assert toolset() is registry_of and not _source_entry_points("paravt.toolsets")  # by the wheel's entry point
         print(default_model_dir())
     """)
     run = subprocess.run([py, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,

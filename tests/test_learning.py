@@ -69,7 +69,7 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, own_sglang):
     """The served agent answers, users say "red" (agent.feedback and the Gradio feedback panel), the online
     learner trains and pushes weights to the running SGLang server, and the same server answers better."""
     from gradio_app import Demo
-    from paravt_train.rl.online import OnlineLearner
+    from paravt_train.online.learner import OnlineLearner
 
     d = world["dir"]
     [server] = own_sglang(world["sft"])

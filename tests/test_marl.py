@@ -12,9 +12,10 @@ from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
 from paravt_agent.policy.base import text_of
 from paravt_agent.policy.scripted import ScriptedPolicy
+from paravt_train.data.records import PromptItem
 from paravt_train.rewards import RewardConfig
 from paravt_train.rl.objective import episode_advantages
-from paravt_train.rl.rollout import PromptCache, PromptItem, RolloutSettings, run_group
+from paravt_train.rl.rollout import PromptCache, RolloutSettings, run_group
 
 
 def crop(a, b):
@@ -40,7 +41,8 @@ def script(role, msgs):
 def test_each_agent_is_scored_on_its_own_answer_format_and_collaboration(red_video):
     cfg = AgentConfig(mode="collaborative", collab={"agents": [{"name": "scout"}, {"name": "checker"}]})
     agent = Agent(policy=ScriptedPolicy(script), config=cfg)
-    prompt = PromptItem("q", red_video, "When is the screen red?", None, [17, 20], "tvg")
+    prompt = PromptItem(id="q", video=red_video, question="When is the screen red?", options=None, answer=[17, 20],
+                        task="tvg")
     settings = RolloutSettings(group=2, reward=RewardConfig(reward_bias=0.0), seed=0)
     eps = agent.run(run_group(agent, PromptCache(agent), prompt, settings, eos_id=0))
     assert [e.agent for e in eps] == ["scout", "checker", "team"] * 2
@@ -108,7 +110,7 @@ def test_a_marl_step_trains_each_agent_with_its_own_advantage(modes_dir, toy_rl,
 
     agent_yaml = collab_yaml(tmp_path, modes_dir, dropout=0.5)
     cfg = grpo_config(tmp_path, modes_dir, toy_rl["data"], toy_rl["video_root"], tmp_path / "run", agent_yaml,
-                      preset="videochat-m1")
+                      method="videochat-m1")
     assert (cfg.kl_coef, cfg.reward.reward_bias) == (1e-5, 0.0)
     tr = GRPOTrainer(cfg.model_copy(update={"temperature": 1.5}), progress=False)
     tr.setup()
@@ -146,7 +148,7 @@ def test_several_policies_each_train_their_own_agents(modes_dir, toy_rl, tmp_pat
     save_file(weights, b_dir / "model.safetensors", metadata={"format": "pt"})
     agent_yaml = collab_yaml(tmp_path, modes_dir, dropout=0.5)
     cfgs = {name: grpo_config(tmp_path, model, toy_rl["data"], toy_rl["video_root"], tmp_path / name, agent_yaml,
-                              preset="videochat-m1")
+                              method="videochat-m1")
             for name, model in (("a", modes_dir), ("b", str(b_dir)))}
     cfgs = {k: c.model_copy(update={"temperature": 1.5, "group_size": 4}) for k, c in cfgs.items()}
     marl = MultiPolicyTrainer(cfgs, {"scout": "a", "checker": "b"})

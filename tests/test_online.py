@@ -17,10 +17,10 @@ from paravt_agent.errors import FeedbackError, ParaVTError
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.trajectory import Trace
+from paravt_train.online.config import GateSettings
+from paravt_train.online.gate import decide
+from paravt_train.online.learner import OnlineLearner
 from paravt_train.rl.config import GRPOConfig
-from paravt_train.rl.gate import decide
-from paravt_train.rl.online import OnlineLearner
-from paravt_train.rl.online_config import GateSettings
 from tests.learnable import QUESTION, TRAIN, build
 
 BIN = Path(sys.executable).parent
@@ -84,7 +84,8 @@ def test_the_learner_skips_what_it_cannot_train_on_and_limits_each_user(tmp_path
         t = Trace(video=w.video, question=q.question, options=q.options)
         store.add(t)
         traces.append(t)
-    raw = "INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key) VALUES (?,?,?,?,?,?,?,?)"
+    raw = ("INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key) "
+           "VALUES (?,?,?,?,?,?,?,?)")
     rows = [(traces[0].id, "Z", "old"), (traces[1].id, "[1, 2]", "old"), ("gone", "A", "old"),
             (traces[2].id, q.answer, "alice"), (traces[2].id, "A" if q.answer != "A" else "B", "bob"),
             (traces[3].id, None, "alice")]
@@ -215,7 +216,7 @@ def test_automatic_rollback_on_live_feedback(learnable, tmp_path):
     assert reg.serving()["id"] == "v1"
     live = learner.state["live"]
     live["v0"], live["v1"] = [18, 20], [5, 20]  # the labels of each version's own answers
-    assert learner.check_rollback() == "v0"
+    assert learner.promotion.check_rollback() == "v0"
     assert reg.serving()["id"] == "v0" and reg.get("v1")["status"] == "rolled-back"
     assert "live accuracy of v1 0.25" in reg.serving()["reason"]
     assert json.loads((Path(learner.cfg.output_dir) / "online_events.jsonl").read_text().splitlines()[-1])[
@@ -260,7 +261,7 @@ def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
                      prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=100,
                      concurrency=3, seed=0, gating=False, resume=False, lora={"enabled": True, "r": 4, "alpha": 8},
                      backend="sglang", endpoint=srv.url, weight_sync="lora", online={"gate": gate})
-    from paravt_train.rl.versions import VersionRegistry, push_version
+    from paravt_train.online.versions import VersionRegistry, push_version
 
     # the learner itself rolls out in this process here (the recording server generates nothing): local backend
     local = cfg.model_copy(update={"backend": "local", "endpoint": None, "weight_sync": "disk"})
@@ -308,7 +309,7 @@ def test_a_lora_learner_serves_and_rolls_out_its_adapters_on_sglang_itself(learn
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
-    from paravt_train.rl.versions import VersionRegistry  # as the LoRA test above
+    from paravt_train.online.versions import VersionRegistry  # as the LoRA test above
 
     d = learnable["dir"]
     [srv] = own_sglang(learnable["blue"], lora_rank=4)
@@ -365,7 +366,7 @@ def _push_an_adapter_while_requests_run(srv, name: str, model: str, adapter: str
         done["long"] = time.monotonic()
 
     def push():
-        done["result"] = SGLangLoraSync(srv.url, tmp_path, name=name, timeout=120).load(adapter)["success"]
+        done["result"] = SGLangLoraSync(srv.url, tmp_path, name=name, timeout=120).serve(adapter)["success"]
         done["push"] = time.monotonic()
 
     first = threading.Thread(target=in_flight)
@@ -411,7 +412,7 @@ def test_a_learner_killed_during_a_promotion_restarts_on_a_promoted_version(lear
     def push(cfg_, version, log=print):  # the server as the registry sees it: what was pushed last
         pushed.append(version["id"])
 
-    import paravt_train.rl.promotion as promotion
+    import paravt_train.online.promotion as promotion
 
     real = promotion.push_version
     promotion.push_version = push

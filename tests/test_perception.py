@@ -488,11 +488,11 @@ def test_the_weaver_preset_runs_its_tool_loop_with_frames_in_the_context(red_vid
 
 def test_weavers_reward_is_configurable_and_frozen_tools():
     """R = 0.7 R_corr + 0.2 R_format + 0.1 R_tool (R_tool only with a tool call that worked and a right answer), as
-    GRPOConfig's weaver preset sets it, with the tools' model calls frozen."""
+    the weaver method sets it, with the tools' model calls frozen."""
     from paravt_train.rewards import score
     from paravt_train.rl.config import GRPOConfig
 
-    cfg = GRPOConfig(model="m", preset="weaver")
+    cfg = GRPOConfig(model="m", method="weaver")
     r = cfg.reward
     assert (r.acc_weight, r.lambda_fmt, r.tool_bonus, r.format_reward, r.tool_reward, r.reward_bias) == (
         0.7, 0.2, 0.1, "answer", "success", 0.0)

@@ -97,6 +97,13 @@ def test_a_decoding_step_makes_no_host_sync_of_its_own(tiny_model, media, device
         sampler(None, scores)  # the first call makes its generators and banned ids on the device
     assert host_syncs(lambda: greedy(None, scores)) == 0
     assert host_syncs(lambda: sampled(None, scores)) <= (2 * 2 if dev.type == "cpu" else 0)
+    if dev.type == "cuda":  # every kind of sync (.tolist(), .cpu(), a boolean mask…) raises in this mode
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            greedy(None, scores)
+            sampled(None, scores)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 def test_a_second_rank_without_a_gpu_of_its_own_is_refused(monkeypatch):

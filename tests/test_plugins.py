@@ -89,3 +89,29 @@ def test_a_benchmark_plugin(installed, media, tmp_path):
     out = subprocess.run([sys.executable, "-m", "paravt_agent.cli", "tools"], capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(installed)}, check=True).stdout
     assert "brightness" in out
+
+
+def test_the_default_tools_come_through_the_toolsets_entry_point_installed_or_not(monkeypatch):
+    """The agent reaches its default tool set as plugins are reached (the ``paravt.toolsets`` entry point ``default``,
+    never an import of ``tools``); run from the source tree without being installed (the GPU runner puts the tree
+    on PYTHONPATH: no metadata), the entry point is read from the tree's own pyproject.toml and the agent still has
+    every built-in."""
+    import paravt_agent.plugins as plugins
+    from paravt_agent.agent import Agent
+    from paravt_agent.errors import ConfigError
+    from paravt_agent.policy.scripted import ScriptedPolicy
+    from tools.registry import ToolRegistry, registry_of
+
+    installed = Agent(policy=ScriptedPolicy(lambda role, m: "<answer>A</answer>")).registry.names()
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [])  # no package metadata at all
+    plugins.toolset.cache_clear()
+    try:
+        assert plugins.toolset() is registry_of
+        agent = Agent(policy=ScriptedPolicy(lambda role, m: "<answer>A</answer>"))
+        assert agent.registry.names() == installed == ToolRegistry.default().subset(agent.config.tools).names()
+        monkeypatch.setattr(plugins, "_source_entry_points", lambda group: {})  # nor a source tree: said, not empty
+        plugins.toolset.cache_clear()
+        with pytest.raises(ConfigError, match="paravt.toolsets"):
+            plugins.toolset()
+    finally:
+        plugins.toolset.cache_clear()

@@ -25,7 +25,8 @@ EVAL_TOOL = ('{"type": "function", "function": {"name": "crop_video", "descripti
              '"number", "description": "End time in seconds"}}, "required": ["video_path", "start_time", '
              '"end_time"]}}}')
 
-EVAL_SYSTEM = f"""You are a video understanding agent that can analyze videos by cropping and examining specific segments.
+EVAL_SYSTEM = f"""You are a video understanding agent that can analyze videos by cropping and examining specific \
+segments.
 
 Available tool:
 <tools>
@@ -37,7 +38,8 @@ For tool calls, return a JSON object within <tool_call></tool_call> XML tags:
 {{"name": "crop_video", "arguments": {{"video_path": "...", "start_time": 0, "end_time": 10}}}}
 </tool_call>
 
-You may emit **multiple <tool_call> blocks in one turn** to analyze different segments in parallel — this is more efficient than sequential calls and is the recommended dispatch shape for this agent.
+You may emit **multiple <tool_call> blocks in one turn** to analyze different segments in parallel — this is more \
+efficient than sequential calls and is the recommended dispatch shape for this agent.
 
 Format strictly as:
 <think>your reasoning here</think>
@@ -72,7 +74,8 @@ def hermes(tools: str) -> str:
 
 SUBAGENT_PROMPT = """You are analyzing a video segment from 01:00 to 01:10 (duration: 10.0 seconds).
 
-The images shown are frames sampled from this video segment. Carefully examine each frame in sequence to understand the temporal progression of events.
+The images shown are frames sampled from this video segment. Carefully examine each frame in sequence to understand \
+the temporal progression of events.
 
 Your task: Provide a concise summary of what happens in this video segment.
 
@@ -84,7 +87,8 @@ Guidelines:
 
 Summary:"""
 
-CALL = '<tool_call>\n{{"name": "crop_video", "arguments": {{"video_path": "long.mp4", "start_time": {a}, "end_time": {b}}}}}\n</tool_call>'
+CALL = ('<tool_call>\n{{"name": "crop_video", "arguments": {{"video_path": "long.mp4", "start_time": {a}, '
+        '"end_time": {b}}}}}\n</tool_call>')
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +217,8 @@ def test_paravt_rl_renders_the_released_workflow_conversation(long_video):
     assert len(planner) == 4 and not any(t.forced_final for t in ans.trace.turns)
     assert msgs[-1]["role"] == "assistant" and ans.trace.tool_calls == 4  # the last response's call ends it
     assert all(p == "<think>\n" for _, p in pol.settings if _.max_new_tokens != 512)
-    assert {s.max_new_tokens for (s, _), (r, _m) in zip(pol.settings, pol.calls, strict=True) if r == "subagent"} == {512}
+    assert {s.max_new_tokens for (s, _), (r, _m) in zip(pol.settings, pol.calls, strict=True)
+            if r == "subagent"} == {512}
 
 
 def test_longvt_renders_hermes_tool_turns_with_frames(long_video):
@@ -329,8 +334,9 @@ def test_layouts_run_on_the_toy_policy_and_train_token_for_token(toy_policy_dir,
     """Frames evidence and per-call tool messages through the real graph and the local policy: the episode is
     one token sequence whose sampled spans are exactly the turns' output ids (the reward sees every tool turn)."""
     from paravt_agent.policy.local import LocalPolicy
+    from paravt_train.data.records import PromptItem
     from paravt_train.rewards import RewardConfig
-    from paravt_train.rl.rollout import PromptCache, PromptItem, RolloutSettings, assemble, run_group
+    from paravt_train.rl.rollout import PromptCache, RolloutSettings, assemble, run_group
 
     cfg = AgentConfig.for_model(toy_policy_dir).model_copy(deep=True)
     cfg = cfg.override([f"layout.{k}={v}" for k, v in layout.items()]
@@ -338,7 +344,7 @@ def test_layouts_run_on_the_toy_policy_and_train_token_for_token(toy_policy_dir,
     agent = Agent(policy=LocalPolicy(toy_policy_dir), config=cfg)
     w = toy_rl["worlds"][0]
     q = next(q for q in w.questions if q.task == "mcq")
-    prompt = PromptItem(q.qid, w.video, q.question, q.options, q.answer, q.task)
+    prompt = PromptItem(id=q.qid, video=w.video, question=q.question, options=q.options, answer=q.answer, task=q.task)
     settings = RolloutSettings(group=2, n_frames=8, reward=RewardConfig(), seed=0)
     eps = agent.run(run_group(agent, PromptCache(agent), prompt, settings, agent.policy.eos_id))
     ep = next(e for e in eps if e.tool_calls)

@@ -26,27 +26,33 @@ CASES = [
     # --- the paper's Appendix D examples
     (
         '<think>The question asks about... I should examine\nthe segment from 01:20 to 02:30 more closely.</think>\n'
-        '<tool_call>crop_video("video.mp4", 80, 150)</tool_call>\n<tool_call>crop_video("video.mp4", 200, 280)</tool_call>',
+        '<tool_call>crop_video("video.mp4", 80, 150)</tool_call>\n'
+        '<tool_call>crop_video("video.mp4", 200, 280)</tool_call>',
         [("crop_video", {"video_path": "video.mp4", "start_time": 80, "end_time": 150}),
          ("crop_video", {"video_path": "video.mp4", "start_time": 200, "end_time": 280})],
         None,
     ),
     (
         "<think>Looking at the video, I can see...\nthe man walks to the door\n"
-        '<tool_code>python\n# Reverts to a non-native tool prior from pretraining\ncrop_video("video.mp4", start=80, end=150)\n</tool_code>',
+        '<tool_code>python\n# Reverts to a non-native tool prior from pretraining\n'
+        'crop_video("video.mp4", start=80, end=150)\n</tool_code>',
         [("crop_video", {"video_path": "video.mp4", "start": 80, "end": 150})],
         "the man walks to the door",
     ),
     (
-        "<think>The question requires temporal localization.\nWith only 8 overview frames, I need to crop specific\nsegments for detail.</think>\n"
-        '<tool_call>crop_video("video.mp4", 75, 155)</tool_call>\n<tool_call>crop_video("video.mp4", 195, 285)</tool_call>',
+        "<think>The question requires temporal localization.\nWith only 8 overview frames, I need to crop specific\n"
+        "segments for detail.</think>\n"
+        '<tool_call>crop_video("video.mp4", 75, 155)</tool_call>\n'
+        '<tool_call>crop_video("video.mp4", 195, 285)</tool_call>',
         [("crop_video", {"video_path": "video.mp4", "start_time": 75, "end_time": 155}),
          ("crop_video", {"video_path": "video.mp4", "start_time": 195, "end_time": 285})],
         None,
     ),
-    ("<think>Evidence gathered.</think>\n<answer>The person picks up the cup at 01:45.</answer>", [], "The person picks up the cup at 01:45."),
+    ("<think>Evidence gathered.</think>\n<answer>The person picks up the cup at 01:45.</answer>", [],
+     "The person picks up the cup at 01:45."),
     # --- Qwen / Hermes JSON
-    ('<think>need two windows</think>\n<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 10, "end_time": 20}}\n</tool_call>',
+    ('<think>need two windows</think>\n<tool_call>\n'
+     '{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 10, "end_time": 20}}\n</tool_call>',
      [("crop_video", {"video_path": "v.mp4", "start_time": 10, "end_time": 20})], None),
     ('<tool_call>{"name": "crop_video", "arguments": "{\\"start_time\\": 3.5, \\"end_time\\": 9}"}</tool_call>',
      [("crop_video", {"start_time": 3.5, "end_time": 9})], None),
@@ -56,41 +62,53 @@ CASES = [
      [("crop_video", {"start_time": "1:02:03", "end_time": "1:02:33"})], None),
     ('<tool_call>{"name": "crop_video", "parameters": {"start_time": 1, "end_time": 2}}</tool_call>',
      [("crop_video", {"start_time": 1, "end_time": 2})], None),
-    ('<tool_call>{"type": "function", "function": {"name": "crop_video", "arguments": {"start_time": 4, "end_time": 8}}}</tool_call>',
+    ('<tool_call>{"type": "function", "function": {"name": "crop_video", '
+     '"arguments": {"start_time": 4, "end_time": 8}}}</tool_call>',
      [("crop_video", {"start_time": 4, "end_time": 8})], None),
     ('<tool_call>```json\n{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 30}}\n```</tool_call>',
      [("crop_video", {"start_time": 0, "end_time": 30})], None),
-    ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 30}}\n{"name": "crop_video", "arguments": {"start_time": 60, "end_time": 90}}</tool_call>',
+    ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 30}}\n'
+     '{"name": "crop_video", "arguments": {"start_time": 60, "end_time": 90}}</tool_call>',
      [("crop_video", {"start_time": 0, "end_time": 30}), ("crop_video", {"start_time": 60, "end_time": 90})], None),
-    ('<tool_call>[{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 5}}, {"name": "crop_video", "arguments": {"start_time": 9, "end_time": 12}}]</tool_call>',
+    ('<tool_call>[{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 5}}, '
+     '{"name": "crop_video", "arguments": {"start_time": 9, "end_time": 12}}]</tool_call>',
      [("crop_video", {"start_time": 0, "end_time": 5}), ("crop_video", {"start_time": 9, "end_time": 12})], None),
     ("<tool_call>{'name': 'crop_video', 'arguments': {'start_time': 5, 'end_time': 7}}</tool_call>",
      [("crop_video", {"start_time": 5, "end_time": 7})], None),
     # --- flat {"tool_name": ...}
     ('<tool_call>{"tool_name": "crop_video", "start_time": 12, "end_time": 30}</tool_call>',
      [("crop_video", {"start_time": 12, "end_time": 30})], None),
-    ('<tool_code>{"tool_name": "crop_video", "video_path": "a.mp4", "start_time": "00:05", "end_time": "00:15"}</tool_code>',
+    ('<tool_code>{"tool_name": "crop_video", "video_path": "a.mp4", "start_time": "00:05", "end_time": "00:15"}'
+     '</tool_code>',
      [("crop_video", {"video_path": "a.mp4", "start_time": "00:05", "end_time": "00:15"})], None),
     # --- python style
     ("<tool_call>crop_video(80, 150)</tool_call>", [("crop_video", {"start_time": 80, "end_time": 150})], None),
-    ('<tool_call>crop_video("01:20", "02:30")</tool_call>', [("crop_video", {"start_time": "01:20", "end_time": "02:30"})], None),
-    ("<tool_call>crop_video(start_time=10, end_time=25)</tool_call>", [("crop_video", {"start_time": 10, "end_time": 25})], None),
-    ('<tool_code>print(crop_video("v.mp4", 30, 45))</tool_code>', [("crop_video", {"video_path": "v.mp4", "start_time": 30, "end_time": 45})], None),
+    ('<tool_call>crop_video("01:20", "02:30")</tool_call>',
+     [("crop_video", {"start_time": "01:20", "end_time": "02:30"})], None),
+    ("<tool_call>crop_video(start_time=10, end_time=25)</tool_call>",
+     [("crop_video", {"start_time": 10, "end_time": 25})], None),
+    ('<tool_code>print(crop_video("v.mp4", 30, 45))</tool_code>',
+     [("crop_video", {"video_path": "v.mp4", "start_time": 30, "end_time": 45})], None),
     ('<tool_code>\n```python\ncrop_video(video_path="v.mp4", start_time=1.5, end_time=4)\n```\n</tool_code>',
      [("crop_video", {"video_path": "v.mp4", "start_time": 1.5, "end_time": 4})], None),
     ("<tool_code>crop_video(10, 20)\ncrop_video(40, 50)</tool_code>",
      [("crop_video", {"start_time": 10, "end_time": 20}), ("crop_video", {"start_time": 40, "end_time": 50})], None),
     ("<tool_call>tools.crop_video(start=3, end=9)</tool_call>", [("crop_video", {"start": 3, "end": 9})], None),
-    ("<tool_call>zoom_frame(12.5, 0.1, 0.2, 0.5, 0.6)</tool_call>", [("zoom_frame", {"time": 12.5, "x1": 0.1, "y1": 0.2, "x2": 0.5, "y2": 0.6})], None),
+    ("<tool_call>zoom_frame(12.5, 0.1, 0.2, 0.5, 0.6)</tool_call>",
+     [("zoom_frame", {"time": 12.5, "x1": 0.1, "y1": 0.2, "x2": 0.5, "y2": 0.6})], None),
     # --- unclosed final block
-    ('<think>check the start</think>\n<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 10}}',
+    ('<think>check the start</think>\n'
+     '<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 10}}',
      [("crop_video", {"start_time": 0, "end_time": 10})], None),
-    ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 10}}</tool_call>\n<tool_call>crop_video(20, 30)',
+    ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 10}}</tool_call>\n'
+     '<tool_call>crop_video(20, 30)',
      [("crop_video", {"start_time": 0, "end_time": 10}), ("crop_video", {"start_time": 20, "end_time": 30})], None),
     # --- errors never hide good calls
-    ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 10}</tool_call>\n<tool_call>crop_video(20, 30)</tool_call>',
+    ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 10}</tool_call>\n'
+     '<tool_call>crop_video(20, 30)</tool_call>',
      [E, ("crop_video", {"start_time": 20, "end_time": 30})], None),
-    ("<tool_call></tool_call><tool_call>crop_video(1, 2)</tool_call>", [E, ("crop_video", {"start_time": 1, "end_time": 2})], None),
+    ("<tool_call></tool_call><tool_call>crop_video(1, 2)</tool_call>",
+     [E, ("crop_video", {"start_time": 1, "end_time": 2})], None),
     ('<tool_call>{"arguments": {"start_time": 1, "end_time": 2}}</tool_call>', [E], None),
     ('<tool_call>{"name": "crop_video", "arguments": "{start_time: 1"}</tool_call>', [E], None),
     ('<tool_call>{"name": "crop_video", "arguments": [1, 2]}</tool_call>', [E], None),
@@ -105,7 +123,8 @@ CASES = [
     ("<think>The third segment is blue.</think>\n<answer>B</answer>", [], "B"),
     ("<think>x</think><answer>\n(C) a red ball\n</answer>", [], "(C) a red ball"),
     ("<think>Reasoning here.</think>\nThe answer is A.", [], "The answer is A."),
-    ('<think>Reasoning here.</think>\n<tool_call>crop_video(1, 5)</tool_call>\nSo it is D.', [("crop_video", {"start_time": 1, "end_time": 5})], "So it is D."),
+    ('<think>Reasoning here.</think>\n<tool_call>crop_video(1, 5)</tool_call>\nSo it is D.',
+     [("crop_video", {"start_time": 1, "end_time": 5})], "So it is D."),
     ("I think the cup is red.\nFinal: red", [], "Final: red"),
     ("<think>no closing tag, rambling on\nand on\nanswer maybe B", [], "answer maybe B"),
     ("<think>a</think><answer>first</answer> then <answer>second</answer>", [], "second"),
@@ -117,7 +136,11 @@ CASES = [
     ("<tool_response>\nWindow 1: red\n</tool_response>\n<think>so red</think>", [], "so red"),
     ("<think>count</think>\n<answer>3</answer><|im_end|>", [], "3"),
     ("<think>Segment 00:40-00:48 shows yellow.</think>\n<answer>yellow</answer>", [], "yellow"),
-    ('<think>Let me check both halves.</think>\n<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "/data/v/ep1.mp4", "start_time": 0, "end_time": 600}}\n</tool_call>\n<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "/data/v/ep1.mp4", "start_time": 600, "end_time": 1200}}\n</tool_call>',
+    ('<think>Let me check both halves.</think>\n<tool_call>\n'
+     '{"name": "crop_video", "arguments": {"video_path": "/data/v/ep1.mp4", "start_time": 0, "end_time": 600}}\n'
+     '</tool_call>\n<tool_call>\n'
+     '{"name": "crop_video", "arguments": {"video_path": "/data/v/ep1.mp4", "start_time": 600, "end_time": 1200}}\n'
+     '</tool_call>',
      [("crop_video", {"video_path": "/data/v/ep1.mp4", "start_time": 0, "end_time": 600}),
       ("crop_video", {"video_path": "/data/v/ep1.mp4", "start_time": 600, "end_time": 1200})], None),
     ("<think>I need subtitles.</think><tool_call>get_subtitles(start_time=0, end_time=60)</tool_call>",

@@ -23,9 +23,12 @@ _CALL = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_t
 # Paper, Appendix D, Example 1/3: well-formed (tool responses and the second turn as a rollout transcript).
 EX1 = transcript(
     ["<think>The question asks about... I should examine\nthe segment from 01:20 to 02:30 more closely.</think>\n"
-     '<tool_call>crop_video("video.mp4", 80, 150)</tool_call>\n<tool_call>crop_video("video.mp4", 200, 280)</tool_call>',
-     "<think>\nThe cup is picked up in the first window.</think>\n<answer>The person picks up the cup at 01:45.</answer>"],
-    ["<tool_response>\n[1] crop_video(01:20-02:30): a person reaches for a cup\n[2] crop_video(03:20-04:40): empty table\n</tool_response>"],
+     '<tool_call>crop_video("video.mp4", 80, 150)</tool_call>\n'
+     '<tool_call>crop_video("video.mp4", 200, 280)</tool_call>',
+     "<think>\nThe cup is picked up in the first window.</think>\n"
+     "<answer>The person picks up the cup at 01:45.</answer>"],
+    ["<tool_response>\n[1] crop_video(01:20-02:30): a person reaches for a cup\n"
+     "[2] crop_video(03:20-04:40): empty table\n</tool_response>"],
 )
 # Example 2: format collapse (unclosed think, <tool_code> reversion, no answer, truncated).
 EX2 = ("<think>Looking at the video, I can see...\n" + "reasoning " * 200 +
@@ -106,7 +109,8 @@ def test_weights_are_configurable():
 
 
 def test_tool_reward_fraction():
-    text = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 2}}</tool_call><tool_call>{bad</tool_call>'
+    text = ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 2}}</tool_call>'
+            '<tool_call>{bad</tool_call>')
     assert tool_reward(text) == pytest.approx(0.05)
     assert tool_reward("<think>x</think><answer>A</answer>") == 0.0
     assert tool_reward(text, RewardConfig(tool_bonus=0.4)) == pytest.approx(0.2)

@@ -45,25 +45,46 @@ def on_cpu(monkeypatch):
 
 
 def test_presets_and_overrides(tmp_path):
+    """Each method's settings (the think prefix an agent setting the method sets), every component switchable on
+    top of a method (the paper's ablations), and 0.4's keys still read, each with a warning naming the new key."""
+    import warnings
+
+    from paravt_train.methods import agent_config_for
+
     para = GRPOConfig(model="m")
-    assert (para.think_prefix, para.gating, para.reward.anchor, para.reward.answer_suffix, para.reward.reward_bias) == (
-        "<think>\n", True, True, True, -0.2)
+    assert (para.method, para.gating, para.reward.anchor, para.reward.answer_suffix, para.reward.reward_bias) == (
+        "para-grpo", True, True, True, -0.2)
+    assert agent_config_for(para).think_prefix == "<think>\n"
     # vanilla GRPO: the whole of Exploration Anchoring off (Table 2), answer suffix included
-    van = GRPOConfig(model="m", preset="vanilla-grpo")
-    assert (van.think_prefix, van.gating, van.reward.anchor, van.reward.answer_suffix) == ("", False, False, False)
-    dapo = GRPOConfig(model="m", preset="dapo")
+    van = GRPOConfig(model="m", method="vanilla-grpo")
+    assert (van.gating, van.reward.anchor, van.reward.answer_suffix) == (False, False, False)
+    assert agent_config_for(van).think_prefix == ""
+    dapo = GRPOConfig(model="m", method="dapo")
     assert (dapo.aggregation, dapo.clip_high, dapo.dynamic_sampling, dapo.kl_coef) == ("token-mean", 0.28, True, 0.0)
-    # every component switchable on top of a preset (the paper's ablations)
-    abl = GRPOConfig(model="m", preset="vanilla-grpo", gating=True)
-    assert abl.gating and not abl.reward.anchor
+    # every component switchable on top of a method (the paper's ablations), the think prefix too
+    abl = GRPOConfig(model="m", method="vanilla-grpo", gating=True, agent={"think_prefix": "<think>\n"})
+    assert abl.gating and not abl.reward.anchor and agent_config_for(abl).think_prefix == "<think>\n"
     f = tmp_path / "c.yaml"
-    f.write_text("model: m\npreset: para-grpo\n")
-    assert GRPOConfig.from_yaml(f, ["preset=vanilla-grpo"]).think_prefix == ""
+    f.write_text("model: m\nmethod: para-grpo\n")
+    assert GRPOConfig.from_yaml(f, ["method=vanilla-grpo"]).reward.anchor is False
+    assert agent_config_for(GRPOConfig.from_yaml(f, ["agent.think_prefix=''"])).think_prefix == ""
     assert GRPOConfig.from_yaml(f, ["reward.gamma=0"]).reward.gamma == 0
     from paravt_agent.errors import ConfigError
 
     with pytest.raises(ConfigError):
         GRPOConfig.from_yaml(f, ["no_such_field=1"])
+    with pytest.raises(ConfigError, match="unknown method|method"):
+        GRPOConfig.from_yaml(f, ["method=grpo-9000"])
+    # 0.4's YAML: `preset` and `think_prefix` load as `method` and `agent.think_prefix`, the last given wins
+    old = tmp_path / "old.yaml"
+    old.write_text("model: m\npreset: para-grpo\nthink_prefix: ''\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = GRPOConfig.from_yaml(old, ["preset=vanilla-grpo"])
+    assert cfg.method == "vanilla-grpo" and cfg.agent == {"think_prefix": ""}
+    said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert any("`preset` is renamed `method`" in m for m in said)
+    assert any("`think_prefix` is renamed `agent.think_prefix`" in m for m in said)
 
 
 def test_paper_config_loads():
@@ -191,7 +212,8 @@ def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_pat
     eps = [e for g in groups for e in g]
     adv = group_advantages(torch.tensor([e.reward.total for e in eps]), cfg.group_size)
     adv = adv + torch.linspace(-0.5, 0.5, len(adv))  # a gradient even if a group's rewards tie
-    items = [UpdateItem(s, float(a)) for e, a in zip(eps, adv.tolist(), strict=True) for s in e.sequences][:5]
+    items = [UpdateItem(sequence=s, advantage=float(a)) for e, a in zip(eps, adv.tolist(),
+                                                                        strict=True) for s in e.sequences][:5]
     assert len(items) == 5  # ranks get 3 and 2: the short rank pads with a zero-weight pass
     path = tmp_path / "items.pkl"
     path.write_bytes(pickle.dumps(items))
@@ -260,11 +282,11 @@ def test_sglang_disk_sync_names_its_version(toy_policy_dir, toy_rl, tmp_path, sg
     # shapes differ from the model's is worse: SGLang 0.5.23's scheduler asserts and the whole server exits.)
     broken = tmp_path / "missing"
     with pytest.raises(PolicyError, match="refused"):
-        SGLangWeightSync(stub.url, tmp_path).load(broken, version="4")
+        SGLangWeightSync(stub.url, tmp_path).serve(broken, version="4")
     reply = stub.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})  # not left paused
     assert reply["meta_info"]["weight_version"] == "3"
     with pytest.raises(PolicyError, match="weight sync"):
-        SGLangWeightSync("http://127.0.0.1:9", tmp_path).load(broken)
+        SGLangWeightSync("http://127.0.0.1:9", tmp_path).serve(broken)
 
 
 def test_sglang_tensor_sync_runs_in_a_weight_update_session(toy_policy_dir, toy_rl, tmp_path, sglang_toy):
@@ -374,7 +396,7 @@ def test_a_fresh_run_pushes_its_starting_weights(toy_policy_dir, toy_rl, tmp_pat
     starting weights before its first rollout, as version "0", so step 1 is rolled out by the policy it trains
     (before, its rollouts came from the other policy and were trained as on-policy)."""
     other = _perturbed_copy(toy_policy_dir, tmp_path / "other", scale=0.2)
-    SGLangWeightSync(sglang_toy.url, tmp_path).load(other, version="7")  # an earlier run's step 7
+    SGLangWeightSync(sglang_toy.url, tmp_path).serve(other, version="7")  # an earlier run's step 7
     ids = _fixed_ids()
     tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "fresh", backend="sglang", endpoint=sglang_toy.url,
                           weight_sync="tensor"), progress=False)
@@ -450,7 +472,7 @@ def test_tensor_sync_call_sequence(json_server, monkeypatch):
 
 
 def test_online_learning_neither_loses_nor_repeats_feedback(toy_policy_dir, toy_rl, tmp_path):
-    from paravt_train.rl.online import OnlineLearner
+    from paravt_train.online.learner import OnlineLearner
 
     store = TrajectoryStore(tmp_path / "traces.db")
     ids = []
@@ -585,7 +607,7 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
             (meta["weight_version"], 0, len(r["output_ids"]))]
 
     threads, results = in_flight()
-    SGLangWeightSync(stub.url, tmp_path, pause_mode="retract").load(new, version="1")
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="retract").serve(new, version="1")
     for t in threads:
         t.join(300)
     assert stub.alive() and len(results) == 3
@@ -613,7 +635,7 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
     with httpx.Client(timeout=120) as c:
         assert not flush_when_idle(c, stub.url, timeout=1, log=logged.append)
     assert "keeps prefixes computed with the old weights" in logged[0]
-    SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").load(toy_policy_dir, version="2")
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="in_place").serve(toy_policy_dir, version="2")
     assert _running(stub.url) == 0  # it returned once they were done and the cache was flushed
     for t in threads:
         t.join(300)
@@ -636,7 +658,7 @@ def test_weight_push_while_requests_are_in_flight(toy_policy_dir, tmp_path, sgla
 
     # abort: the requests end at the pause, HTTP 200, finish reason abort, their tokens so far
     threads, results = in_flight()
-    SGLangWeightSync(stub.url, tmp_path, pause_mode="abort").load(toy_policy_dir, version="4")
+    SGLangWeightSync(stub.url, tmp_path, pause_mode="abort").serve(toy_policy_dir, version="4")
     for t in threads:
         t.join(300)
     assert [r["meta_info"]["finish_reason"]["type"] for r in results] == ["abort"] * 3
@@ -740,7 +762,7 @@ def test_the_clip_acts_with_several_optimizer_steps_per_batch(toy_policy_dir, to
         tr.setup()
         groups = tr.rollout(prompts)
         # the toy policy is near-certain of its tokens (a ratio above 1 + ε needs p < 0.83): push them down
-        items = [UpdateItem(s, -1.0) for g in groups for e in g for s in e.sequences]
+        items = [UpdateItem(sequence=s, advantage=-1.0) for g in groups for e in g for s in e.sequences]
         fractions[name] = tr.update(items)["clip_fraction"]
     assert fractions["one"] == 0.0 and fractions["mini"] > 0 and fractions["epochs"] > 0, fractions
 
@@ -892,7 +914,7 @@ def test_asynchronous_loop_rolls_out_ahead_within_the_staleness_bound(toy_policy
 def test_dapo_dynamic_sampling_refills_zero_variance_groups(toy_policy_dir, toy_rl, tmp_path):
     import copy
 
-    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "dapo", preset="dapo", group_size=2, gating=False),
+    tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "dapo", method="dapo", group_size=2, gating=False),
                      progress=False)
     tr.setup()
     assert (tr.cfg.aggregation, tr.cfg.clip_high, tr.ref) == ("token-mean", 0.28, None)  # DAPO: no reference

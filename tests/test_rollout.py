@@ -37,7 +37,7 @@ def toy(toy_policy_dir):
 
 def _group(agent, world, q, n, G=2, seed=0, subagents=True):
     answer = [int(x) for x in q.span] if q.task == "tvg" else q.answer
-    prompt = PromptItem(q.qid, world.video, q.question, q.options, answer, q.task)
+    prompt = PromptItem(id=q.qid, video=world.video, question=q.question, options=q.options, answer=answer, task=q.task)
     settings = RolloutSettings(group=G, n_frames=n, reward=RewardConfig(), seed=seed, subagents=subagents)
     return agent.run(run_group(agent, PromptCache(agent), prompt, settings, agent.policy.eos_id))
 
@@ -51,7 +51,8 @@ def test_gate_frames_is_seeded_per_prompt():
     assert gate_frames(0, "p1", choices) == gate_frames(0, "p1", choices)  # stable: every rollout, every rank
     draws = Counter(gate_frames(0, f"p{i}", choices) for i in range(500))
     assert set(draws) == set(choices) and min(draws.values()) > 60  # uniform-ish over the set
-    assert [gate_frames(1, f"p{i}", choices) for i in range(20)] != [gate_frames(0, f"p{i}", choices) for i in range(20)]
+    assert ([gate_frames(1, f"p{i}", choices) for i in range(20)]
+            != [gate_frames(0, f"p{i}", choices) for i in range(20)])
     with pytest.raises(ValueError):
         gate_frames(0, "p", [])
 
@@ -67,7 +68,7 @@ def test_a_graph_that_raises_fails_its_episodes_and_the_group_goes_on(toy_rl):
     agent = Agent(policy=ScriptedPolicy(script), config=toy_agent_config())
     w = toy_rl["worlds"][0]
     q = next(q for q in w.questions if q.task == "mcq")
-    prompt = PromptItem(q.qid, w.video, q.question, q.options, q.answer, q.task)
+    prompt = PromptItem(id=q.qid, video=w.video, question=q.question, options=q.options, answer=q.answer, task=q.task)
     settings = RolloutSettings(group=3, n_frames=4, reward=RewardConfig(), seed=0)
     episodes = agent.run(run_group(agent, PromptCache(agent), prompt, settings, eos_id=0))
     assert [e.sample for e in episodes] == [0, 1, 2]
@@ -238,7 +239,8 @@ def test_retokenised_turns_train_against_their_own_prompts(toy, toy_rl):
     for s, r in zip(planner, ep.answer.planner_records(), strict=True):
         g = r.generation
         head = len(g.prompt_ids) + len(g.prefix_ids)
-        assert s.input_ids == g.prompt_ids + g.prefix_ids + g.output_ids and s.loss_mask[head:] == [1] * len(g.output_ids)
+        assert (s.input_ids == g.prompt_ids + g.prefix_ids + g.output_ids
+                and s.loss_mask[head:] == [1] * len(g.output_ids))
         assert sum(s.loss_mask) == len(g.output_ids)
     ep.answer.records = [r for r in ep.answer.records if r.role != "planner"]
     with pytest.raises(RolloutError):

@@ -29,7 +29,8 @@ def sft_data(tmp_path_factory):
             {"role": "system", "content": TOOL_SYSTEM_PROMPT},
             {"role": "user", "content": [{"type": "video", "video": f"v{v}.mp4", "n_frames": 4},
                                          {"type": "text", "text": question_text(q)}]},
-            {"role": "assistant", "content": f"<think>\nThe first frame is {order[0]}.</think>\n<answer>{order[0]}</answer>"},
+            {"role": "assistant",
+             "content": f"<think>\nThe first frame is {order[0]}.</think>\n<answer>{order[0]}</answer>"},
         ]})
         rows.append({"id": f"s{v}", "messages": [
             {"role": "system", "content": SUBAGENT_SYSTEM_PROMPT},
@@ -195,7 +196,8 @@ def test_bad_rows_are_reported(tmp_path, sft_data):
     res = subprocess.run([sys.executable, "-m", "paravt_train.cli", "validate-data", str(tmp_path / "bad.parquet"),
                           "--video-root", str(sft_data)],
                          capture_output=True, text=True)
-    assert res.returncode == 1 and "row 1: messages: not valid JSON" in res.stdout and "1 valid, 3 invalid" in res.stdout
+    assert (res.returncode == 1 and "row 1: messages: not valid JSON" in res.stdout
+            and "1 valid, 3 invalid" in res.stdout)
 
 
 def test_fsdp2_two_ranks_match_one_process(tiny_model, sft_data, tmp_path):
@@ -230,7 +232,8 @@ def test_fsdp2_two_ranks_match_one_process(tiny_model, sft_data, tmp_path):
     assert [r["grad_norm"] for r in rb] == pytest.approx([r["grad_norm"] for r in ra], rel=1e-4)
     from safetensors.torch import load_file
 
-    a, b = load_file(tmp_path / "one" / "final" / "model.safetensors"), load_file(tmp_path / "two" / "final" / "model.safetensors")
+    a = load_file(tmp_path / "one" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "final" / "model.safetensors")
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4  # the gathered FSDP2 weights match
 

@@ -165,8 +165,8 @@ def test_postgres_writer_killed_mid_transaction_loses_and_repeats_nothing(postgr
 
 
 def test_online_learner_reads_feedback_from_postgres(postgres_db, toy_policy_dir, toy_rl, tmp_path):
+    from paravt_train.online.learner import OnlineLearner
     from paravt_train.rl.config import GRPOConfig
-    from paravt_train.rl.online import OnlineLearner
 
     store = TrajectoryStore(postgres_db)
     w = toy_rl["worlds"][0]

@@ -25,7 +25,7 @@ from paravt_train.sync.disk import SGLangWeightSync
 from paravt_train.sync.distributed import SGLangDistributedSync
 from paravt_train.sync.http import ServerKeys, server_facts
 from paravt_train.sync.streamed import SGLangTensorSync
-from tests.conftest import free_port
+from tests.conftest import free_port, require_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +34,7 @@ class StandIn:
     """The SGLang stand-in with the flags these tests need (TP/DP sizes, keys), as a subprocess."""
 
     def __init__(self, model: str, *flags: str, env: dict | None = None):
+        require_contract()
         self.url = f"http://127.0.0.1:{free_port()}"
         port = self.url.rsplit(":", 1)[1]
         self.proc = subprocess.Popen(
@@ -91,7 +92,8 @@ def test_the_syncs_take_tp_and_dp_from_each_server(tiny_model, stand_in, json_se
     a config of 4 sent two payloads that were never opened, a model copy leaked per push on a GPU); a distributed
     push joins a group of 1 + 2 ranks (before, world_size 2: the server's second rank fell outside and the join
     failed). A data-parallel server is refused before anything is paused (SGLang refuses both updates at dp > 1)."""
-    srv = stand_in(tiny_model, "--tp-size", "2", env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1", "SGLANG_VLM_CACHE_SIZE_MB": "0"})
+    srv = stand_in(tiny_model, "--tp-size", "2",
+                   env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1", "SGLANG_VLM_CACHE_SIZE_MB": "0"})
     with httpx.Client() as c:
         facts = server_facts(c, srv.url)
     assert (facts.tp_size, facts.dp_size, facts.deterministic, facts.vlm_cache_mb) == (2, 1, False, 0)
@@ -296,11 +298,15 @@ def test_a_refused_first_bucket_does_not_hang_the_trainer(json_server, monkeypat
         assert time.monotonic() - t0 < timeout + 10
         assert isinstance(out.get("error"), PolicyError) and __import__("re").search(expected, str(out["error"]))
         assert group.aborted.is_set() and sync.groups == {}
+        # the next join rendezvouses on another port: a group an abort could not end (NCCL still connecting) keeps
+        # its store's port
+        assert sync.port_of(srv.url, 0) == sync.master_port + 100
         tail = [p for p in srv.paths if p not in ("/server_info", "/workers")][-3:]
         assert tail == ["/end_weight_update", "/continue_generation", "/destroy_weights_update_group"]
         assert calls
 
 
+@pytest.mark.timeout(90)  # a hang here must not eat the GPU runner's time
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and NCCL (the GPU runner's case)")
 def test_a_refused_first_bucket_does_not_hang_the_trainer_on_nccl(json_server):
     """The same with NCCL itself on one GPU: a real group whose other rank (a server's, in another process) joins
@@ -382,13 +388,13 @@ def test_a_server_started_with_api_keys_is_reached(tiny_model, stand_in, monkeyp
     cfg = GRPOConfig(model=tiny_model, sglang_api_key_env="SRV_KEY", sync_admin_api_key_env="SRV_ADMIN_KEY")
     keys = server_keys(cfg)
     assert (keys.api_key, keys.admin_api_key, cfg.sglang_api_key()) == ("user-key", "admin-key", "user-key")
-    SGLangWeightSync(srv.url, tmp_path, keys=keys).load(tiny_model, version="k1")
+    SGLangWeightSync(srv.url, tmp_path, keys=keys).serve(tiny_model, version="k1")
     SGLangTensorSync(srv.url, keys=keys, bucket_bytes=64 << 20).push(_model(tiny_model), version="k2")
     assert srv.info("user-key")["tp_size"] == 1
     assert httpx.get(srv.url + "/model_info", headers=keys.normal, timeout=30).json()["weight_version"] == "k2"
     for wrong in (ServerKeys(), ServerKeys("user-key")):  # no key; the API key where the admin key is required
         with pytest.raises(ConfigError, match="401.*sglang_api_key_env"):
-            SGLangWeightSync(srv.url, tmp_path, keys=wrong).load(tiny_model, version="x")
+            SGLangWeightSync(srv.url, tmp_path, keys=wrong).serve(tiny_model, version="x")
     monkeypatch.delenv("SRV_KEY")
     with pytest.raises(ConfigError, match="SRV_KEY, which is not set"):
         cfg.sglang_api_key()
@@ -407,7 +413,7 @@ def test_the_launcher_serves_the_trainers_lora_modules_and_leaves_the_cache_to_s
     import json
 
     from paravt_agent.serving.sglang_launch import LORA_TARGET_MODULES, lora_of_run, sglang_command
-    from paravt_train.sft.config import LoraSettings
+    from paravt_train.infra.lora import LoraSettings
 
     assert list(LORA_TARGET_MODULES) == LoraSettings().target_modules  # the trainer's defaults, one list
     argv, env = sglang_command("m", lora_rank=16)
@@ -442,30 +448,32 @@ def test_a_vision_tower_push_warns_unless_the_server_reports_its_cache_off(tiny_
     """SGLang keeps its vision-feature cache across weight updates: a run that trains the vision tower warns,
     once per server, when a server does not report the cache off (reported by `paravt serve` servers through
     SGLANG_EXPOSE_OWN_ENV_VARS); a run that leaves the tower frozen (LoRA on the language model) does not."""
-    from paravt_train.rl import lora
-    from paravt_train.sft.config import LoraSettings
+    from paravt_train.infra import lora
+    from paravt_train.infra.lora import LoraSettings
     from paravt_train.sync import trains_vision_tower
 
-    def server(cache):
-        env = {} if cache is None else {"SGLANG_VLM_CACHE_SIZE_MB": cache}
-        return json_server(lambda path, body: (200, {"internal_states": [{"env_vars": env}], "tp_size": 1})
+    def server(cache):  # "unset": listed variables without it (SGLang's default, 100 MB); None: no listing at all
+        env = {} if cache in (None, "unset") else {"SGLANG_VLM_CACHE_SIZE_MB": cache}
+        state = {} if cache is None else {"env_vars": env}
+        return json_server(lambda path, body: (200, {"internal_states": [state], "tp_size": 1})
                            if path == "/server_info" else (200, {"success": True, "message": "ok"}))
 
     model = _model(tiny_model)
     assert trains_vision_tower(model)
     assert not trains_vision_tower(lora.wrap(_model(tiny_model), LoraSettings(enabled=True)))
-    for cache, warned in ((None, True), ("100", True), ("0", False)):
+    for cache, warned in ((None, True), ("unset", True), ("100", True), ("0", False)):
         srv, log = server(cache), []
         tensor = SGLangTensorSync(srv.url, vision_trained=True, log=log.append)
         for _ in range(2):
             tensor.send_tensors([("w", torch.zeros(2))])
         sync = SGLangWeightSync(srv.url, tmp_path, vision_trained=True, log=log.append)
-        sync.load(tmp_path)
-        sync.load(tmp_path)
+        sync.serve(tmp_path)
+        sync.serve(tmp_path)
         hits = [m for m in log if "vision-feature cache" in m]
         assert len(hits) == (2 if warned else 0), log  # once per sync and server, never per push
         if warned:
-            assert "--vlm-cache-mb 0" in hits[0] and ("100 MB" in hits[0]) == (cache == "100")
+            assert "--vlm-cache-mb 0" in hits[0] and ("100 MB" in hits[0]) == (cache in ("100", "unset"))
+            assert ("does not report" in hits[0]) == (cache is None)
         log.clear()
         SGLangTensorSync(srv.url, vision_trained=False, log=log.append).send_tensors([("w", torch.zeros(2))])
         assert not [m for m in log if "vision" in m]
@@ -481,7 +489,8 @@ def test_ci_fails_instead_of_skipping_when_the_real_engine_is_missing(monkeypatc
     from tests.conftest import engine_unavailable
 
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "export PARAVT_REQUIRE_ENGINES=1" in ci and ci.index("export PARAVT_REQUIRE_ENGINES") < ci.index("\nmake test")
+    assert ("export PARAVT_REQUIRE_ENGINES=1" in ci
+            and ci.index("export PARAVT_REQUIRE_ENGINES") < ci.index("\nmake test"))
     engine_unavailable(None)  # installed: nothing happens
     monkeypatch.delenv("PARAVT_REQUIRE_ENGINES", raising=False)
     with pytest.raises(pytest.skip.Exception, match="make sglang-cpu"):

@@ -61,7 +61,8 @@ def test_one_question_at_k3_gives_the_span_tree(media, spans, monkeypatch):
     subs = [s for s in got if s.name == "invoke_agent paravt.subagent"]
     assert {parent(s).context.span_id for s in subs} == {t.context.span_id for t in tools}
     chats = [s for s in got if s.name == "chat scripted"]
-    assert sorted(parent(c).name for c in chats) == sorted(["paravt.planner_turn"] * 2 + ["invoke_agent paravt.subagent"] * 3)
+    assert sorted(parent(c).name for c in chats) == sorted(["paravt.planner_turn"] * 2
+                                                           + ["invoke_agent paravt.subagent"] * 3)
     for c in chats:
         assert c.attributes["gen_ai.operation.name"] == "chat" and c.attributes["gen_ai.provider.name"] == "scripted"
         assert c.attributes["gen_ai.usage.output_tokens"] >= 0 and "gen_ai.request.temperature" in c.attributes

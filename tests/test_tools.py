@@ -48,7 +48,8 @@ def test_window_validation(reg, ctx):
         "<tool_call>crop_video(20, 10)</tool_call>"  # start >= end
         "<tool_call>crop_video(-5, 10)</tool_call>"  # negative
         "<tool_call>crop_video(45, 50)</tool_call>"  # beyond the end
-        '<tool_call>{"name": "crop_video", "arguments": {"start_time": "00:10", "end_time": "00:20"}}</tool_call>'  # duplicate
+        # duplicate
+        '<tool_call>{"name": "crop_video", "arguments": {"start_time": "00:10", "end_time": "00:20"}}</tool_call>'
         "<tool_call>crop_video(1, 'abc')</tool_call>"  # bad time
         "<tool_call>fly_drone(1)</tool_call>"  # unknown
         "<tool_call>{broken</tool_call>"
@@ -136,7 +137,8 @@ def test_zoom_frame(reg, ctx):
 
 
 def test_scene_changes_finds_the_cuts(reg, ctx):
-    [p] = prep(reg, ctx, '<tool_call>{"name": "scene_changes", "arguments": {"start_time": 0, "end_time": 12}}</tool_call>')
+    [p] = prep(reg, ctx,
+               '<tool_call>{"name": "scene_changes", "arguments": {"start_time": 0, "end_time": 12}}</tool_call>')
     res = asyncio.run(p.tool.run(p.args, ctx))
     assert res.text.startswith("5 shot boundaries") and "00:02, 00:04, 00:06, 00:08, 00:10" in res.text
     frames = np.zeros((3, 4, 4, 3), np.uint8)

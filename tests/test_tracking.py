@@ -130,7 +130,7 @@ def test_grpo_reports_every_step_metric_with_nested_names(toy_policy_dir, toy_rl
     recs = jsonl(out)
     assert [r["step"] for r in recs] == [1, 2]
     assert any("/" in name for name in flat_metrics(recs[0]))  # e.g. reward/acc, closure/think
-    assert_trackers_hold(out, recs, ("preset", "para-grpo"))
+    assert_trackers_hold(out, recs, ("method", "para-grpo"))
 
 
 def test_tensorboard_after_a_fresh_restart_a_resume_a_reopen_and_a_torn_line(tmp_path):

@@ -120,7 +120,8 @@ def test_backends_agree(media, backend):
         assert a.frames.shape == b.frames.shape
         assert np.abs(a.frames.astype(int) - b.frames.astype(int)).mean() < 3  # equal up to interpolation
     if backend == "decord":
-        assert ref.overview(n=8, fast_overview=True).timestamps == pytest.approx(other.overview(n=8, fast_overview=True).timestamps)
+        assert ref.overview(n=8, fast_overview=True).timestamps == pytest.approx(
+            other.overview(n=8, fast_overview=True).timestamps)
 
 
 def test_cache_reuses_decoders_and_keys_everything(media, tmp_path):

@@ -96,8 +96,8 @@ async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall, summaris
             raise ToolCallError(exc, session.records) from exc
         raise
     phases = [phase("crop", t0, turn, call.index)]
-    rec = slot_record(call, window=result.window, frame_timestamps=list(result.timestamps), warnings=list(result.warnings),
-                      agent=payload.get("agent"))
+    rec = slot_record(call, window=result.window, frame_timestamps=list(result.timestamps),
+                      warnings=list(result.warnings), agent=payload.get("agent"))
     update: dict[str, Any] = {"records": list(session.records)} if session is not None else {}
     if session is not None:
         phases.extend(session.phases)

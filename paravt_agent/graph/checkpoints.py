@@ -1,7 +1,8 @@
 """LangGraph checkpointers by name, for durable agent runs.
 
 ``memory`` (``InMemorySaver``: a process's own runs, what interrupts need), ``sqlite:///path.db``
-(``sqlite:////abs/path.db`` or ``sqlite:///relative.db``; ``langgraph-checkpoint-sqlite``'s ``AsyncSqliteSaver``: a run survives its process) and
+(``sqlite:////abs/path.db`` or ``sqlite:///relative.db``; ``langgraph-checkpoint-sqlite``'s ``AsyncSqliteSaver``:
+a run survives its process) and
 ``postgresql://…`` (``langgraph-checkpoint-postgres``'s ``AsyncPostgresSaver``: services). Any saver object
 is used as it is. Install the savers with ``pip install 'paravt[durable]'``.
 """

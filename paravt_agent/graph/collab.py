@@ -55,11 +55,13 @@ from paravt_agent.types import GenerationRecord, MemoryEvent, PlannerEvent
 __all__ = ["AGENT_PROMPT", "SYNTHESIZER_PROMPT", "collab_agent", "collab_failed", "collab_merge", "memory_view",
            "route_collab", "synthesize"]
 
-AGENT_PROMPT = """You are {name}, one of {n} agents answering a question about a video together. You see overview frames of the video, the question, and the shared memory: what the agents found in earlier rounds.
+AGENT_PROMPT = """You are {name}, one of {n} agents answering a question about a video together. You see overview \
+frames of the video, the question, and the shared memory: what the agents found in earlier rounds.
 
 In each round:
 1. Think in <think> </think>.
-2. Write your plan in <plan> </plan>. If the memory shows that another agent already covers part of the task, revise your plan and take another part.
+2. Write your plan in <plan> </plan>. If the memory shows that another agent already covers part of the task, revise \
+your plan and take another part.
 3. Call tools to inspect the video: at most {k} <tool_call> blocks. Their outputs go to the shared memory.
 4. Write the key information you have so far, with times, in <info> </info>.
 5. Say whether the other agents should read your entry: <share>yes</share> or <share>no</share>.
@@ -69,7 +71,9 @@ In each round:
 {tools}
 </tools>"""
 
-SYNTHESIZER_PROMPT = """You answer a question about a video from the shared memory of agents who inspected it. Use only what the memory says; do not assume anything it does not say. Think in <think> </think>, then give the final answer in <answer> </answer>."""
+SYNTHESIZER_PROMPT = """You answer a question about a video from the shared memory of agents who inspected it. Use \
+only what the memory says; do not assume anything it does not say. Think in <think> </think>, then give the final \
+answer in <answer> </answer>."""
 
 _TAG = {t: re.compile(rf"<{t}>(.*?)(?:</{t}>|\Z)", re.S) for t in ("plan", "info", "share")}
 

@@ -47,13 +47,16 @@ from paravt_agent.trajectory import MemoryEntry, PlannerTurn, SubAgentRecord, ag
 from paravt_agent.types import GenerationRecord, MemoryEvent, PlannerEvent
 
 __all__ = ["ANSWER_PROMPT", "DECISION_PROMPT", "PLAN_PROMPT", "SUMMARY_PROMPT", "SYNTHESIZER_PROMPT", "agent_view",
-           "answer_key", "answers_agree", "consensus", "cpp_agent", "cpp_finish", "cpp_route", "dropped_agents"]
+           "answer_key", "answers_agree", "consensus", "cpp_agent", "cpp_finish", "cpp_route", "dropped_agents",
+           "memory_views"]
 
 #: VideoChat-M1's "Prompt for Policy Generation", for this runtime's tools
-PLAN_PROMPT = """You are {name}, one of {n} video understanding agents answering a question together. Analyze the question and select the optimal combination of tools to answer it accurately.
+PLAN_PROMPT = """You are {name}, one of {n} video understanding agents answering a question together. Analyze the \
+question and select the optimal combination of tools to answer it accurately.
 1. Think in <think> </think>.
 2. Write the key information necessary for the reasoning process in <info> </info>.
-3. Write your plan: one or more tools (at most {k}), in the order they should run, as <tool_call> blocks. One runs per turn; after each, you read what every agent found and may add a tool.
+3. Write your plan: one or more tools (at most {k}), in the order they should run, as <tool_call> blocks. One runs per \
+turn; after each, you read what every agent found and may add a tool.
 {focus}
 # Tools
 <tools>
@@ -61,20 +64,29 @@ PLAN_PROMPT = """You are {name}, one of {n} video understanding agents answering
 </tools>"""
 
 #: VideoChat-M1's "Prompt for Policy Communication"
-DECISION_PROMPT = """You are {name}, a strategic planning assistant of a team of video agents. Your sole responsibility is to evaluate the current execution state and determine the immediate next step. Think in <think> </think>, then choose exactly ONE action:
-- continue(): proceed with the next tool of your remaining plan (with none left: finish and answer). Apply this when the other agents offer no constructive alternative and your plan remains valid.
-- add tool: ONLY if your plan is flawed and needs another tool. Write add tool, the call in a <tool_call> block (it runs next), and the key information necessary for the reasoning process in <info> </info>.
+DECISION_PROMPT = """You are {name}, a strategic planning assistant of a team of video agents. Your sole \
+responsibility is to evaluate the current execution state and determine the immediate next step. Think in <think> \
+</think>, then choose exactly ONE action:
+- continue(): proceed with the next tool of your remaining plan (with none left: finish and answer). Apply this when \
+the other agents offer no constructive alternative and your plan remains valid.
+- add tool: ONLY if your plan is flawed and needs another tool. Write add tool, the call in a <tool_call> block (it \
+runs next), and the key information necessary for the reasoning process in <info> </info>.
 Tools: {tools}"""
 
 #: VideoChat-M1's "Prompt for Answering the Question"
-ANSWER_PROMPT = """You are {name}. Your plan is done: answer the question strictly from the memory below (your own memory buffer and the other agents' outputs); do not assume anything it does not say. Think in <think> </think> (your reason), then give your answer in <answer> </answer>."""
+ANSWER_PROMPT = """You are {name}. Your plan is done: answer the question strictly from the memory below (your own \
+memory buffer and the other agents' outputs); do not assume anything it does not say. Think in <think> </think> (your \
+reason), then give your answer in <answer> </answer>."""
 
 #: VideoChat-M1's "Prompt for Reason Summary" (the consensus answer is the runtime's count of the agents' answers)
-SUMMARY_PROMPT = """The agents below agreed on the final answer to a question about a video. Synthesize their reasons into one concise paragraph that reflects the sequence of events and the core logic. Reply with the summary only."""
+SUMMARY_PROMPT = """The agents below agreed on the final answer to a question about a video. Synthesize their reasons \
+into one concise paragraph that reflects the sequence of events and the core logic. Reply with the summary only."""
 
 #: the answer without a consensus: the memory of all agents (VideoChat-M1: "a summarized answer using the memory of
 #: all agents")
-SYNTHESIZER_PROMPT = """You answer a question about a video from the shared memory of agents who inspected it. Use only what the memory says; do not assume anything it does not say. Think in <think> </think>, then give the final answer in <answer> </answer>."""
+SYNTHESIZER_PROMPT = """You answer a question about a video from the shared memory of agents who inspected it. Use \
+only what the memory says; do not assume anything it does not say. Think in <think> </think>, then give the final \
+answer in <answer> </answer>."""
 
 _TAG = {t: re.compile(rf"<{t}>(.*?)(?:</{t}>|\Z)", re.S) for t in ("info",)}
 _FRAME_LABEL = re.compile(r"^<[\d.]+ seconds>$")
@@ -92,7 +104,7 @@ def _clip(text: str, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _views(buffers: dict[str, list[MemoryEntry]], limit: int) -> str:
+def memory_views(buffers: dict[str, list[MemoryEntry]], limit: int) -> str:
     """Several agents' buffers within ``limit`` characters (the last ones cut first)."""
     text = "\n".join(agent_view(n, es) for n, es in buffers.items()) if buffers else "(none)"
     return text if len(text) <= limit else text[: limit - 24] + " ... [memory cut]"
@@ -228,8 +240,9 @@ class _AgentTurn:
         c, entry, own = self.c, self.payload["own"][-1], self.payload["own"]
         remaining = ", ".join(p.label if p is not None and p.ok else "invalid call"
                               for p in (self.planned(r) for r in entry.pending)) or "none"
-        user = (f"Original question: {self.question}\n\nMemory buffer:\n{_views({self.name: own}, c.max_memory_chars)}"
-                f"\n\nOther agents' output:\n{_views(self.payload['peers'], c.max_memory_chars)}\n\n"
+        user = (f"Original question: {self.question}\n\n"
+                f"Memory buffer:\n{memory_views({self.name: own}, c.max_memory_chars)}"
+                f"\n\nOther agents' output:\n{memory_views(self.payload['peers'], c.max_memory_chars)}\n\n"
                 f"Remaining plan: {remaining}")
         tool_names = ", ".join(s["function"]["name"] for s in tool_schemas(self.cfg, self.ctx.tools))
         text = await self.ask(DECISION_PROMPT.format(name=self.name, tools=tool_names),
@@ -272,8 +285,8 @@ class _AgentTurn:
         """The agent's own answer from its memory buffer and the other agents' outputs."""
         c = self.c
         own = [*(e for e in self.payload["own"] if e.round != entry.round), entry]
-        user = (f"{self.question}\n\nYour memory buffer:\n{_views({self.name: own}, c.max_memory_chars)}\n\n"
-                f"Other agents' output:\n{_views(self.payload['peers'], c.max_memory_chars)}")
+        user = (f"{self.question}\n\nYour memory buffer:\n{memory_views({self.name: own}, c.max_memory_chars)}\n\n"
+                f"Other agents' output:\n{memory_views(self.payload['peers'], c.max_memory_chars)}")
         text = await self.ask(ANSWER_PROMPT.format(name=self.name), [{"type": "text", "text": user}], self.k,
                               200 + self.i)
         answer = extract_answer(text) if "<answer>" in text else ""
@@ -353,7 +366,7 @@ async def cpp_finish(state: AgentState, runtime: Runtime) -> dict:
             messages, gen, reason = [], None, " ".join(reasons.splitlines())
         response = f"<think>\n{reason}</think>\n<answer>{answers[agreed[0]]}</answer>"
     else:
-        body = question + "\n\nShared memory:\n" + _views(buffers, c.max_memory_chars)
+        body = question + "\n\nShared memory:\n" + memory_views(buffers, c.max_memory_chars)
         messages = [{"role": "system", "content": SYNTHESIZER_PROMPT}, {"role": "user", "content": body}]
         gen = await generate(ctx, "planner", messages, seeded(cfg.planner_sampling, state.get("seed"), turn),
                              prefix=cfg.think_prefix)

@@ -34,8 +34,8 @@ from paravt_agent.types import (
     ToolModel,
 )
 
-__all__ = ["DEFAULT_CONTEXT", "ToolSession", "actx", "ctx_of", "emit", "event_json", "generate", "node_timeout", "offload",
-           "phase", "seeded", "served", "tool_context", "within_work_budget"]
+__all__ = ["DEFAULT_CONTEXT", "ToolSession", "actx", "ctx_of", "emit", "event_json", "generate", "node_timeout",
+           "offload", "phase", "seeded", "served", "tool_context", "within_work_budget"]
 
 
 #: ``config["configurable"]`` key of a zero-argument factory of the run context, for runs started without
@@ -81,8 +81,8 @@ def event_json(event) -> dict:
     if isinstance(event, MemoryEvent):
         return {"event": "memory", "round": event.round, **event.entry.model_dump(mode="json")}
     r = event.record
-    return {"event": "subagent", "turn": event.turn, "index": r.index, "agent": r.agent, "tool": r.name, "window": r.window,
-            "summary": r.summary, "error": r.error, "latency": r.latency}
+    return {"event": "subagent", "turn": event.turn, "index": r.index, "agent": r.agent, "tool": r.name,
+            "window": r.window, "summary": r.summary, "error": r.error, "latency": r.latency}
 
 
 def phase(name: str, t0: float, turn: int | None = None, index: int | None = None,

@@ -93,7 +93,8 @@ def initial_state(inp: RolloutInput, ctx: AgentContext, seed: int | None = None,
     is the question's span (:mod:`paravt_agent.telemetry`)."""
     tr = inp.trace
     return {"video": tr.video, "question": inp.question, "options": inp.options, "n_frames": inp.n_frames,
-            "trace_parent": trace_parent, "seed": seed, "duration": tr.duration, "overview_timestamps": list(tr.overview_timestamps),
+            "trace_parent": trace_parent, "seed": seed, "duration": tr.duration,
+            "overview_timestamps": list(tr.overview_timestamps),
             "warnings": list(tr.warnings), "messages": ctx.frames.to_refs(inp.messages), "turn": 0, "calls": [],
             "continuation": None, "started": time.time()}
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["SERVE_CLOCK", "Continuation", "box_coordinates_of", "model_type_of_dir", "Generation", "Policy", "Sampling", "ServeClock", "being_served",
-           "encode_image", "images_of", "map_images", "takes_role", "text_of"]
+__all__ = ["SERVE_CLOCK", "Continuation", "box_coordinates_of", "model_type_of_dir", "Generation", "Policy", "Sampling",
+           "ServeClock", "being_served", "encode_image", "images_of", "map_images", "takes_role", "text_of"]
 
 
 class Policy(ABC):

@@ -119,7 +119,8 @@ class OpenAIPolicy(Policy):
                 # a plain POST (documented "custom request" path): skips the SDK's per-field request
                 # transform, which costs milliseconds per image-laden message
                 resp = await client.post(
-                    "/chat/completions", cast_to=ChatCompletion, body={"model": model, "messages": payload, **kw, **extra}
+                    "/chat/completions", cast_to=ChatCompletion,
+                    body={"model": model, "messages": payload, **kw, **extra},
                 )
             except openai.APIConnectionError as exc:
                 msg = f"cannot reach the model endpoint {self.endpoint} ({exc}). {HOW_TO_START}"

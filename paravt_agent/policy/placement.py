@@ -26,20 +26,16 @@ def weight_bytes(model_dir: str | Path) -> int:
     return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in d.glob(pattern))
 
 
-def resolve_device(device: str, model_dir: str | Path | None = None, model=None) -> str:
-    """``device`` itself unless it is ``auto``: then ``cuda`` when a GPU is present and the model is large
-    enough to gain from it (:data:`GPU_MIN_WEIGHT_BYTES`), else ``cpu``."""
+def resolve_device(device: str, model_dir: str | Path) -> str:
+    """``device`` itself unless it is ``auto``: then ``cuda`` when a GPU is present and the model in ``model_dir`` is
+    large enough to gain from it (:data:`GPU_MIN_WEIGHT_BYTES`), else ``cpu``."""
     if device != "auto":
         return device
     import torch  # the backend that calls this has torch loaded already
 
     if not torch.cuda.is_available():
         return "cpu"
-    if model is not None:
-        size = sum(p.numel() * p.element_size() for p in model.parameters())
-    else:
-        size = weight_bytes(model_dir) if model_dir is not None else GPU_MIN_WEIGHT_BYTES
-    return "cuda" if size >= GPU_MIN_WEIGHT_BYTES else "cpu"
+    return "cuda" if weight_bytes(model_dir) >= GPU_MIN_WEIGHT_BYTES else "cpu"
 
 
 def resolve_dtype(dtype: str, device: str):

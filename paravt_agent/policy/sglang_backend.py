@@ -54,9 +54,14 @@ from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_i
 from paravt_agent.policy.chat import BANNED_LOGIT, ChatTokenizer
 from paravt_agent.types import Continuation, Generation, Sampling
 
-__all__ = ["DEFAULT_URL", "SGLangPolicy", "sampling_params"]
+__all__ = ["DEFAULT_URL", "SGLangPolicy", "bearer", "sampling_params"]
 
 DEFAULT_URL = "http://127.0.0.1:30000"
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header SGLang checks (``--api-key``, ``--admin-api-key``); none without a key."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def sampling_params(sampling: Sampling, banned: tuple[int, ...] | list[int] = ()) -> dict:
@@ -151,7 +156,7 @@ class SGLangPolicy(Policy):
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return bearer(self.api_key)
 
     def _make_client(self):
         import httpx
@@ -177,9 +182,13 @@ class SGLangPolicy(Policy):
 
     def server_deterministic(self) -> bool:
         """Whether the server samples with SGLang's seeded sampler (``--enable-deterministic-inference``), as it
-        reports at ``/server_info`` (asked once; False when it does not say)."""
+        reports at ``/server_info``: remembered once the server has answered; False, and asked again next time,
+        while it has not (a server still starting)."""
         if self._deterministic is None:
-            self._deterministic = self.server_info().get("enable_deterministic_inference") is True
+            info = self.server_info()
+            if not info:
+                return False
+            self._deterministic = info.get("enable_deterministic_inference") is True
         return self._deterministic
 
     async def _refuse_min_p(self, sampling: Sampling) -> None:

@@ -8,8 +8,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LETTERS", "TAGS", "TagStat", "extract_answer", "extract_choice", "is_degenerate", "labelled_options", "split_options",
-           "option_body", "split_think", "strip_tool_blocks", "subagent_report", "tag_stats"]
+__all__ = ["LETTERS", "TAGS", "TagStat", "extract_answer", "extract_choice", "is_degenerate", "labelled_options",
+           "split_options", "option_body", "split_think", "strip_tool_blocks", "subagent_report", "tag_stats"]
 
 
 #: the tags a response may use

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from paravt_agent.protocol.times import parse_time
 
-__all__ = ["CALL_TAGS", "DEFAULT_SIGNATURES", "MAX_CALLS", "MAX_CALL_CHARS", "CallError", "ToolCall", "parse_tool_calls",
-           "render_tool_call"]
+__all__ = ["CALL_TAGS", "DEFAULT_SIGNATURES", "MAX_CALLS", "MAX_CALL_CHARS", "CallError", "ToolCall",
+           "parse_tool_calls", "render_tool_call"]
 
 CALL_TAGS = ("tool_call", "tool_code")
 

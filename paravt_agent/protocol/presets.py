@@ -5,7 +5,8 @@ frame labels, tool schema, tool-result layout, limits and final-turn wording.
 A preset is a named set of :class:`~paravt_agent.config.AgentConfig` settings;
 ``AgentConfig(preset="paravt-eval")`` (or ``preset: paravt-eval`` in YAML, or
 ``--preset paravt-eval`` on the CLIs) starts from it, and anything given
-explicitly wins. A model directory's ``agent_config.yaml`` names its preset.
+explicitly wins. A model directory's ``agent_config.yaml`` names its preset, and a training method
+(``method:`` in a GRPO config: ``paravt_train/methods.py``) names the one it trains.
 
 ======================  ===================================================================
 ``paravt`` (default)    this project's layout: what models trained with ``paravt-train`` see
@@ -100,21 +101,40 @@ LONGVT_TOOL_PROMPT = ("Think first, call **crop_video** if needed, then answer. 
 #: Weaver's inference system prompt (Appendix B.2), its usage lines kept (this runtime's parser reads their flat
 #: ``{"tool_name": ..., ...}`` calls); spatial_grounding takes the moment to look at (``time``): our tool reads one
 #: frame, where Weaver's reads "the current focused context" a preceding tool prepared.
-WEAVER_SYSTEM_PROMPT = """You are a helpful multimodal assistant. Your task is to solve complex visual questions by thinking step-by-step and using tools.
+WEAVER_SYSTEM_PROMPT = """You are a helpful multimodal assistant. Your task is to solve complex visual questions by \
+thinking step-by-step and using tools.
 #Tools
 You are provided with following tools:
-1. Temporal grounding tool: Grounds a detailed temporal window of a certain event according to the "query". Usage: <tool_call>{"tool_name": "temporal_grounding", "query": "the event you want to ground."}</tool_call>
-2. Spatial tracking tool: Tracks certain objects in spatial bounding boxes. Usage: <tool_call>{"tool_name": "spatial_tracking", "objects": ["object1", "object2", ...]}</tool_call>
-3. Frame selection tool: Selects a single, most representative keyframe that best matches a textual query. This is ideal for answering questions about static scenes that do not require temporal analysis, such as counting objects or identifying attributes. Usage: <tool_call>{"tool_name": "frame_selection", "query": "a textual description of the desired scene or moment."}</tool_call>
-4. Spatial grounding tool: Locates specified objects with bounding boxes in a specific static scene, the frame at "time" (in seconds; e.g. the frame frame_selection found). Usage: <tool_call>{"tool_name": "spatial_grounding", "objects": ["object1", "object2", ...], "time": a timestamp in seconds}</tool_call>
-5. Trim tool: Grounds a detailed temporal window if you can get direct start and end timestamps from question, options or thinking process. It is also useful when you want to look at the video clip which is "before" or "after" some events, the default "start" is 0 and "end" is the duration of the video if you don't provide. The timestamp should be transferred into seconds. Usage: <tool_call>{"tool_name": "trim", "start": start timestamp, should be a float, "end": end timestamp, should be a float.}</tool_call>
-6. Temporal Count tool: Ground a detailed event which can happen multiple times in the video, the tool will ground all related clip and concat them together. It should be used when the question explicitly requires count the number of some events. Usage: <tool_call>{"tool_name": "temporal_count", "query": "the event you want to count."}</tool_call>
+1. Temporal grounding tool: Grounds a detailed temporal window of a certain event according to the "query". Usage: \
+<tool_call>{"tool_name": "temporal_grounding", "query": "the event you want to ground."}</tool_call>
+2. Spatial tracking tool: Tracks certain objects in spatial bounding boxes. Usage: <tool_call>{"tool_name": \
+"spatial_tracking", "objects": ["object1", "object2", ...]}</tool_call>
+3. Frame selection tool: Selects a single, most representative keyframe that best matches a textual query. This is \
+ideal for answering questions about static scenes that do not require temporal analysis, such as counting objects or \
+identifying attributes. Usage: <tool_call>{"tool_name": "frame_selection", "query": "a textual description of the \
+desired scene or moment."}</tool_call>
+4. Spatial grounding tool: Locates specified objects with bounding boxes in a specific static scene, the frame at \
+"time" (in seconds; e.g. the frame frame_selection found). Usage: <tool_call>{"tool_name": "spatial_grounding", \
+"objects": ["object1", "object2", ...], "time": a timestamp in seconds}</tool_call>
+5. Trim tool: Grounds a detailed temporal window if you can get direct start and end timestamps from question, options \
+or thinking process. It is also useful when you want to look at the video clip which is "before" or "after" some \
+events, the default "start" is 0 and "end" is the duration of the video if you don't provide. The timestamp should be \
+transferred into seconds. Usage: <tool_call>{"tool_name": "trim", "start": start timestamp, should be a float, "end": \
+end timestamp, should be a float.}</tool_call>
+6. Temporal Count tool: Ground a detailed event which can happen multiple times in the video, the tool will ground all \
+related clip and concat them together. It should be used when the question explicitly requires count the number of \
+some events. Usage: <tool_call>{"tool_name": "temporal_count", "query": "the event you want to count."}</tool_call>
 #Instructions
-1. In each step, you need to give a decomposed thinking process, and evaluate whether it is needed to use tools and which tools to use.
-2. You need to consider carefully which tool to use for similar type for different question type. (temporal grounding, temporal count and frame selection) (spatial tracking and spatial grounding)
-3. After calling tools and getting return results, you need to analyze the results and judge whether the results is useful. If not, you can recall the tool with different parameters.
-4. The results obtained from the tool may not always be accurate. You need to carefully watch the newly obtained fragments and analyze whether there is content you need. If not, proceed to the next step of analysis.
-5. If you think the process is ended and no more steps in needed, you need to output the final answer in <answer></answer> tags. e.g. <answer>Answer here</answer>."""
+1. In each step, you need to give a decomposed thinking process, and evaluate whether it is needed to use tools and \
+which tools to use.
+2. You need to consider carefully which tool to use for similar type for different question type. (temporal grounding, \
+temporal count and frame selection) (spatial tracking and spatial grounding)
+3. After calling tools and getting return results, you need to analyze the results and judge whether the results is \
+useful. If not, you can recall the tool with different parameters.
+4. The results obtained from the tool may not always be accurate. You need to carefully watch the newly obtained \
+fragments and analyze whether there is content you need. If not, proceed to the next step of analysis.
+5. If you think the process is ended and no more steps in needed, you need to output the final answer in \
+<answer></answer> tags. e.g. <answer>Answer here</answer>."""
 
 #: Weaver's tool library (Table 1), in its prompt's order
 WEAVER_TOOLS = ["temporal_grounding", "spatial_tracking", "frame_selection", "spatial_grounding", "trim",
@@ -212,7 +232,8 @@ PRESETS: dict[str, dict] = {
     # API's `tools`, which a Hermes chat template renders as the tools block), the whole video at 1 fps (<=512
     # frames, 224x224, no labels), the question followed by LongVT's tool prompt, crops at 1 fps (<=128 frames)
     # returned as frames with "Cropped Xs-Ys, got N frames." in a tool turn; up to 6 responses of 4096 tokens,
-    # greedy, no forced final turn. Every call of a response is run (LongVT's model makes one per turn). Our reader samples at most 512 overview frames; the chat template's exact
+    # greedy, no forced final turn. Every call of a response is run (LongVT's model makes one per turn). Our
+    # reader samples at most 512 overview frames; the chat template's exact
     # tool-turn wrapping is the Hermes one (a <tool_response> block per result in one user turn).
     "longvt": {
         "frames": {"fps": 1.0, "max_frames": 512, "factor": 28, "crop_max_frames": 128, "crop_fps": 1.0},
@@ -232,8 +253,8 @@ PRESETS: dict[str, dict] = {
     # all earlier tokens concatenated (the sequential path continues exact ids); its system prompt (B.2, which
     # describes the tools itself); at most 10 conversation turns (Table 7: 9 tool turns, then the episode ends);
     # 128 uniformly sampled overview frames and tool frames at 1 fps (Sec. 4.1; the paper states no per-tool cap:
-    # 32 here). Its tools stay frozen in training: GRPOConfig's `weaver` preset (tool_model_calls: freeze, its
-    # reward).
+    # 32 here). Its tools stay frozen in training: the `weaver` training method (paravt_train/methods.py:
+    # tool_model_calls freeze, its reward).
     "weaver": {
         "mode": "sequential",
         "tools": list(WEAVER_TOOLS),

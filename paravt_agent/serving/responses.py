@@ -22,8 +22,8 @@ def extension_of(trace: Trace) -> dict:
     calls = [{"turn": t.turn, "index": c.index, "tool": c.name, "window": c.window, "summary": c.summary,
               "error": c.error, "latency": round(c.latency, 4), "batch_size": c.batch_size}
              for t in trace.turns for c in t.calls]
-    return {"trace_id": trace.id, "otel_trace_id": trace.otel_trace_id, "choice": trace.choice, "span": trace.span, "ok": trace.ok,
-            "status": trace.status, "failed_calls": trace.failed_calls, "errors": trace.errors,
+    return {"trace_id": trace.id, "otel_trace_id": trace.otel_trace_id, "choice": trace.choice, "span": trace.span,
+            "ok": trace.ok, "status": trace.status, "failed_calls": trace.failed_calls, "errors": trace.errors,
             "warnings": trace.warnings, "turns": len(trace.turns), "calls": calls,
             "planner_batch_sizes": [t.batch_size for t in trace.turns],
             "latency": round(trace.latency, 4)}

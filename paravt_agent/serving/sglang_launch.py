@@ -21,8 +21,8 @@ from pathlib import Path
 from paravt_agent.defaults import paravt_home
 from paravt_agent.errors import PolicyError
 
-__all__ = ["CPU_ENV", "CPU_FLAGS", "LORA_TARGET_MODULES", "launch", "launch_router", "lora_of_run", "protocol_model_dir",
-           "router_commands", "sglang_command", "stop", "wait_healthy"]
+__all__ = ["CPU_ENV", "CPU_FLAGS", "LORA_TARGET_MODULES", "launch", "launch_router", "lora_of_run",
+           "protocol_model_dir", "router_commands", "sglang_command", "stop", "wait_healthy"]
 
 #: 64-frame inputs need a larger multimodal cache (paper, Appendix B: ~134 MB per 64-frame video): a cache size
 #: that is asked for is at least this.
@@ -196,8 +196,8 @@ def sglang_command(
     (100 MB in 0.5.23; off for Qwen3-VL on large Hopper GPUs); a size is raised to :data:`MIN_VLM_CACHE_MB`; 0
     turns it off, which a server an RL run trains the vision tower of needs: 0.5.23 keys the cache by the pixels
     and keeps it across weight updates (no flush clears it). Every server is started with
-    ``SGLANG_EXPOSE_OWN_ENV_VARS=1``, so its ``/server_info`` reports the setting and the trainer's syncs can
-    warn about a server that keeps the cache.
+    ``SGLANG_EXPOSE_OWN_ENV_VARS=1``, so its ``/server_info`` lists the variables it was given (none: SGLang's
+    default cache) and the trainer's syncs can warn about a server that keeps the cache.
 
     ``lora_rank`` serves LoRA adapters up to that rank (``weight_sync: lora`` loads them by name) on
     ``lora_target_modules`` (default :data:`LORA_TARGET_MODULES`, the trainer's: never SGLang's ``all``, which

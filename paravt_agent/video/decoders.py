@@ -25,7 +25,8 @@ class Decoder:
     def frames(self, indices: Sequence[int], size: tuple[int, int]) -> tuple[list[np.ndarray], list[float], list[str]]:
         raise NotImplementedError
 
-    def keyframes(self, indices: Sequence[int], size: tuple[int, int]) -> tuple[list[np.ndarray], list[float], list[str]]:
+    def keyframes(self, indices: Sequence[int],
+                  size: tuple[int, int]) -> tuple[list[np.ndarray], list[float], list[str]]:
         """Keyframes near ``indices`` (at or before each; the next one when that repeats)."""
         raise NotImplementedError
 

@@ -9,7 +9,8 @@ Every host is resolved before the download and refused when any of its addresses
 (loopback, private, link-local, multicast, reserved, unspecified, shared, or an IPv6 form that embeds such an
 IPv4 address); the connection then goes to the address that was checked (the ``Host`` header and TLS name
 stay the URL's), so a second DNS answer cannot point it elsewhere; proxies from the environment are not
-used, for the same reason. Redirects are followed by hand (at most 5), each hop checked the same way. An operator opens what they choose with URL prefixes
+used, for the same reason. Redirects are followed by hand (at most 5), each hop checked the same way. An operator
+opens what they choose with URL prefixes
 (``allow_prefixes``, ``paravt api --allow-url-prefix``, or ``PARAVT_ALLOW_URL_PREFIXES``, space-separated):
 a URL under one of them is fetched wherever it points.
 """

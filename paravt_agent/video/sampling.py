@@ -177,7 +177,8 @@ def overview_times(duration: float, fps: float = 1.0, max_frames: int = 64, n: i
     return [grid[i] for i in _uniform(len(grid), max_frames)]
 
 
-def crop_times(start: float, end: float, native_fps: float, max_frames: int = 16, fps: float | None = None) -> list[float]:
+def crop_times(start: float, end: float, native_fps: float, max_frames: int = 16,
+               fps: float | None = None) -> list[float]:
     """Target times of a crop: at most ``max_frames`` (and at most ``fps`` per second) in ``[start, end]``."""
     if end <= start:
         raise VideoError(f"window start {start:g}s must be before its end {end:g}s")

@@ -1,9 +1,10 @@
 """The ``paravt`` lmms-eval model: each ``generate_until`` request is one question to the ParaVT agent.
 
 The request's context (the task's own prompt, instructions included) is the question, its option lines the
-question's options (``options=auto``); its visual (``doc_to_visual``) is the video. The reply is the agent's answer (the ``<answer>`` body), or for a
-question with options the letter of the option it chose (an answer written as the option's text counts, as
-``paravt-train eval`` scores it); the task's own ``process_results`` parses and scores the reply. The agent's turns use their own sampling and token
+question's options (``options=auto``); its visual (``doc_to_visual``) is the video. The reply is the agent's
+answer (the ``<answer>`` body), or for a question with options the letter of the option it chose (an answer
+written as the option's text counts, as ``paravt-train eval`` scores it); the task's own ``process_results``
+parses and scores the reply. The agent's turns use their own sampling and token
 budgets (the model's agent config): a task's ``generation_kwargs`` (e.g. ``max_new_tokens: 16``) would cut the
 planner's reasoning and tool calls, so they are not applied.
 

@@ -33,7 +33,7 @@ from paravt_agent.errors import ConfigError, VideoError
 from paravt_agent.prompts import frame_parts, overview_parts, window_parts
 from paravt_agent.protocol import parse_span
 from paravt_agent.video import FrameConfig, VideoReader, check_window
-from paravt_train.rl.rollout import PromptItem
+from paravt_train.data.records import PromptItem
 
 __all__ = [
     "DataError",
@@ -63,7 +63,8 @@ class Part(BaseModel):
     start: float | None = None
     end: float | None = None
     n_frames: int | None = Field(None, ge=1)
-    head: bool = True  # a crop's "Window a-b seconds, N frames." line; False: its labelled frames alone (a tool's prompt)
+    # a crop's "Window a-b seconds, N frames." line; False: its labelled frames alone (a tool's prompt)
+    head: bool = True
 
     @model_validator(mode="after")
     def _check(self):
@@ -295,15 +296,16 @@ def check_renderable(samples, video_root: str | Path | None = None) -> list[tupl
 
 
 def prompts_from_rl(path, video_root=None, limit: int | None = None) -> list:
-    """RL rows → :class:`paravt_train.rl.rollout.PromptItem` s (the first video of each row; ids default to the
+    """RL rows → :class:`~paravt_train.data.records.PromptItem` s (the first video of each row; ids default to the
     row number)."""
 
     out = []
     for i, s in enumerate(load_rl(path, video_root)):
         if not s.videos:
             raise DataError(f"{path}: row {i} has no video")
-        out.append(PromptItem(s.id or f"row{i}", str(resolve_video(s.videos[0], video_root)), s.question_text(),
-                              s.options, s.answer_value, s.task))
+        out.append(PromptItem(id=s.id or f"row{i}", video=str(resolve_video(s.videos[0], video_root)),
+                              question=s.question_text(),
+                              options=s.options, answer=s.answer_value, task=s.task))
     return out[:limit] if limit else out
 
 

@@ -20,8 +20,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from paravt_train.data.formats import RLSample, resolve_video
+from paravt_train.data.records import episode_transcript
 from paravt_train.rewards import RewardConfig, score
-from paravt_train.rl.rollout import episode_transcript
 
 __all__ = ["long_answer", "prefilter", "zero_variance"]
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import shutil
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,8 +29,9 @@ from paravt_agent.config import AGENT_CONFIG_FILE
 from paravt_agent.errors import ConfigError
 from paravt_train.infra.distributed import all_reduce_max, barrier, on_rank0, rank_world
 
-__all__ = ["CheckpointError", "ServerExport", "complete_checkpoints", "export_model", "latest_checkpoint", "load_blobs",
-           "load_checkpoint", "load_rank_blobs", "prune_checkpoints", "resume_latest", "save_checkpoint"]
+__all__ = ["CheckpointError", "ServerExport", "atomic_directory", "complete_checkpoints", "export_model",
+           "latest_checkpoint", "load_blobs", "load_checkpoint", "load_rank_blobs", "prune_checkpoints",
+           "resume_latest", "save_checkpoint", "write_model_dir"]
 
 STATE_FILE = "trainer_state.json"
 T = TypeVar("T")
@@ -175,22 +177,41 @@ def export_model(model, processor, path: Path, agent_config_yaml: str | None = N
 
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        plain = model
         if sd is not None:
             plain = _skeleton(model)
             plain.load_state_dict(sd, assign=True)  # the gathered CPU tensors themselves, no copy
             plain.tie_weights()  # assign=True replaced tied parameters by separate tensors: tie them again
-            plain.save_pretrained(tmp)
-        else:
-            model.save_pretrained(tmp)
+        write_model_dir(plain, processor, path, agent_config_yaml)
+    barrier()
+    return path
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """A directory written under a temporary name (``<name>.tmp``, what an interrupted write left removed first) and
+    renamed to ``path`` when the block ends without an error: a crash mid-write leaves the previous ``path`` whole.
+    The one atomic export of this package: model directories (:func:`write_model_dir`) and LoRA adapters
+    (:func:`paravt_train.infra.lora.save_adapter`). One process writes it (rank 0)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+def write_model_dir(model, processor, path: str | Path, agent_config_yaml: str | None = None) -> Path:
+    """A plain model directory from a whole (unsharded) model: its weights, the processor and the agent config it
+    was trained with, in an :func:`atomic_directory`. What :func:`export_model` and a LoRA run's merged model
+    (:func:`paravt_train.infra.lora.export_merged`) write; rank 0 calls it."""
+    with atomic_directory(path) as tmp:
+        model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
         if agent_config_yaml is not None:
             (tmp / AGENT_CONFIG_FILE).write_text(agent_config_yaml)
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
-    barrier()
-    return path
+    return Path(path)
 
 
 class ServerExport:

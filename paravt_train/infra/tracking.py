@@ -205,7 +205,8 @@ class MetricsLog:
             self.path.unlink(missing_ok=True)
             (self.out / "trackers.json").unlink(missing_ok=True)
         elif self.path.is_file():
-            keep = [ln for ln in self.path.read_text().splitlines() if _step_of(ln) is not None and _step_of(ln) <= step]
+            keep = [ln for ln in self.path.read_text().splitlines()
+                    if _step_of(ln) is not None and _step_of(ln) <= step]
             self.path.write_text("".join(ln + "\n" for ln in keep))
         self._purge = step + 1
         self._open()

@@ -1,10 +1,14 @@
 """The GRPO trainer's checkpoints: save and resume (model, optimizer, scheduler, RNG, every rank's replay buffer
-and unused rollouts), with the replayed frames stored once by content key. A mixin of
-:class:`~paravt_train.rl.trainer.GRPOTrainer` (which owns ``out``, ``model``, ``replay``, … it reads)."""
+and unused rollouts), with the replayed frames stored once by content key.
+
+:class:`TrainerCheckpoints` is an object the trainer holds (``GRPOTrainer.checkpoints``), given what it needs when
+it is made (the output folder, the rank, how many checkpoints to keep) and what it saves or restores when it is
+called; it reads nothing else of the trainer."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_train.infra.checkpoint import (
@@ -15,46 +19,63 @@ from paravt_train.infra.checkpoint import (
     resume_latest,
     save_checkpoint,
 )
-from paravt_train.rl.replay import store_frames
+from paravt_train.rl.replay import ReplayBuffer, store_frames
 
-__all__ = ["TrainerCheckpoints"]
+__all__ = ["Restored", "TrainerCheckpoints"]
+
+
+@dataclass
+class Restored:
+    """What a resumed run continues from: the checkpoint, its step, the state every rank shares (``extra_state``:
+    the online learner's cursor and queue, the held-out scores before training) and this rank's unused rollouts
+    (``queue``: None unless they were stored and are kept)."""
+
+    path: Path
+    step: int
+    extra_state: dict
+    queue: dict | None
 
 
 class TrainerCheckpoints:
+    """``OUTPUT_DIR/checkpoint-<step>`` folders of one rank of a GRPO run: ``keep`` newest kept; the unused rollouts
+    of the asynchronous loop restored only when ``keep_queue`` (``stale_queue_on_resume: keep``)."""
+
+    def __init__(self, out: Path, rank: int = 0, world: int = 1, keep: int = 2, keep_queue: bool = False,
+                 log=print):
+        self.out, self.rank, self.world, self.keep, self.keep_queue, self.log = \
+            Path(out), rank, world, keep, keep_queue, log
+
     @property
     def frame_store(self) -> Path:
         """Replayed rollouts' frames, stored once by content key and shared by every checkpoint."""
         return self.out / "replay_frames"
 
-    def _resume(self) -> None:
+    def resume(self, model, optimizer, scheduler, replay: ReplayBuffer) -> Restored | None:
+        """Restore the newest checkpoint that loads on every rank into ``model``, ``optimizer``, ``scheduler`` and
+        ``replay`` (:func:`~paravt_train.infra.checkpoint.resume_latest`); None when there is none."""
         import numpy as np
 
-        def load(path: Path) -> None:
-            self.step = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+        def load(path: Path) -> Restored:
+            step = load_checkpoint(path, model, optimizer, scheduler)
             blobs = load_blobs(path)
             mine = load_rank_blobs(path, self.rank)
             if mine is None and self.rank == 0:  # a checkpoint from before per-rank state: rank 0's was shared
                 mine = {"replay": blobs["replay"]} if "replay" in blobs else None
             if mine and "replay" in mine:
-                self.replay.load_state_dict(mine["replay"], lambda key: np.load(self.frame_store / f"{key}.npy"))
-            self.restored_queue = mine.get("queue") if mine and self.cfg.stale_queue_on_resume == "keep" else None
-            self.extra_state = blobs.get("extra_state", {})
+                replay.load_state_dict(mine["replay"], lambda key: np.load(self.frame_store / f"{key}.npy"))
+            queue = mine.get("queue") if mine and self.keep_queue else None
+            return Restored(path, step, blobs.get("extra_state", {}), queue)
 
-        self.model.train()
-        resumed = resume_latest(self.out, load, self.log) if self.cfg.resume else None
-        self.metrics.start(self.step if resumed is not None else 0)  # drops the lines of steps to be redone
-        if resumed is None:
-            return
-        latest = resumed[0]
-        self.log(f"resumed from {latest} (step {self.step})")
-        if self.syncer is not None and self.auto_sync:
-            self.sync()
+        resumed = resume_latest(self.out, load, self.log)
+        return None if resumed is None else resumed[1]
 
-    def save(self) -> Path:
-        """A checkpoint of this step (model, optimizer, scheduler, RNG, ``extra_state``, and every rank's own
-        replay buffer, its frames stored once by content); the ``keep_checkpoints`` newest are kept."""
-        path = self.out / f"checkpoint-{self.step}"
-        state, frames = self.replay.state_dict()
+    def save(self, step: int, model, optimizer, scheduler, replay: ReplayBuffer, extra_state: dict,
+             queue: dict | None = None) -> Path:
+        """A checkpoint of ``step`` (model, optimizer, scheduler, RNG, ``extra_state``, and every rank's own replay
+        buffer, its frames stored once by content, and its unused rollouts ``queue`` when given); the ``keep``
+        newest are kept. Every rank calls it."""
+        path = self.out / f"checkpoint-{step}"
+        state, frames = replay.state_dict()
         store_frames(frames, self.frame_store, self.rank)
         keys = sorted(frames)
         if self.world > 1:
@@ -64,12 +85,12 @@ class TrainerCheckpoints:
             dist.all_gather_object(shards, keys)
             keys = sorted({k for shard in shards for k in shard})
         mine = {"replay": state}
-        if self.producer is not None and self.cfg.stale_queue_on_resume == "keep":
-            mine["queue"] = self.producer.unused()  # rolled out, not yet trained
-        save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step,
-                        blobs={"extra_state": self.extra_state}, rank_blobs=mine, extra={"replay_frames": keys})
+        if queue is not None:
+            mine["queue"] = queue  # rolled out, not yet trained
+        save_checkpoint(path, model, optimizer, scheduler, step,
+                        blobs={"extra_state": extra_state}, rank_blobs=mine, extra={"replay_frames": keys})
         if self.rank == 0:
-            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
+            prune_checkpoints(self.out, self.keep)
             self._collect_frames()
         return path
 
@@ -83,4 +104,3 @@ class TrainerCheckpoints:
         for f in self.frame_store.glob("*.npy"):
             if f.stem not in used:
                 f.unlink(missing_ok=True)
-

@@ -1,20 +1,14 @@
 """PARA-GRPO settings (:class:`GRPOConfig`).
 
 Every field is documented once, with the paper's value as its default where the
-paper gives one (Table 4). Presets set the components the paper adds to GRPO;
-every component stays its own field, so the ablations of Table 2 (Block B) are
-overrides: ``--set preset=vanilla-grpo --set gating=true``. Explicit fields win
-over the preset's.
-
-* ``para-grpo``: Exploration Anchoring (think prefix, answer suffix, anchor reward)
-  and nFrames gating on.
-* ``vanilla-grpo``: all of Exploration Anchoring off (no think prefix, no answer
-  suffix, no anchor reward) and no gating — the baseline of Table 2.
-* ``dapo``: the vanilla components with DAPO's objective: token-mean
-  aggregation, clip-higher (ε_low 0.2, ε_high 0.28), dynamic sampling, no KL, and
-  several optimizer steps per batch (``mini_batches`` 4: DAPO's recipe takes 16
-  mini-batches of its 512-prompt batch), so that the clip — clip-higher is DAPO's
-  point — acts from the second step on.
+paper gives one (Table 4). ``method`` names a training method of
+:mod:`paravt_train.methods` (para-grpo, vanilla-grpo, dapo, weaver,
+videochat-m1): its training settings sit under the fields given here, and its
+agent protocol follows (unless ``agent_config`` or ``agent.preset`` names
+another). Every component the paper adds to GRPO stays its own field, so the
+ablations of Table 2 (Block B) are overrides: ``--set method=vanilla-grpo --set
+gating=true``; the think prefix, an agent setting, is ``--set
+agent.think_prefix=''``.
 
 The PPO trust region. ``para-grpo`` and ``vanilla-grpo`` take one optimizer step per
 batch (``ppo_epochs`` 1 × ``mini_batches`` 1), as the paper's released recipe does
@@ -22,46 +16,33 @@ batch (``ppo_epochs`` 1 × ``mini_batches`` 1), as the paper's released recipe d
 before the update is exactly 1, so the clip never acts; the step is bounded by the
 KL term, the learning rate and gradient clipping). ``metrics.jsonl`` logs
 ``clip_fraction`` and ``ratio_dev_max`` (the largest |ratio − 1|) so this is visible;
-raise ``mini_batches`` for a trust region that acts (AReaL's own default is 4).
+raise ``mini_batches`` for a trust region that acts (AReaL's own default is 4; ``dapo``
+takes 4).
+
+Keys of earlier releases (``preset``, ``think_prefix``) still load, with a warning naming the new key
+(:attr:`GRPOConfig.deprecated_keys`).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Literal
+import warnings
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from paravt_agent.config import load_yaml_model
+from paravt_agent._moved import REMOVED_IN
+from paravt_agent.config import AgentConfig, load_yaml_model, merge_settings, upgrade_keys
 from paravt_agent.errors import ConfigError
 from paravt_agent.types import Sampling
+from paravt_train.infra.lora import LoraSettings
 from paravt_train.infra.tracking import ReportTo
+from paravt_train.methods import DEFAULT_METHOD, MethodName, training_settings
 from paravt_train.rewards import RewardConfig
 from paravt_train.rl.online_config import OnlineSettings
-from paravt_train.sft.config import LoraSettings
+from paravt_train.sync import check_weight_sync
 
-__all__ = ["PRESETS", "GRPOConfig", "ReplaySettings", "check_served_sampling", "sampling_settings"]
-
-PRESETS: dict[str, dict] = {
-    "para-grpo": {"think_prefix": "<think>\n", "gating": True, "reward": {"anchor": True, "answer_suffix": True}},
-    "vanilla-grpo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False}},
-    "dapo": {"think_prefix": "", "gating": False, "reward": {"anchor": False, "answer_suffix": False},
-             "aggregation": "token-mean", "clip_high": 0.28, "dynamic_sampling": True, "kl_coef": 0.0,
-             "mini_batches": 4},
-    # Weaver (weaver.txt, Sec. 3.4.3 and Table 7): tool-augmented GRPO with its tools frozen, R = 0.7 R_corr +
-    # 0.2 R_format + 0.1 R_tool (R_format: the answer tags; R_tool: a tool call that worked and a right answer)
-    "weaver": {"think_prefix": "", "gating": False, "tool_model_calls": "freeze", "kl_coef": 1e-3, "lr": 1e-6,
-               "reward": {"anchor": False, "answer_suffix": False, "acc_weight": 0.7, "lambda_fmt": 0.2,
-                          "format_reward": "answer", "tool_reward": "success", "tool_bonus": 0.1, "reward_bias": 0.0}},
-    # VideoChat-M1 (supplement A.6): GRPO for every collaborating agent, each with its own advantage (the
-    # collaborative mode's cpp protocol: paravt_train.rl.agent_rewards), τ = 1, KL 1e-5, lr 1e-7; the agents'
-    # own turns train, their tools (browsers, grounding: expert models in the paper) stay frozen; agent dropout
-    # is the agent config's collab.dropout
-    "videochat-m1": {"think_prefix": "", "gating": False, "temperature": 1.0, "kl_coef": 1e-5, "lr": 1e-7,
-                     "train_subagents": False, "tool_model_calls": "freeze",  # its tools are other, frozen models
-                     "reward": {"anchor": False, "answer_suffix": False, "reward_bias": 0.0}},
-    "custom": {},
-}
+__all__ = ["GRPOConfig", "ReplaySettings", "check_served_sampling", "sampling_settings"]
 
 
 class ReplaySettings(BaseModel):
@@ -92,10 +73,27 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    preset: Literal["para-grpo", "vanilla-grpo", "dapo", "weaver", "videochat-m1", "custom"] = Field(
-        "para-grpo", description="Defaults for think_prefix / gating / reward.anchor / reward.answer_suffix (and "
-        "DAPO's objective options; weaver: Weaver's frozen tools and reward; videochat-m1: VideoChat-M1's "
-        "multi-agent GRPO settings); explicit fields win.")
+    #: what a user sets, by topic (docs/config.md lists these first, with each method's values; the rest is
+    #: advanced: the paper's or the method's value)
+    user_settings: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model": ("model", "backend", "endpoint", "agent_config"),
+        "data": ("data", "video_root", "eval_data", "eval_limit"),
+        "method": ("method", "agent"),
+        "budget": ("steps", "prompts_per_step", "group_size", "max_new_tokens", "subagent_max_new_tokens",
+                   "micro_batch_size", "gradient_checkpointing"),
+        "output": ("output_dir", "save_every", "report_to"),
+    }
+    #: keys of earlier releases: old -> new (None: gone), read with a FutureWarning until REMOVED_IN
+    deprecated_keys: ClassVar[dict[str, str | None]] = {"preset": "method", "think_prefix": "agent.think_prefix"}
+
+    method: MethodName = Field(
+        DEFAULT_METHOD, description="The training method (paravt_train/methods.py): para-grpo, vanilla-grpo, dapo, "
+        "weaver, videochat-m1. It names its training settings (under the fields given here), its agent protocol "
+        "(the model's own for the first three; unless agent_config or agent.preset names one) and its trainer.")
+    agent: dict[str, Any] = Field(
+        default_factory=dict, description="Agent settings (AgentConfig keys, nested) over the run's protocol and "
+        "the method's agent settings, e.g. {think_prefix: ''} (the think prefix off: a Table 2 ablation) or "
+        "{preset: paravt-rl}. Saved with the trained model's agent_config.yaml.")
     model: str = Field(description="Initial policy: a model directory (e.g. the SFT cold start).")
     data: str | None = Field(None, description="RL Parquet file or dataset directory (None for `online`).")
     video_root: str | None = Field(None, description="Relative video paths in the data are resolved against this.")
@@ -160,7 +158,9 @@ class GRPOConfig(BaseModel):
     sync_admin_api_key_env: str | None = Field(None, description="Environment variable holding the servers' "
                                                "--admin-api-key, which SGLang requires on its admin routes (pause, "
                                                "weight updates, flush, LoRA loads) when set; None = the API key.")
-    agent_config: str | None = Field(None, description="Agent YAML; default: the model's agent_config.yaml.")
+    agent_config: str | None = Field(None, description="The run's agent protocol, as an agent YAML; default: the "
+                                     "model's agent_config.yaml if it is the protocol wanted (agent.preset, else "
+                                     "the method's), else that protocol's preset.")
     # rollouts
     steps: int = Field(100, ge=1, description="Policy updates.")
     prompts_per_step: int = Field(4, ge=1, description="Prompts per update (paper, Table 4: 7; divisible by the "
@@ -170,8 +170,6 @@ class GRPOConfig(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of rollouts.")
     max_new_tokens: int = Field(2048, ge=1, description="Planner tokens per turn.")
     subagent_max_new_tokens: int = Field(256, ge=1, description="Sub-agent summary tokens.")
-    think_prefix: str = Field("<think>\n", description="Pinned start of every planner response (paper, 3.2.1: "
-                                                       "Think Prefix, part of Exploration Anchoring); '' = off.")
     gating: bool = Field(True, description="nFrames gating (paper, 3.2.2, Eq. 2): n per prompt drawn from "
                                            "gating_choices, the same for all G rollouts.")
     gating_choices: list[int] = Field(default_factory=lambda: [4, 8, 16, 32, 64],
@@ -192,8 +190,8 @@ class GRPOConfig(BaseModel):
     rollout_batch: int = Field(16, ge=1, description="Backend local: concurrent model calls generated as one "
                                                      "batch (the G rollouts of a prompt, the K sub-agents).")
     # objective
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward weights (reward_bias -0.2 "
-                                                                          "unless set, the paper's RL value).")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward weights; the method sets "
+                                 "some (every method its reward_bias: -0.2, the paper's RL value, or 0).")
     lr: float = Field(2e-6, gt=0, description="AdamW learning rate (paper, Table 4: 2e-6).")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps, then constant.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -249,25 +247,24 @@ class GRPOConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _preset(cls, data):
+    def _method(cls, data):
+        """The method's training settings under the ones given (nested sections merged key by key)."""
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        reward = data.get("reward")
-        if reward is None or isinstance(reward, dict):
-            reward = dict(reward or {})
-        preset = PRESETS.get(data.get("preset", "para-grpo"), {})
-        for key, value in preset.items():
-            if key == "reward":
-                if isinstance(reward, dict):
-                    for k, v in value.items():
-                        reward.setdefault(k, v)
-            else:
-                data.setdefault(key, value)
-        if isinstance(reward, dict):
-            reward.setdefault("reward_bias", -0.2)  # the paper's RL reward bias (a preset may set its own)
-        data["reward"] = reward
-        return data
+        data = upgrade_keys(data, cls.deprecated_keys, cls.__name__)
+        if data.get("method") == "custom":  # 0.4's preset of no defaults: the field defaults, para-grpo's
+            warnings.warn(f"GRPOConfig: method `custom` is renamed `para-grpo` (the same settings); `custom` is "
+                          f"refused from {REMOVED_IN}", FutureWarning, stacklevel=2)
+            data = {**data, "method": "para-grpo"}
+        return merge_settings(training_settings(data.get("method", DEFAULT_METHOD)), data)
+
+    @model_validator(mode="after")
+    def _agent_settings(self):
+        try:
+            AgentConfig.model_validate(self.agent)
+        except ValueError as exc:
+            raise ValueError(f"agent: not agent settings: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _asynchronous(self):
@@ -293,8 +290,7 @@ class GRPOConfig(BaseModel):
 
     @model_validator(mode="after")
     def _lora(self):
-        if self.weight_sync == "lora" and not self.lora.enabled:
-            raise ValueError("weight_sync lora pushes an adapter: set lora.enabled true")
+        check_weight_sync(self)  # an adapter sync needs a LoRA run (the sync registry says which syncs are)
         return self
 
     def sglang_api_key(self) -> str | None:

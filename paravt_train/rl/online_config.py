@@ -1,5 +1,8 @@
 """Settings of online learning (``GRPOConfig.online``): the gate a candidate passes before it is served, the
-versions kept for rollback, automatic rollback, and how much one user's feedback may weigh."""
+versions kept for rollback, automatic rollback, and how much one user's feedback may weigh.
+
+Defined here, beside the config that holds them (``rl/`` is below ``online/``: the learner holds a GRPO trainer);
+the online learner reads them as :mod:`paravt_train.online.config`."""
 
 from __future__ import annotations
 
@@ -71,9 +74,9 @@ class OnlineSettings(BaseModel):
     gate: GateSettings = Field(default_factory=GateSettings, description="The gate before a candidate is served.")
     rollback: RollbackSettings = Field(default_factory=RollbackSettings, description="Automatic rollback.")
     max_rows_per_user: int | None = Field(200, ge=1, description="Feedback rows one user may contribute per "
-                                          "`user_window_hours`; the rest are skipped (counted). None: no limit. Rows without a user (written by the "
-                                          "operator's own code: the API and the web page always name one) are not "
-                                          "limited, here or by `max_user_share`.")
+                                          "`user_window_hours`; the rest are skipped (counted). None: no limit. Rows "
+                                          "without a user (written by the operator's own code: the API and the web "
+                                          "page always name one) are not limited, here or by `max_user_share`.")
     user_window_hours: float = Field(24.0, gt=0, description="The window of `max_rows_per_user`.")
     max_user_share: float = Field(0.5, gt=0, le=1, description="At most this share of an update's prompts from one "
                                   "user (rounded up); the rest wait for later updates.")

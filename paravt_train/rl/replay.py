@@ -25,7 +25,7 @@ def _frame_key(frame) -> str:
     return hashlib.sha1(str(a.shape).encode() + a.tobytes()).hexdigest()
 
 
-@dataclass
+@dataclass(kw_only=True)  # built by keyword (tests/test_architecture.py)
 class ReplayItem:
     """One stored rollout: its prompt, its token sequences (behaviour logprobs included), its reward."""
 
@@ -116,7 +116,7 @@ class ReplayBuffer:
         """Store one rollout (after :meth:`observe`); returns the tier it went to."""
         tier = self.tier_for(prompt_id)
         t = self.store[tier]
-        t.append(ReplayItem(prompt_id, list(sequences), float(reward)))
+        t.append(ReplayItem(prompt_id=prompt_id, sequences=list(sequences), reward=float(reward)))
         value = self.baseline(prompt_id)
         while len(t) > self.tier_capacity[tier]:  # the oldest rollout at least as easy as the newcomer goes (else
             # the oldest): a newcomer never pushes out a harder rollout while an easier one is there to go
@@ -166,8 +166,11 @@ class ReplayBuffer:
         get = frames if callable(frames) else frames.__getitem__
         for name, items in state["store"].items():
             self.store[name] = deque(
-                ReplayItem(it["prompt_id"], [TokenSequence(**{**s, "images": [get(k) for k in s["images"]]})
-                                             for s in it["sequences"]], it["reward"]) for it in items)
+                ReplayItem(prompt_id=it["prompt_id"],
+                           sequences=[TokenSequence(**{**s, "images": [get(k) for k in s["images"]]})
+                                      for s in it["sequences"]],
+                           reward=it["reward"])
+                for it in items)
         self.history = defaultdict(lambda: deque(maxlen=self.baseline_window))
         for k, v in state["history"].items():
             self.history[k].extend(v)

@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 
 from paravt_agent.agent import Agent
 from paravt_agent.errors import ParaVTError
-from paravt_agent.policy.base import images_of, text_of
+from paravt_agent.policy.base import images_of
 from paravt_agent.policy.chat import continued_ids
 from paravt_agent.types import Answer, RolloutInput
 from paravt_agent.video import file_identity
-from paravt_train.rewards import RewardBreakdown, RewardConfig, score, transcript
-from paravt_train.rl.agent_rewards import agent_reward, agent_transcript
+from paravt_train.data.records import PromptItem, episode_transcript
+from paravt_train.rewards import RewardBreakdown, RewardConfig, score
+from paravt_train.rl.marl.rewards import agent_reward, agent_transcript
 
 __all__ = [
     "Episode",
@@ -52,12 +53,10 @@ __all__ = [
     "agent_episodes",
     "agent_of",
     "assemble_agents",
-    "PromptItem",
     "RolloutError",
     "RolloutSettings",
     "TokenSequence",
     "assemble",
-    "episode_transcript",
     "gate_frames",
     "policy_versions",
     "record_sequence",
@@ -67,18 +66,6 @@ __all__ = [
 
 class RolloutError(ParaVTError):
     """A rollout cannot be turned into training tokens (e.g. a backend that returns no token ids)."""
-
-
-@dataclass
-class PromptItem:
-    """One RL prompt: what the agent is asked and what the reward checks against."""
-
-    id: str
-    video: str
-    question: str
-    options: list[str] | None
-    answer: object  # a letter / text, or [start, end] for tvg
-    task: str  # mcq | tvg | oe
 
 
 def gate_frames(seed: int, prompt_id: str, choices: Sequence[int]) -> int:
@@ -145,7 +132,7 @@ class PromptCache:
         return value
 
 
-@dataclass
+@dataclass(kw_only=True)  # built by keyword (tests/test_architecture.py)
 class TokenSequence:
     """One trainable sequence: ids, which of them were sampled, their behaviour logprobs, its images, and
     the episode (rollout) it belongs to."""
@@ -217,24 +204,6 @@ class RolloutSettings:
     banned: tuple[int, ...] = ()
 
 
-def episode_transcript(answer: Answer) -> str:
-    """Planner responses (prefix included) interleaved with the tool-response turns that followed them
-    (one turn, or one message per call: the layout's choice, joined in order). Only the runtime's own
-    ``<tool_response>`` turns are included: an instruction the agent injects (the forced final-answer turn)
-    is never scored."""
-    responses: list[str] = []
-    tools: list[list[str]] = []
-    for m in answer.messages or []:
-        if m["role"] == "assistant":
-            responses.append(m["content"])
-            tools.append([])
-        elif m["role"] == "user" and responses:
-            text = text_of(m["content"])  # frame labels may precede the wrapper (frames evidence)
-            if "<tool_response>" in text:
-                tools[-1].append(text[text.index("<tool_response>"):])
-    return transcript(responses, ["\n".join(t) for t in tools])
-
-
 def sampled_any(answer: Answer, ids: Sequence[int]) -> bool:
     """Whether some turn of the episode sampled one of ``ids`` (e.g. a vision placeholder, which the
     trainer would read as an image position: such an episode cannot be trained on)."""
@@ -272,15 +241,17 @@ def assemble(answer: Answer, eos_id: int, subagents: bool = True, episode: str =
         for start, g in spans:
             mask[start : start + len(g.output_ids)] = [1] * len(g.output_ids)
             lps[start : start + len(g.output_ids)] = g.logprobs
-        seqs.append(TokenSequence("planner", ids, mask, lps, planner[-1].images, turn=planner[-1].turn,
+        seqs.append(TokenSequence(role="planner", input_ids=ids, loss_mask=mask, logprobs=lps,
+                                  images=planner[-1].images, turn=planner[-1].turn,
                                   episode=episode, image_grid_thw=final.image_grid_thw))
     else:  # each turn against the prompt it really had
         for r in planner:
             g = r.generation
             head = [*g.prompt_ids, *(g.prefix_ids or [])]
-            seqs.append(TokenSequence("planner", head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
-                                      [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, episode=episode,
-                                      image_grid_thw=g.image_grid_thw))
+            seqs.append(TokenSequence(role="planner", input_ids=head + list(g.output_ids),
+                                      loss_mask=[0] * len(head) + [1] * len(g.output_ids),
+                                      logprobs=[0.0] * len(head) + list(g.logprobs), images=r.images, turn=r.turn,
+                                      episode=episode, image_grid_thw=g.image_grid_thw))
     others = [r for r in answer.records if r.role != "planner" and r.trainable and (
         subagents if r.role == "subagent" else tool_models if r.role.startswith("tool:") else True)]
     seqs += [s for s in (record_sequence(r, episode) for r in others) if s is not None]
@@ -296,8 +267,9 @@ def record_sequence(r, episode: str) -> TokenSequence | None:
     if not g.has_tokens:
         raise RolloutError(f"a {r.role} generation has no token ids / logprobs")
     head = [*g.prompt_ids, *(g.prefix_ids or [])]
-    return TokenSequence(r.role, head + list(g.output_ids), [0] * len(head) + [1] * len(g.output_ids),
-                         [0.0] * len(head) + list(g.logprobs), r.images, turn=r.turn, index=r.index,
+    return TokenSequence(role=r.role, input_ids=head + list(g.output_ids),
+                         loss_mask=[0] * len(head) + [1] * len(g.output_ids),
+                         logprobs=[0.0] * len(head) + list(g.logprobs), images=r.images, turn=r.turn, index=r.index,
                          episode=episode, image_grid_thw=g.image_grid_thw)
 
 
@@ -384,7 +356,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
 
 def agent_episodes(team: Episode, collab, prompt: PromptItem, settings: RolloutSettings) -> list[Episode]:
     """Multi-agent RL (the collaborative mode's cpp protocol): one episode per collaborating agent, its own calls as
-    sequences and its own reward (:func:`~paravt_train.rl.agent_rewards.agent_reward`: R_res + R_format + R_col +
+    sequences and its own reward (:func:`~paravt_train.rl.marl.rewards.agent_reward`: R_res + R_format + R_col +
     R_tool), and the team's (the reason summary or synthesizer, scored as usual); the trainer normalises each
     agent's rewards over the group's rollouts apart (:func:`~paravt_train.rl.objective.episode_advantages`)."""
     ans = team.answer

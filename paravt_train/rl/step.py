@@ -68,7 +68,8 @@ def replay_batch(buffer: ReplayBuffer, cfg, groups, world: int = 1) -> tuple[lis
     clip = r.max_advantage if r.max_advantage is not None else (cfg.group_size - 1) ** 0.5
     advs = offpolicy_advantages(rewards, [buffer.baseline(it.prompt_id) for it in drawn], sigma=sigma,
                                 min_std=r.min_std, clip=clip)
-    items = [UpdateItem(s, a, r.alpha, True) for it, a in zip(drawn, advs, strict=True) for s in it.sequences]
+    items = [UpdateItem(sequence=s, advantage=a, weight=r.alpha, off_policy=True)
+             for it, a in zip(drawn, advs, strict=True) for s in it.sequences]
     for g in groups:
         for e in g:
             if e.failed is None:

@@ -21,8 +21,9 @@ gathered over all ranks.
 
 The pieces, one concept a module: the update step (:mod:`paravt_train.rl.update`),
 the objective (:mod:`paravt_train.rl.objective`), the step's metrics
-(:mod:`paravt_train.rl.metrics`), checkpoints and the exported model
-(:mod:`paravt_train.infra.checkpoint`), rollouts (:mod:`paravt_train.rl.rollout`).
+(:mod:`paravt_train.rl.metrics`), checkpoints (:mod:`paravt_train.rl.checkpoints`, an object the trainer holds:
+``self.checkpoints``), the exported model (:mod:`paravt_train.infra.checkpoint`; a LoRA run's adapter:
+:mod:`paravt_train.infra.lora`), rollouts (:mod:`paravt_train.rl.rollout`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.chat import ChatTokenizer
 from paravt_agent.policy.registry import make_rollout_policy
-from paravt_train.data import prompts_from_rl
+from paravt_train.data import PromptItem, prompts_from_rl
 from paravt_train.eval import heldout_scores
+from paravt_train.infra import lora
 from paravt_train.infra.checkpoint import ServerExport, export_model
 from paravt_train.infra.distributed import (
     all_reduce_sum,
@@ -56,32 +58,28 @@ from paravt_train.infra.distributed import (
 from paravt_train.infra.interrupt import GracefulStop
 from paravt_train.infra.tracking import MetricsLog
 from paravt_train.judge import LLMJudge
-from paravt_train.rl import lora
+from paravt_train.methods import agent_config_for
 from paravt_train.rl.async_loop import AsyncRollouts, require_served_policy, within_staleness
 from paravt_train.rl.checkpoints import TrainerCheckpoints
 from paravt_train.rl.config import GRPOConfig, check_served_sampling
 from paravt_train.rl.metrics import step_metrics
 from paravt_train.rl.objective import episode_advantages
 from paravt_train.rl.replay import ReplayBuffer
-from paravt_train.rl.rollout import (
-    Episode,
-    PromptCache,
-    PromptItem,
-    RolloutSettings,
-    gate_frames,
-    run_group,
-)
+from paravt_train.rl.rollout import Episode, PromptCache, RolloutSettings, gate_frames, run_group
 from paravt_train.rl.step import replay_batch, sample_groups, step_prompts
 from paravt_train.rl.update import PolicyUpdate, UpdateItem, collate, token_logprobs
-from paravt_train.sync import make_weight_sync, serving_dtype
+from paravt_train.sync import make_weight_sync, pushes_to, serving_dtype
+from paravt_train.sync.base import renamed_attribute
 
 __all__ = ["GRPOTrainer", "UpdateItem", "collate", "token_logprobs"]
 
 
-class GRPOTrainer(TrainerCheckpoints):
-    """``GRPOTrainer(cfg).run()``; ``train_step(prompts)`` is the unit the online loop reuses."""
+class GRPOTrainer:
+    """``GRPOTrainer(cfg).run()``; ``train_step(prompts)`` is the unit the online loop reuses. ``push_updates``:
+    push the weights to the rollout server by itself (at setup, on resume, every ``sync_every`` updates); the online
+    learner passes False and pushes only the versions it promotes (:meth:`sync`)."""
 
-    def __init__(self, cfg: GRPOConfig, progress: bool = True, log=print):
+    def __init__(self, cfg: GRPOConfig, progress: bool = True, log=print, push_updates: bool = True):
         self.cfg = cfg
         self.progress = progress
         self.log = log
@@ -92,28 +90,23 @@ class GRPOTrainer(TrainerCheckpoints):
         self.stopped: str | None = None  # the signal that ended run() early
         self.restored_queue: dict | None = None  # its unused groups, from a checkpoint (stale_queue_on_resume)
         self.stale_prompts: list[str] = []  # train_step, η > 0: this rank's prompts whose groups were too stale
-        #: push weights to the server by itself (setup, resume, every sync_every updates); the online learner turns
-        #: it off and pushes only the versions it promotes
-        self.auto_sync = True
+        self.push_updates = push_updates
+
+    auto_sync = renamed_attribute("GRPOTrainer.auto_sync", "GRPOTrainer(cfg, push_updates=...)", "push_updates")
 
     # ------------------------------------------------------------------ agent configs
 
     def base_agent_config(self) -> AgentConfig:
-        """The agent config the model was trained with (``agent_config`` or the model's own file)."""
-        cfg = self.cfg
-        if cfg.agent_config:
-            if not Path(cfg.agent_config).is_file():
-                raise ConfigError(f"agent config {cfg.agent_config} does not exist")
-            return AgentConfig.from_yaml(cfg.agent_config)
-        return AgentConfig.for_model(cfg.model) or AgentConfig()
+        """The run's protocol (``agent_config``, the model's own file or the method's), with the method's agent
+        settings and ``agent`` over it (:func:`paravt_train.methods.agent_config_for`)."""
+        return agent_config_for(self.cfg)
 
     def agent_config(self) -> AgentConfig:
-        """The rollout agent: the model's own protocol (its dispatch mode and layout), the preset's think
-        prefix, τ-sampling, the RL token limits."""
+        """The rollout agent: the run's protocol (its dispatch mode and layout) with the method's think prefix,
+        τ-sampling, the RL token limits."""
         cfg = self.cfg
         base = self.base_agent_config()
         return base.model_copy(update={
-            "think_prefix": cfg.think_prefix,
             # the distribution the trainer scores: τ and top-p as configured, no top-k or min-p from the model's file
             "planner_sampling": base.planner_sampling.model_copy(update={
                 "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0,
@@ -132,13 +125,13 @@ class GRPOTrainer(TrainerCheckpoints):
         """The held-out agent, and the config saved with the trained model: the model's agent config, greedy,
         with the token budgets RL trained it with (``max_new_tokens`` per planner turn, ``subagent_max_new_tokens``
         per summary: a policy trained on 2048-token turns is evaluated and served at 2048), its frame protocol
-        and the preset's think prefix."""
+        and the method's think prefix."""
         cfg = self.cfg
         base = self.base_agent_config()
         frames = base.frames if cfg.eval_n_frames is None else base.frames.model_copy(
             update={"n_frames": cfg.eval_n_frames})
         return base.model_copy(update={
-            "frames": frames, "think_prefix": cfg.think_prefix,
+            "frames": frames,
             "planner_sampling": base.planner_sampling.model_copy(update={
                 "temperature": 0.0, "max_new_tokens": cfg.max_new_tokens}),
             "subagent_sampling": base.subagent_sampling.model_copy(update={
@@ -150,7 +143,6 @@ class GRPOTrainer(TrainerCheckpoints):
         if self._ready:
             return
         from transformers import AutoModelForImageTextToText, AutoProcessor
-
 
         cfg = self.cfg
         if not Path(cfg.model).is_dir():
@@ -180,9 +172,11 @@ class GRPOTrainer(TrainerCheckpoints):
             self.ref.eval().requires_grad_(False)
             if self.world > 1:
                 self.ref = shard_model(self.ref)
+        # the sync named by weight_sync; the rollout requests name the adapter it serves the weights under, if any
+        sync = make_weight_sync(cfg, folder=self.out / "weights", export=self.export_for_server, device=self.device,
+                                model=self.model)
         policy = make_rollout_policy(cfg.backend, cfg.model, cfg.endpoint, trained_model=self.model,
-                                     processor=self.processor, max_batch=cfg.rollout_batch,
-                                     lora=cfg.lora_name if cfg.weight_sync == "lora" else None,
+                                     processor=self.processor, max_batch=cfg.rollout_batch, lora=sync.adapter_name,
                                      api_key=cfg.sglang_api_key(), autocast=self.autocast_dtype)
         if self.world > 1 and policy.generates_with(self.model):
             raise ConfigError(f"multi-process training needs a rollout server (backend: sglang): the {cfg.backend} "
@@ -195,9 +189,8 @@ class GRPOTrainer(TrainerCheckpoints):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         # nothing to push to a policy that generates with the trained parameters themselves; weights reach a
-        # server through SGLang's admin API only (the sync named by weight_sync)
-        self.syncer = make_weight_sync(cfg, policy, self.model, self.out / "weights",
-                                       export=self.export_for_server, device=self.device)
+        # server through SGLang's admin API only
+        self.syncer = sync if pushes_to(policy, self.model) else None
         if self.syncer is not None:  # a min-p the server's seeded sampler would die on, refused before any request
             check_served_sampling(policy, self.agent_config(), self.eval_agent_config())
         self.agent = Agent(policy=policy, config=self.agent_config())
@@ -209,12 +202,37 @@ class GRPOTrainer(TrainerCheckpoints):
         self.replay = ReplayBuffer.from_settings(cfg.replay, cfg.seed)
         self.extra_state: dict = {}
         self.metrics = MetricsLog(self.out, cfg.report_to, cfg.model_dump(mode="json"), rank=self.rank)
+        self.checkpoints = TrainerCheckpoints(self.out, self.rank, self.world, cfg.keep_checkpoints,
+                                              keep_queue=cfg.stale_queue_on_resume == "keep", log=self.log)
         self._resume()  # starts self.metrics at the resumed step (a resumed run pushes its checkpoint's weights)
-        if self.syncer is not None and self.step == 0 and self.auto_sync:
+        if self.syncer is not None and self.step == 0 and self.push_updates:
             # a fresh run pushes its starting weights as version "0": the server may hold another policy (an earlier
             # run's pushes, another checkpoint), and step 1's rollouts must come from the policy they train
             self.sync()
         self._ready = True
+
+    def _resume(self) -> None:
+        """Continue from the newest checkpoint (``resume``): its step, weights, optimizer, replay buffer and
+        ``extra_state``; the metrics restart at its step, and a resumed run pushes its weights."""
+        self.model.train()
+        restored = (self.checkpoints.resume(self.model, self.optimizer, self.scheduler, self.replay)
+                    if self.cfg.resume else None)
+        if restored is not None:
+            self.step, self.extra_state, self.restored_queue = restored.step, restored.extra_state, restored.queue
+        self.metrics.start(self.step if restored is not None else 0)  # drops the lines of steps to be redone
+        if restored is None:
+            return
+        self.log(f"resumed from {restored.path} (step {self.step})")
+        if self.syncer is not None and self.push_updates:
+            self.sync()
+
+    def save(self) -> Path:
+        """A checkpoint of this step (:meth:`TrainerCheckpoints.save`: model, optimizer, scheduler, RNG,
+        ``extra_state``, every rank's replay buffer and, with ``stale_queue_on_resume: keep``, its unused rollouts);
+        the ``keep_checkpoints`` newest are kept."""
+        keep = self.producer is not None and self.cfg.stale_queue_on_resume == "keep"
+        return self.checkpoints.save(self.step, self.model, self.optimizer, self.scheduler, self.replay,
+                                     self.extra_state, queue=self.producer.unused() if keep else None)
 
     def save_model(self, path: Path) -> Path:
         """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads (a LoRA
@@ -330,7 +348,7 @@ class GRPOTrainer(TrainerCheckpoints):
             self.log(f"step {self.step + 1} (rank {self.rank}): {len(failed)} episodes failed, e.g. {failed[0]}")
         # rollouts a server sampled with older weights than these (sync_every > 1, η > 0) are corrected, not
         # trained as on-policy: the versions the server reported say which
-        items = [UpdateItem(s, e.advantage, stale=any(v != self.step for v in e.versions))
+        items = [UpdateItem(sequence=s, advantage=e.advantage, stale=any(v != self.step for v in e.versions))
                  for g in groups for e in self.advantages(g) for s in e.sequences]
         replayed, n_drawn = replay_batch(self.replay, cfg, groups, self.world) if cfg.replay.enabled else ([], 0)
         t1 = time.perf_counter()
@@ -338,7 +356,7 @@ class GRPOTrainer(TrainerCheckpoints):
         t_upd = time.perf_counter() - t1
         self.step += 1
         t2 = time.perf_counter()
-        if self.syncer is not None and self.auto_sync and self.step % cfg.sync_every == 0:
+        if self.syncer is not None and self.push_updates and self.step % cfg.sync_every == 0:
             self.sync()
         t_sync = time.perf_counter() - t2
         rec = step_metrics(self.step, groups, all_groups, prompts, stats, n_drawn, cfg, self.world)
@@ -377,7 +395,6 @@ class GRPOTrainer(TrainerCheckpoints):
         """The offline loop over ``data``; returns the final metrics (and held-out before/after)."""
         from tqdm.auto import tqdm
 
-
         cfg = self.cfg
         if not cfg.data:
             raise ConfigError("grpo needs data: an RL Parquet file (see `paravt-train validate-data --kind rl`)")
@@ -390,7 +407,7 @@ class GRPOTrainer(TrainerCheckpoints):
         if held and "eval_before" not in self.extra_state:
             self.extra_state["eval_before"] = self.evaluate_once(held)
             self.log("held-out before: " + _fmt(self.extra_state["eval_before"]))
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.preset}", disable=not self.progress or self.rank)
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.method}", disable=not self.progress or self.rank)
         last = {}
         self.producer = AsyncRollouts(self, prompts, self.restored_queue) if cfg.max_staleness else None
         with GracefulStop() as stop:

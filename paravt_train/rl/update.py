@@ -43,7 +43,7 @@ __all__ = ["MicroBatch", "PolicyUpdate", "UpdateItem", "behaviour_weights", "col
 FORWARD_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
 
 
-@dataclass
+@dataclass(kw_only=True)  # built by keyword (tests/test_architecture.py)
 class UpdateItem:
     """What the update consumes: one sequence, its advantage, its weight (α for replayed rollouts) and
     whether its ratio is taken against the stored behaviour logprobs (off-policy) or against this policy
@@ -244,8 +244,9 @@ class PolicyUpdate:
             return [], local_tok
         if not micro:  # a rank with nothing to train this step still runs the collectives, at weight 0
             e = self.eos_id
-            placeholder = TokenSequence("placeholder", [e, e], [0, 1], [0.0, 0.0], episode="placeholder")
-            micro = [[UpdateItem(placeholder, 0.0, 0.0)]]
+            placeholder = TokenSequence(role="placeholder", input_ids=[e, e], loss_mask=[0, 1], logprobs=[0.0, 0.0],
+                                        episode="placeholder")
+            micro = [[UpdateItem(sequence=placeholder, advantage=0.0, weight=0.0)]]
             per_episode.setdefault("placeholder", 1)
             n_real = 0
         else:

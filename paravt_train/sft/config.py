@@ -7,34 +7,30 @@ Every field is documented once; defaults follow the paper where it gives a value
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from paravt_agent.config import load_yaml_model
 from paravt_agent.video import FrameConfig
+from paravt_train.infra.lora import LoraSettings
 from paravt_train.infra.tracking import ReportTo
 
 __all__ = ["LoraSettings", "SFTConfig"]
-
-
-class LoraSettings(BaseModel):
-    """LoRA adapters (peft) instead of full fine-tuning; merged into the final model."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight.")
-    r: int = Field(16, ge=1, description="Adapter rank.")
-    alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Module names (suffixes) to adapt; the vision tower's `qkv`/`proj` are left out by default.",
-    )
 
 
 class SFTConfig(BaseModel):
     """SFT settings; defaults follow the paper (Appendix B)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    #: what a user sets, by topic (docs/config.md lists these first; the rest is advanced)
+    user_settings: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model": ("model", "lora"),
+        "data": ("data", "video_root", "frames"),
+        "budget": ("batch_size", "micro_batch_size", "max_steps", "epochs", "lr", "gradient_checkpointing"),
+        "output": ("output_dir", "save_every", "report_to"),
+    }
 
     model: str = Field(description="Model directory to start from (a Qwen3-VL / Qwen2.5-VL checkpoint).")
     data: str = Field(description="SFT Parquet file or dataset directory (`messages` as a JSON string per row).")
@@ -43,7 +39,8 @@ class SFTConfig(BaseModel):
     frames: FrameConfig = Field(default_factory=FrameConfig, description="Frame protocol for the video parts "
                                 "(paper, Appendix B); the final model's agent_config.yaml records it.")
     lr: float = Field(2e-5, gt=0, description="Peak learning rate of AdamW (paper: 2e-5).")
-    batch_size: int = Field(32, ge=1, description="Global batch: samples per optimizer step over all ranks (paper: 32).")
+    batch_size: int = Field(32, ge=1,
+                            description="Global batch: samples per optimizer step over all ranks (paper: 32).")
     micro_batch_size: int = Field(4, ge=1, description="Samples per forward pass on one rank.")
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; None = `epochs` passes over the data.")
     epochs: float = Field(1.0, gt=0, description="Passes over the data when max_steps is None.")
@@ -62,7 +59,8 @@ class SFTConfig(BaseModel):
                                  "each writes: paravt_train/infra/tracking.py.")
     seed: int = Field(0, description="Data order and initialisation seed.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
-    bf16: str = Field("auto", pattern="^(auto|true|false)$", description="bf16 autocast: auto (on GPUs), true or false.")
+    bf16: str = Field("auto", pattern="^(auto|true|false)$",
+                      description="bf16 autocast: auto (on GPUs), true or false.")
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA instead of full fine-tuning.")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
     save_final: bool = Field(True, description="Write OUTPUT_DIR/final (a plain model directory, LoRA merged).")

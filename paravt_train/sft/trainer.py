@@ -32,10 +32,17 @@ from pathlib import Path
 
 import torch
 
-from paravt_agent.config import AGENT_CONFIG_FILE, AgentConfig
+from paravt_agent.config import AgentConfig
 from paravt_agent.policy.chat import ChatTokenizer, to_chat_messages
 from paravt_train.data import DataError, check_renderable, load_sft, render_messages
-from paravt_train.infra.checkpoint import load_checkpoint, prune_checkpoints, resume_latest, save_checkpoint
+from paravt_train.infra import lora
+from paravt_train.infra.checkpoint import (
+    load_checkpoint,
+    prune_checkpoints,
+    resume_latest,
+    save_checkpoint,
+    write_model_dir,
+)
 from paravt_train.infra.distributed import (
     barrier,
     clip_grad_norm,
@@ -168,11 +175,7 @@ def load_model(cfg: SFTConfig, dev):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if cfg.lora.enabled:
-        from peft import LoraConfig, get_peft_model
-
-        lc = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                        target_modules=cfg.lora.target_modules, bias="none")
-        model = get_peft_model(model, lc)
+        model = lora.wrap(model, cfg.lora)
     return model, processor, use_bf16
 
 
@@ -192,16 +195,8 @@ def save_model_dir(model, processor, out: Path, cfg: SFTConfig) -> None:
         barrier()
     if rank == 0:
         m = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
-        tmp = Path(out).with_name(Path(out).name + ".tmp")
-        m.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
         base = AgentConfig.for_model(cfg.model) or AgentConfig()
-        (tmp / AGENT_CONFIG_FILE).write_text(base.model_copy(update={"frames": cfg.frames}).to_yaml())
-        if Path(out).exists():
-            import shutil
-
-            shutil.rmtree(out)
-        tmp.rename(out)
+        write_model_dir(m, processor, out, base.model_copy(update={"frames": cfg.frames}).to_yaml())
     barrier()
 
 

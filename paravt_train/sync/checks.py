@@ -49,7 +49,13 @@ def tp_size_of(facts: ServerFacts, configured: int | None, warned: set, log=prin
 
 
 def refuse_dp(facts: ServerFacts, sync: str) -> None:
-    """SGLang (``tokenizer_control_mixin``) refuses tensor and distributed updates when ``dp_size > 1``."""
+    """SGLang (``tokenizer_control_mixin``) refuses tensor and distributed updates when ``dp_size > 1``; a
+    distributed update's group ranks are ``rank_offset + tp_rank``, so with ``pp_size > 1`` the stages' ranks
+    collide."""
+    if sync == "distributed" and facts.pp_size is not None and facts.pp_size > 1:
+        raise ConfigError(f"{facts.url} runs pipeline-parallel (pp_size {facts.pp_size}): SGLang numbers a weight "
+                          "update group's ranks by TP rank only, so its stages would collide; use weight_sync disk "
+                          "with such a server")
     if facts.dp_size is not None and facts.dp_size > 1:
         raise ConfigError(f"{facts.url} runs data-parallel (dp_size {facts.dp_size}), and SGLang refuses "
                           f"weight_sync {sync} on such a server: serve the replicas as separate servers behind "
@@ -63,7 +69,8 @@ def warn_vision_cache(facts: ServerFacts, warned: set, log=print) -> None:
     if facts.vlm_cache_mb == 0 or ("vlm", facts.url) in warned:
         return
     warned.add(("vlm", facts.url))
-    said = ("does not report its vision-feature cache size (`paravt serve` servers do)" if facts.vlm_cache_mb is None
+    said = ("does not report its vision-feature cache size (servers `paravt serve` starts do)"
+            if facts.vlm_cache_mb is None
             else f"keeps a vision-feature cache of {facts.vlm_cache_mb} MB")
     log(f"warning: this run trains the vision tower and {facts.url} {said}: SGLang keeps cached vision features "
         "across weight updates, so images it has seen are answered with the old tower's features. Serve it with "

@@ -49,8 +49,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from paravt_agent.errors import PolicyError
-from paravt_train.sync.base import WeightSync
+from paravt_agent.errors import ConfigError, PolicyError
+from paravt_train.sync.base import WeightSync, renamed
 from paravt_train.sync.checks import warn_vision_cache
 from paravt_train.sync.http import (
     PAUSE_MODES,
@@ -70,19 +70,20 @@ class SGLangWeightSync(WeightSync):
     """Pushes weights to SGLang servers with their documented HTTP API:
 
     ``POST /pause_generation {"mode"}`` → ``POST /update_weights_from_disk {"model_path": DIR, "flush_cache"}``
-    (answer ``{"success", "message", ...}``) → ``POST /continue_generation``, per server. The directory must
-    be readable by every server (same machine or a shared filesystem). ``keys``: the keys the servers were started
-    with; ``vision_trained``: the run trains the vision tower (a server that does not report its vision-feature
-    cache off is warned about, :func:`~paravt_train.sync.checks.warn_vision_cache`).
+    (answer ``{"success", "message", ...}``) → ``POST /continue_generation``, per server: :meth:`push` exports the
+    model into ``folder`` first, :meth:`serve` loads a directory already saved (the streamed syncs' :meth:`serve`
+    too). The directory must be readable by every server (same machine or a shared filesystem). ``keys``: the keys
+    the servers were started with; ``vision_trained``: the run trains the vision tower (a server that does not
+    report its vision-feature cache off is warned about, :func:`~paravt_train.sync.checks.warn_vision_cache`).
     """
 
-    def __init__(self, endpoint: str | Iterable[str], folder: Path, timeout: float = 600.0,
+    def __init__(self, endpoint: str | Iterable[str], folder: Path | None = None, timeout: float = 600.0,
                  pause_mode: str = "retract", export=None, keys: ServerKeys | None = None,
                  vision_trained: bool = False, log=print):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
         self.urls = urls_of(endpoint)
-        self.folder = Path(folder)
+        self.folder = None if folder is None else Path(folder)  # where push exports (serve needs none)
         self.timeout = timeout
         self.pause_mode = pause_mode
         self.export = export  # model, directory -> the model directory the servers load (the trainer's export)
@@ -92,15 +93,23 @@ class SGLangWeightSync(WeightSync):
     def push(self, model, version: str, rank: int = 0) -> dict | None:
         """Every rank exports ``model`` (gathered from its shards) into ``folder/current``; rank 0 has the
         servers load it."""
-        if self.export is None:
-            raise TypeError("this disk sync was made without an export function: use load(model_dir)")
+        if self.export is None or self.folder is None:
+            raise TypeError("this disk sync was made without an export function and a folder: use serve(model_dir)")
         path = self.export(model, self.folder / "current")
-        return self.load(path, version) if rank == 0 else None
+        return self.serve(path, version) if rank == 0 else None
 
-    def load(self, model_dir: Path, version: str | None = None) -> dict:
+    def load(self, model_dir: str | Path, version: str | None = None) -> dict:
+        """Deprecated: :meth:`serve`."""
+        renamed("SGLangWeightSync.load", "serve")
+        return self.serve(model_dir, version)
+
+    def serve(self, model_dir: str | Path, version: str | None = None) -> dict:
         """Load ``model_dir`` on every server; ``version`` becomes the servers' ``weight_version``."""
         import httpx
 
+        if (Path(model_dir) / "adapter_config.json").is_file() and not (Path(model_dir) / "config.json").is_file():
+            raise ConfigError(f"{model_dir} is a LoRA adapter, which a server loads by name: serve it with "
+                              "weight_sync lora (a server started with `paravt serve --lora-rank`)")
         results = []
         with self.keys.client(self.timeout) as client:
             targets = expand_routers(client, self.urls, self.keys)

@@ -1,16 +1,16 @@
 """``weight_sync: distributed``: the trained tensors broadcast to SGLang servers on other nodes (no shared disk, as
 verl, AReaL and slime do it) over a process group each server joins (``/init_weights_update_group``), one server at
-a time (:class:`~paravt_train.sync.streamed._StreamedSync`: pause, session, buckets, continue).
+a time (:class:`~paravt_train.sync.streamed.StreamedSync`: pause, session, buckets, continue).
 
 Server ``k`` joins its own group with the trainer's rank 0 (a TCP rendezvous at ``master_address:master_port +
 k``, the store prefixed by the group name, as SGLang's ``init_custom_process_group`` does; ``1 + tp_size`` ranks,
 the server's TP size read from its ``/server_info``), once; each bucket is announced with
 ``/update_weights_from_distributed`` {names, dtypes, shapes} and its tensors broadcast from rank 0 (NCCL; gloo on
 CPU) on a worker thread, watched from the calling one: a refusal or the deadline aborts the group rather than
-leaving the trainer in NCCL's connect. The server's old group of a name is destroyed (``/destroy_weights_update_group``) before every
-join and after a failed push: a push after a failure, a restarted trainer or a resume joins afresh under the same
-name (a server still holding it would refuse the join, and the trainer would wait in the rendezvous until its
-timeout).
+leaving the trainer in NCCL's connect. The server's old group of a name is destroyed
+(``/destroy_weights_update_group``) before every join and after a failed push: a push after a failure, a
+restarted trainer or a resume joins afresh under the same name (a server still holding it would refuse the join,
+and the trainer would wait in the rendezvous until its timeout).
 """
 
 from __future__ import annotations
@@ -20,9 +20,13 @@ import time
 
 from paravt_agent.errors import PolicyError
 from paravt_train.sync.http import json_of
-from paravt_train.sync.streamed import _StreamedSync
+from paravt_train.sync.streamed import StreamedSync
 
 __all__ = ["SGLangDistributedSync", "abort_group", "destroy_group_on", "init_weight_update_group"]
+
+
+#: how far a rejoin's rendezvous port moves after a failed push (:meth:`SGLangDistributedSync.port_of`)
+REJOIN_PORT_STRIDE = 100
 
 
 def init_weight_update_group(master_address: str, master_port: int, rank: int, world_size: int,
@@ -45,12 +49,13 @@ def init_weight_update_group(master_address: str, master_port: int, rank: int, w
 
 
 
-class SGLangDistributedSync(_StreamedSync):
+class SGLangDistributedSync(StreamedSync):
     """Pushes tensors to SGLang servers anywhere on the network over process groups (see the module docstring):
     server ``k`` (of a router's workers, or of the endpoints given) joins its own group with this process as rank
     0, named ``group_name`` (``group_name-k`` from the second server on), its rendezvous at ``master_address``,
-    port ``master_port + k``: so each server can be updated on its own. ``master_address`` must be reachable from
-    the servers (this node's address); each server joins with ``tp_size`` ranks."""
+    port ``master_port + k`` (moved on after a failed push: :meth:`port_of`): so each server can be updated on its
+    own. ``master_address`` must be reachable from the servers (this node's address); each server joins with
+    ``tp_size`` ranks."""
 
     kind = "distributed"
 
@@ -61,6 +66,13 @@ class SGLangDistributedSync(_StreamedSync):
         self.group_name = group_name
         self.groups: dict[str, object] = {}  # server URL -> this process's side of its group
         self.names: dict[str, str] = {}
+        self.rejoins: dict[str, int] = {}  # server URL -> pushes that failed: each rejoin takes a port of its own
+
+    def port_of(self, url: str, k: int) -> int:
+        """Server ``k``'s rendezvous port: ``master_port + k``, then ``+ 100·n`` after its ``n``-th failed push
+        (n mod 10). A group left blocked in NCCL's connect (an abort cannot reach a communicator still being
+        created) keeps its store's port, so the next join must not need it."""
+        return self.master_port + k + REJOIN_PORT_STRIDE * (self.rejoins.get(url, 0) % 10)
 
     def name_of(self, url: str, k: int) -> str:
         return self.names.setdefault(url, self.group_name if k == 0 else f"{self.group_name}-{k}")
@@ -80,7 +92,7 @@ class SGLangDistributedSync(_StreamedSync):
         def join() -> None:
             try:
                 reply["r"] = client.post(f"{url}/init_weights_update_group", json={
-                    "master_address": self.master_address, "master_port": self.master_port + k, "rank_offset": 1,
+                    "master_address": self.master_address, "master_port": self.port_of(url, k), "rank_offset": 1,
                     "world_size": world, "group_name": name, "backend": self.backend})
             except Exception as exc:  # noqa: BLE001 (reported below)
                 reply["r"] = exc
@@ -98,7 +110,7 @@ class SGLangDistributedSync(_StreamedSync):
 
         def own_side() -> None:  # a server that refuses never connects: watched below rather than waited on
             try:
-                mine["group"] = init_weight_update_group(self.master_address, self.master_port + k, 0, world, name,
+                mine["group"] = init_weight_update_group(self.master_address, self.port_of(url, k), 0, world, name,
                                                          self.backend, timeout_s=self.timeout)
             except Exception as exc:  # noqa: BLE001 (reported below)
                 mine["error"] = exc
@@ -128,6 +140,7 @@ class SGLangDistributedSync(_StreamedSync):
         """After a failed push the server may be out of step (a bucket half received): both sides leave its group,
         and the next push joins afresh."""
         group = self.groups.pop(url, None)
+        self.rejoins[url] = self.rejoins.get(url, 0) + 1
         if group is not None:
             abort_group(group)
         if url in self.names:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from paravt_agent.errors import ConfigError, PolicyError
+from paravt_agent.policy.sglang_backend import bearer
 
 __all__ = ["PAUSE_MODES", "Paused", "ServerFacts", "ServerKeys", "Session", "base_url", "bearer", "expand_routers",
            "flush_when_idle", "json_of", "refused_key", "server_facts", "urls_of"]
@@ -33,11 +34,6 @@ def json_of(resp) -> dict:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def bearer(key: str | None) -> dict[str, str]:
-    """The ``Authorization`` header SGLang checks (``--api-key``, ``--admin-api-key``); none without a key."""
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 @dataclass(frozen=True)
@@ -81,9 +77,11 @@ class ServerFacts:
     url: str
     tp_size: int | None = None
     dp_size: int | None = None
+    pp_size: int | None = None
     deterministic: bool | None = None
-    #: ``SGLANG_VLM_CACHE_SIZE_MB`` as the server reports it (``internal_states[i].env_vars``, which SGLang fills
-    #: only with ``SGLANG_EXPOSE_OWN_ENV_VARS=1``: ``paravt serve`` sets it); None when it does not say
+    #: ``SGLANG_VLM_CACHE_SIZE_MB`` as the server reports it (``internal_states[i].env_vars``, which SGLang fills,
+    #: with the variables that are set, only under ``SGLANG_EXPOSE_OWN_ENV_VARS=1``: ``paravt serve`` sets it; a
+    #: listing without it is SGLang's default, 100 MB); None when it does not say
     vlm_cache_mb: int | None = None
 
 
@@ -92,6 +90,10 @@ def _int(value) -> int | None:
         return None if value is None or isinstance(value, bool) else int(value)
     except (TypeError, ValueError):
         return None
+
+
+#: SGLang 0.5.23's vision-feature cache when ``SGLANG_VLM_CACHE_SIZE_MB`` is unset (``environ.py``: EnvInt(100))
+SGLANG_DEFAULT_VLM_CACHE_MB = 100
 
 
 def server_facts(client, url: str, keys: ServerKeys | None = None) -> ServerFacts:
@@ -113,11 +115,12 @@ def server_facts(client, url: str, keys: ServerKeys | None = None) -> ServerFact
     cache = None
     for state in data.get("internal_states") or []:
         env = state.get("env_vars") if isinstance(state, dict) else None
-        if isinstance(env, dict) and "SGLANG_VLM_CACHE_SIZE_MB" in env:
-            cache = _int(env["SGLANG_VLM_CACHE_SIZE_MB"])
+        if isinstance(env, dict):  # SGLang lists the variables that are set: unset is its default cache
+            cache = _int(env.get("SGLANG_VLM_CACHE_SIZE_MB", SGLANG_DEFAULT_VLM_CACHE_MB))
             break
     deterministic = data.get("enable_deterministic_inference")
     return ServerFacts(url=url, tp_size=_int(data.get("tp_size")), dp_size=_int(data.get("dp_size")),
+                       pp_size=_int(data.get("pp_size")),
                        deterministic=deterministic if isinstance(deterministic, bool) else None,
                        vlm_cache_mb=cache)
 

@@ -25,8 +25,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from paravt_agent.errors import PolicyError
-from paravt_train.sync.base import WeightSync
+from paravt_agent.errors import ConfigError, PolicyError
+from paravt_train.sync.base import WeightSync, renamed
 from paravt_train.sync.http import PAUSE_MODES, ServerKeys, expand_routers, json_of, refused_key, urls_of
 
 __all__ = ["SGLangLoraSync"]
@@ -44,26 +44,44 @@ def serve_from(adapter_dir: Path, name: str) -> Path:
 
 
 class SGLangLoraSync(WeightSync):
-    def __init__(self, endpoint: str | Iterable[str], folder: Path, name: str = "paravt", timeout: float = 600.0,
-                 pause_mode: str = "retract", export=None, keys: ServerKeys | None = None):
+    """The served adapter ``name`` (:attr:`adapter_name`, which every rollout request names): :meth:`push` exports
+    the trained adapter into ``folder/adapter-VERSION`` and swaps it in; :meth:`serve` swaps in an adapter directory
+    already saved (a kept version, a rollback)."""
+
+    def __init__(self, endpoint: str | Iterable[str], folder: Path | None = None, name: str = "paravt",
+                 timeout: float = 600.0, pause_mode: str = "retract", export=None, keys: ServerKeys | None = None):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
-        self.urls, self.folder, self.name = urls_of(endpoint), Path(folder), name
+        self.urls, self.folder, self.name = urls_of(endpoint), None if folder is None else Path(folder), name
         self.timeout, self.pause_mode, self.export = timeout, pause_mode, export
         self.keys = keys or ServerKeys()  # the load routes are admin routes
         self.bytes = 0  # what the last push sent (the adapter's files)
 
+    @property
+    def adapter_name(self) -> str:
+        return self.name
+
     def push(self, model, version: str, rank: int = 0) -> dict | None:
         """Every rank exports the adapter (gathered from the shards); rank 0 swaps it in on every server."""
-        if self.export is None:
-            raise TypeError("this LoRA sync was made without an export function: use load(adapter_dir)")
+        if self.export is None or self.folder is None:
+            raise TypeError("this LoRA sync was made without an export function and a folder: use "
+                            "serve(adapter_dir)")
         path = self.export(model, self.folder / f"adapter-{version}")
-        return self.load(path) if rank == 0 else None
+        return self.serve(path, version) if rank == 0 else None
 
-    def load(self, adapter_dir: str | Path, name: str | None = None) -> dict:
-        """The adapter in ``adapter_dir`` becomes ``name`` (default: the served name) on every server."""
-        name = name or self.name
+    def load(self, adapter_dir: str | Path) -> dict:
+        """Deprecated: :meth:`serve`."""
+        renamed("SGLangLoraSync.load", "serve")
+        return self.serve(adapter_dir)
+
+    def serve(self, adapter_dir: str | Path, version: str | None = None) -> dict:
+        """The adapter in ``adapter_dir`` becomes the served name on every server. Its directory is its version
+        (``adapter-VERSION``, a kept version's): SGLang's adapter loads name no ``weight_version``."""
+        name = self.name
         adapter_dir = Path(adapter_dir).resolve()
+        if not (adapter_dir / "adapter_config.json").is_file():
+            raise ConfigError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json): weight_sync lora serves "
+                              "the adapters a `lora.enabled` run saves; a model directory goes with weight_sync disk")
         self.bytes = sum(f.stat().st_size for f in adapter_dir.iterdir() if f.is_file())
         served = serve_from(adapter_dir, name)
         results = []

@@ -22,7 +22,7 @@ flushes the cache, not with ``in_place``, and names the ``weight_version``) → 
 next server. A paused SGLang answers ``/health`` with 503 after 20 s (its health check generates a token), so
 pausing every worker of a router at once for a long stream could make the router mark them all unhealthy and
 refuse requests until its checks pass again; one at a time, the router always has workers that answer (they serve
-the previous version meanwhile, which each reply's ``weight_version`` says). :meth:`_StreamedSync.push` streams
+the previous version meanwhile, which each reply's ``weight_version`` says). :meth:`StreamedSync.push` streams
 the parameters once per server (:func:`stream_parameters`: one parameter at a time, gathered onto the sending rank
 in the serving dtype), so the sending GPU holds at most two buckets and no rank ever holds the whole model.
 """
@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from paravt_agent.errors import PolicyError
 from paravt_train.sync.base import WeightSync
 from paravt_train.sync.checks import refuse_dp, refuse_unreachable_ipc, tp_size_of, warn_vision_cache
+from paravt_train.sync.disk import SGLangWeightSync
 from paravt_train.sync.http import (
     PAUSE_MODES,
     Paused,
@@ -46,8 +47,8 @@ from paravt_train.sync.http import (
     urls_of,
 )
 
-__all__ = ["SGLangTensorSync", "device_uuid", "serialize_named_tensors", "serving_dtype", "stream_parameters",
-           "tag_device_uuid"]
+__all__ = ["SGLangTensorSync", "StreamedSync", "device_uuid", "serialize_named_tensors", "serving_dtype",
+           "stream_parameters", "tag_device_uuid"]
 
 
 def serving_dtype(name: str, device):
@@ -144,9 +145,10 @@ def serialize_named_tensors(named_tensors: list[tuple[str, object]]) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-class _StreamedSync(WeightSync):
+class StreamedSync(WeightSync):
     """One server at a time (a router's workers found at each push): pause, session, the buckets, the last one
-    flushing and naming the version, continue. Subclasses send one bucket to one server (:meth:`send`).
+    flushing and naming the version, continue. Subclasses send one bucket to one server (:meth:`send`). A saved
+    directory (:meth:`serve`) is loaded from disk.
 
     Before the first server is paused, every server is checked (:meth:`check`, :mod:`~paravt_train.sync.checks`):
     its own TP size (``GET /server_info``; ``tp_size`` only for a server that does not report one), no DP,
@@ -209,6 +211,15 @@ class _StreamedSync(WeightSync):
             for _ in range(passes - len(made)):  # the passes rank 0 ran (the other ranks), or never reached
                 for _ in stream_parameters(model, self.dtype, keep=False):
                     pass
+
+    def serve(self, path, version: str | None = None) -> dict:
+        """A saved model directory (a kept version, a rollback) goes on the servers from disk
+        (``/update_weights_from_disk``, :class:`~paravt_train.sync.disk.SGLangWeightSync`, with this sync's pause
+        mode and keys): there are no trained tensors to stream, and the servers must be able to read ``path``."""
+        disk = SGLangWeightSync(self.urls, timeout=self.timeout, pause_mode=self.pause_mode, keys=self.keys,
+                                vision_trained=self.vision_trained, log=self.log)
+        disk.warned = self.warned  # one warning per server, whichever verb met it first
+        return disk.serve(path, version)
 
     def buckets(self, named_tensors: Iterable[tuple[str, object]]):
         bucket, size = [], 0
@@ -303,12 +314,13 @@ def _share_from_rank0(n: int, rank: int) -> int:
     return int(box[0])
 
 
-class SGLangTensorSync(_StreamedSync):
+class SGLangTensorSync(StreamedSync):
     """Pushes tensors to co-located SGLang servers: ``POST /update_weights_from_tensor
     {"serialized_named_tensors": [one payload per TP rank], "flush_cache", "weight_version"}`` per bucket of about
     ``bucket_bytes``. Parameter names are the Hugging Face checkpoint names (what SGLang's ``load_weights``
     maps). ``source_device``: where the parameters are (the trainer's rank-0 GPU); a server that cannot open
-    CUDA-IPC handles from it is refused before the first push (:func:`~paravt_train.sync.checks.refuse_unreachable_ipc`)."""
+    CUDA-IPC handles from it is refused before the first push
+    (:func:`~paravt_train.sync.checks.refuse_unreachable_ipc`)."""
 
     kind = "tensor"
 

@@ -169,7 +169,8 @@ def build(cfg: ToyConfig, progress: bool = True, log=print) -> Path:
                          progress)
     schema = ToolRegistry.default(entry_points_too=False).subset(["crop_video"]).schemas()
     plans = [cfg.plans, *(st.plans for st in cfg.then)]
-    rows = {p: sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos", plans=p) for p in dict.fromkeys(plans)}
+    rows = {p: sft_rows(train_w, schema, seed=cfg.seed, video_root=out / "videos", plans=p)
+            for p in dict.fromkeys(plans)}
     if cfg.methods:  # the related methods' traces join every stage's rows
         extra = method_rows(train_w[: cfg.method_worlds], cfg.methods, seed=cfg.seed, video_root=out / "videos")
         rows = {p: r + extra for p, r in rows.items()}

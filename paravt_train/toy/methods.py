@@ -39,7 +39,7 @@ from paravt_agent.graph.cpp import (
     PLAN_PROMPT,
     SUMMARY_PROMPT,
     SYNTHESIZER_PROMPT,
-    _views,
+    memory_views,
 )
 from paravt_agent.prompts import question_text
 from paravt_agent.protocol import render_tool_call
@@ -50,8 +50,8 @@ from paravt_train.toy.world import (
     REPORT_HEAD,
     Question,
     World,
-    _nearest,
     call_label,
+    nearest_second,
     overview_seconds,
     span_text,
 )
@@ -59,8 +59,8 @@ from tools import ToolRegistry
 from tools.builtin import CropVideoArgs
 from tools.perception import GROUNDING_PROMPT, QueryWindowArgs, TemporalGrounding, Trim
 
-__all__ = ["METHODS", "POOL", "toy_agent_config", "collab_calls", "collab_rows", "collab_skip_rows", "grounding_query", "method_rows",
-           "tool_grounding_reply", "toy_method_config", "weaver_skip_trace", "weaver_trace"]
+__all__ = ["METHODS", "POOL", "toy_agent_config", "collab_calls", "collab_rows", "collab_skip_rows", "grounding_query",
+           "method_rows", "tool_grounding_reply", "toy_method_config", "weaver_skip_trace", "weaver_trace"]
 
 #: the methods a toy build may add to ParaVT's traces (``ToyConfig.methods``)
 METHODS = ("weaver", "collab")
@@ -218,12 +218,12 @@ def collab_calls(w: World, q: Question, video: str, n: int, name: str) -> dict[s
     entries = {o: _collab_entries(w, q, o) for o in POOL}
     decided = "<think>\nNothing to add.</think>\ncontinue()"
     plan, step, reply = entries[name]
-    others = _views({o: list(entries[o][:2]) for o in POOL if o != name}, limit)
+    others = memory_views({o: list(entries[o][:2]) for o in POOL if o != name}, limit)
     answered = [plan, step.model_copy(update={"decision": "continue()", "text": decided})]
     reason = _answer(w, q).split("</think>")[0].removeprefix("<think>\n")
     final = _answer(w, q).split("<answer>")[1].split("</answer>")[0].strip()
     reasons = "\n".join(f"{o}: {reason}" for o in POOL)
-    memory = _views({o: [entries[o][0], entries[o][1].model_copy(update={
+    memory = memory_views({o: [entries[o][0], entries[o][1].model_copy(update={
         "decision": "continue()", "answer": final, "reason": reason})] for o in POOL}, limit)
     plan_system = PLAN_PROMPT.format(name=name, n=len(POOL), k=cfg.collab.max_calls_per_agent, tools=_tools_block(),
                                      focus="")
@@ -232,11 +232,12 @@ def collab_calls(w: World, q: Question, video: str, n: int, name: str) -> dict[s
                  {"role": "assistant", "content": reply}],
         "decision": [{"role": "system", "content": DECISION_PROMPT.format(name=name, tools=", ".join(COLLAB_TOOLS))},
                      {"role": "user", "content": f"Original question: {question}\n\nMemory buffer:\n"
-                                                 f"{_views({name: [plan, step]}, limit)}\n\nOther agents' output:\n"
-                                                 f"{others}\n\nRemaining plan: none"},
+                                                 f"{memory_views({name: [plan, step]}, limit)}\n\n"
+                                                 f"Other agents' output:\n{others}\n\nRemaining plan: none"},
                      {"role": "assistant", "content": decided}],
         "answer": [{"role": "system", "content": ANSWER_PROMPT.format(name=name)},
-                   {"role": "user", "content": f"{question}\n\nYour memory buffer:\n{_views({name: answered}, limit)}"
+                   {"role": "user", "content": f"{question}\n\nYour memory buffer:\n"
+                                               f"{memory_views({name: answered}, limit)}"
                                                f"\n\nOther agents' output:\n{others}"},
                    {"role": "assistant", "content": _answer(w, q)}],
         "summary": [{"role": "system", "content": SUMMARY_PROMPT},
@@ -286,7 +287,7 @@ def method_rows(worlds: list[World], methods, seed: int = 0, nframes=(4, 8, 16, 
 
 def _nearest_read(w: World, q: Question, n: int) -> tuple[str, str]:
     """The nearest-frame shortcut of a colour-at-t question: the think ("frame 24: red.") and the colour."""
-    near = _nearest(overview_seconds(w.duration, n), q.t)
+    near = nearest_second(overview_seconds(w.duration, n), q.t)
     return f"frame {near}: {w.colour_at(near)}.", w.colour_at(near)
 
 
@@ -310,6 +311,6 @@ def collab_skip_rows(w: World, q: Question, video: str, n: int, name: str) -> li
              {"role": "assistant", "content": f"<think>\n{think}</think>\n<info>{think.rstrip('.')}</info>"}],
             [{"role": "system", "content": ANSWER_PROMPT.format(name=name)},
              {"role": "user", "content": f"{question}\n\nYour memory buffer:\n"
-                                         f"{_views({name: [plan]}, cfg.collab.max_memory_chars)}\n\n"
+                                         f"{memory_views({name: [plan]}, cfg.collab.max_memory_chars)}\n\n"
                                          "Other agents' output:\n(none)"},
              {"role": "assistant", "content": f"<think>\n{think}</think>\n<answer> {colour}</answer>"}]]

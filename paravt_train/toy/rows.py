@@ -13,10 +13,10 @@ from paravt_train.toy.world import (
     SCAN_WINDOW,
     Question,
     World,
-    _user,
     direct_trace,
     grounding_question,
     parallel_trace,
+    question_message,
     sequential_trace,
     windows_for,
 )
@@ -153,7 +153,7 @@ def rl_rows(worlds: list[World], video_root: str | Path | None = None) -> list[d
     for w in worlds:
         video = Path(w.video).name if video_root else w.video
         for q in w.questions:
-            prompt = [{"role": "system", "content": "toy"}, _user(video, 64, q)]
+            prompt = [{"role": "system", "content": "toy"}, question_message(video, 64, q)]
             rows.append({"id": q.qid, "prompt": prompt, "videos": [video], "answer": q.answer,
                          "question_type": q.task, "options": q.options, "question": q.question})
     return rows

@@ -18,7 +18,8 @@ from paravt_agent.prompts import (
 )
 from paravt_train.toy.rows import random_listing
 
-__all__ = ["CHAT_TEMPLATE", "NUMBER_TOKENS", "SIZES", "SPECIAL_TOKENS", "build_tiny_model", "copy_warmup", "train_tokenizer"]
+__all__ = ["CHAT_TEMPLATE", "NUMBER_TOKENS", "SIZES", "SPECIAL_TOKENS", "build_tiny_model", "copy_warmup",
+           "train_tokenizer"]
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",

@@ -91,6 +91,8 @@ __all__ = [
     "make_world",
     "make_worlds",
     "nearest_frame_answer",
+    "nearest_second",
+    "question_message",
     "segment_lengths",
 ]
 
@@ -372,7 +374,7 @@ def call_label(w: World, a: float, b: float) -> str:
     return CropVideo().describe_call(CropVideoArgs(start_time=a, end_time=min(b, w.duration)))
 
 
-def _user(video: str, n: int, q: Question) -> dict:
+def question_message(video: str, n: int, q: Question) -> dict:
     return {"role": "user", "content": [{"type": "video", "video": video, "n_frames": n},
                                         {"type": "text", "text": question_text(q.question, q.options)}]}
 
@@ -382,7 +384,7 @@ def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list
     wins = windows_for(w, q, plans)
     return [
         {"role": "system", "content": tool_system_prompt(tools_schema)},
-        _user(video, n, q),
+        question_message(video, n, q),
         {"role": "assistant", "content": planner_turn(q, wins, w.duration)},
         tool_response_message([(call_label(w, a, b), w.report(q, a, b)) for a, b in wins]),
         {"role": "assistant", "content": answer_turn(w, q, plans)},
@@ -392,7 +394,8 @@ def parallel_trace(w: World, q: Question, video: str, n: int, tools_schema: list
 def sequential_trace(w: World, q: Question, video: str, n: int, tools_schema: list[dict],
                      plans: str = "copy") -> list[dict]:
     wins = windows_for(w, q, plans)
-    msgs = [{"role": "system", "content": tool_system_prompt(tools_schema, sequential=True)}, _user(video, n, q)]
+    msgs = [{"role": "system", "content": tool_system_prompt(tools_schema, sequential=True)},
+            question_message(video, n, q)]
     for a, b in wins:
         msgs.append({"role": "assistant", "content": planner_turn(q, [(a, b)], w.duration)})
         msgs.append(tool_response_message([(call_label(w, a, b), w.report(q, a, b))]))
@@ -404,7 +407,7 @@ def overview_seconds(duration: int, n: int) -> list[int]:
     return [int(t) for t in overview_times(float(duration), n=n)]
 
 
-def _nearest(secs: list[int], t: int) -> int:
+def nearest_second(secs: list[int], t: int) -> int:
     return min(secs, key=lambda s: (abs(s - t), s))
 
 
@@ -415,7 +418,7 @@ def nearest_frame_answer(w: World, q: Question, n: int) -> str:
     if q.task == "tvg":
         seen = [s for s in secs if w.colour_at(s) == q.colour]
         return f"[{seen[0]}, {seen[-1] + 1}]" if seen else f"[0, {w.duration}]"
-    colour = w.colour_at(_nearest(secs, q.t))
+    colour = w.colour_at(nearest_second(secs, q.t))
     if q.task == "oe":
         return colour
     names = [o.split(". ", 1)[1] for o in q.options]
@@ -432,12 +435,12 @@ def direct_trace(w: World, q: Question, video: str, n: int, tools_schema: list[d
         think = f"frames at: {' '.join(map(str, seen))}." if seen else "frames at: none."
         guess = span_text(seen[0], seen[-1] + 1) if seen else span_text(0, w.duration)
     else:
-        near = _nearest(secs, q.t)
+        near = nearest_second(secs, q.t)
         think = f"frame {near}: {w.colour_at(near)}."
         guess = " " + w.colour_at(near)  # answered with the colour's name, as in the tool traces
     system = tool_system_prompt(tools_schema) if tools_schema is not None else NO_TOOL_SYSTEM_PROMPT
     return [
         {"role": "system", "content": system},
-        _user(video, n, q),
+        question_message(video, n, q),
         {"role": "assistant", "content": f"<think>\n{think}</think>\n<answer>{guess}</answer>"},
     ]

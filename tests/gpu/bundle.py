@@ -95,8 +95,8 @@ def main() -> None:
     pins = [f"{n}=={v}" for n, v in sorted(wanted.items())]
     print(f"{len(pins)} packages the GPU machine lacks: {' '.join(pins)}")
     download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-                args.python, "--implementation", "cp", *(a for p in platforms(args.platform) for a in ("--platform", p)),
-                "-d", str(wheels)]
+                args.python, "--implementation", "cp",
+                *(a for p in platforms(args.platform) for a in ("--platform", p)), "-d", str(wheels)]
     for pin in pins:  # one at a time: a version without a wheel for that machine falls back to the newest with one
         if subprocess.run([*download, pin], capture_output=True).returncode != 0:
             name = pin.split("==")[0]

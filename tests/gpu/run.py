@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 #: the test modules of the paths that pick CUDA when it is there (their slow tests excluded)
 SUBSET = ["tests/test_policies.py", "tests/test_reuse.py", "tests/test_load.py", "tests/test_sft.py",
-          "tests/test_grpo.py", "tests/test_rl.py", "tests/test_rl_round3.py", "tests/test_toy.py",
-          "tests/test_sync_safety.py", "tests/test_placement.py"]
+          "tests/test_grpo.py", "tests/test_rl.py", "tests/test_grpo_step.py", "tests/test_disk_sync_export.py",
+          "tests/test_tool_calls.py", "tests/test_toy.py", "tests/test_sync_safety.py", "tests/test_placement.py"]
 #: what the suite imports beyond torch (a missing one is named with the way to bring it)
 NEEDS = ["transformers", "av", "pydantic", "langgraph", "openai", "fastapi", "uvicorn", "yaml", "msgspec", "peft",
          "safetensors", "pytest", "pytest_timeout"]
@@ -148,14 +148,18 @@ def main() -> int:
     os.environ.update(env)
     facts = machine()
     cuda = bool(facts.get("cuda"))
-    if facts.get("missing"):
-        print("missing imports: " + "; ".join(facts["missing"]) + "\n(bring them as wheels: tests/gpu/bundle.py)")
+    if facts.get("missing"):  # the suite's conftest would not even import: say what to bring instead
+        report(args.report, facts, [], [], 0.0, 2, "")
+        print("missing imports: " + "; ".join(facts["missing"]) + "\nbring them as wheels: tests/gpu/bundle.py where "
+              "pip works, then tests/gpu/run.py --wheels DIR")
+        return 2
     log = args.report.with_suffix(".jsonl")
     args.report.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     env["PARAVT_TEST_LOG"] = str(log)
     cmd = [sys.executable, "-m", "pytest", *[t for t in SUBSET if (ROOT / t).is_file()], "-m", "not slow or gpu",
-           "-v", "-p", "no:cacheprovider", "--device", "cuda" if cuda else "auto", "--dtype", "bfloat16" if cuda else "float32", *args.pytest_args]
+           "-v", "-p", "no:cacheprovider", "--device", "cuda" if cuda else "auto",
+           "--dtype", "bfloat16" if cuda else "float32", *args.pytest_args]
     workers = (4 if cuda else 0) if args.workers == "auto" else int(args.workers)
     has_xdist = subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True).returncode == 0
     if workers and has_xdist:

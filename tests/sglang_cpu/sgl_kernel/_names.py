@@ -100,7 +100,8 @@ OPS_CALL_TIME = [
 # Deliberately NOT provided: SGLang probes for them (hasattr) or catches the ImportError and then takes its own
 # torch fallback. Registering them would switch SGLang onto a kernel path that this package cannot serve.
 PROBED = {
-    "torch.ops.sgl_kernel.convert_weight_packed": "sglang/srt/utils/common.py:358 (cpu_has_amx_support -> all AMX paths)",
+    "torch.ops.sgl_kernel.convert_weight_packed":
+        "sglang/srt/utils/common.py:358 (cpu_has_amx_support -> all AMX paths)",
     "torch.ops.sgl_kernel.fused_qk_norm_cpu": "sglang/srt/models/utils.py:456",
     "torch.ops.sgl_kernel.fused_qk_norm_rope_cpu": "sglang/srt/models/qwen3_moe.py:98",
     "torch.ops.sgl_kernel.shm_group_initialize": "sglang/multimodal_gen/runtime/distributed/group_coordinator.py:232",

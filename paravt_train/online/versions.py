@@ -10,8 +10,8 @@ rows trained into it, its gate scores), refused candidates recorded, and which v
 
 Statuses: ``serving`` (exactly one), ``promoted`` (served before), ``refused`` (a candidate the gate kept aside),
 ``rolled-back`` (served, then taken back). Writes are atomic (temporary file, rename). :func:`push_version` puts
-a version on the servers (pause → update → continue), as ``paravt-train online promote|rollback`` and the
-learner do.
+a version on the servers with the run's weight sync (its ``serve``), as ``paravt-train online promote|rollback``
+and the learner do.
 """
 
 from __future__ import annotations
@@ -115,18 +115,17 @@ class VersionRegistry:
 
 
 def push_version(cfg, version: dict, log=print) -> dict | None:
-    """Put a kept version on the config's servers (``/update_weights_from_disk``: pause → update → continue),
-    as its weight version. A config without a server (backend local) has nothing to push."""
+    """Put a kept version on the config's servers as its weight version, with the run's own sync
+    (:func:`~paravt_train.sync.make_weight_sync`: the sync ``weight_sync`` names, the servers' keys;
+    :meth:`~paravt_train.sync.WeightSync.serve`: a model directory from disk, a LoRA run's adapter by name). A config
+    without a server (backend local) has nothing to push."""
     if not cfg.endpoint or cfg.backend != "sglang":
         log(f"no server to push {version['id']} to (backend {cfg.backend}); recorded as serving")
         return None
-    # lazy: a command that only lists versions needs no HTTP client
-    from paravt_train.sync.disk import SGLangWeightSync
-    from paravt_train.sync.lora import SGLangLoraSync
-
     path = Path(version["path"])
-    if (path / "adapter_config.json").is_file():  # a LoRA version: the adapter, swapped in under the served name
-        return SGLangLoraSync(cfg.endpoint, path, name=cfg.lora_name, pause_mode=cfg.sync_pause_mode).load(path)
-    if not (path / "config.json").is_file():
+    if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
         raise ConfigError(f"the weights of {version['id']} are not at {path} (pruned?)")
-    return SGLangWeightSync(cfg.endpoint, path, pause_mode=cfg.sync_pause_mode).load(path, version=version["weight_version"])
+    # lazy: a command that only lists versions needs no HTTP client
+    from paravt_train.sync import make_weight_sync
+
+    return make_weight_sync(cfg).serve(path, version["weight_version"])

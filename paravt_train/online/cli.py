@@ -39,7 +39,7 @@ def _config(config: Path, set_: list[str] | None):
 
 def _registry(cfg):
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
-    from paravt_train.rl.versions import VersionRegistry
+    from paravt_train.online.versions import VersionRegistry
 
     return VersionRegistry(Path(cfg.output_dir) / "versions")
 
@@ -69,7 +69,7 @@ def run(
     from paravt_agent.errors import ConfigError
     from paravt_train.infra.distributed import end_process, shutdown_distributed
     from paravt_train.infra.interrupt import EXIT_CODE
-    from paravt_train.rl.online import OnlineLearner
+    from paravt_train.online.learner import OnlineLearner
 
     overrides = list(set_ or [])
     if endpoint:
@@ -140,7 +140,7 @@ def versions(ctx: typer.Context, config: Path = typer.Option(None, "--config", h
 def _push(cfg, vid: str, why: str) -> None:
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ParaVTError
-    from paravt_train.rl.versions import push_version
+    from paravt_train.online.versions import push_version
 
     reg = _registry(cfg)
     try:

@@ -1,33 +1,7 @@
-"""Online learning from the trajectory store: served traces + user feedback → PARA-GRPO updates → gated versions.
-
-The loop, top to bottom (``OnlineLearner.run``)::
-
-    poll the store          feedback rows newer than the cursor; each row is checked again (an answer the trace's
-                            question can have, no conflict with an earlier answer, its user within
-                            ``max_rows_per_user`` per window): a row that fails is skipped with a counted reason;
-                            a row with an answer is also a label of the answer its user got (live accuracy of
-                            the version that served it)
-    take a batch            up to ``prompts_per_step`` queued prompts, at most ``max_user_share`` from one user
-    update                  fresh rollouts (on the served policy: rollouts of an older version are corrected by
-                            decoupled PPO's behaviour weight) → one PARA-GRPO update of the learner's weights
-    every promote_every     the candidate is exported and, with the gate on, evaluated on the pinned set against
-                            the served version (paravt_train.rl.gate): promoted (pushed: pause → update →
-                            continue; recorded as a version) or kept aside (refused; the learner reverts to the
-                            served weights or goes on, ``on_refuse``)
-    live accuracy           when the served version's accuracy on the feedback about its own answers falls below
-                            the previous version's by ``rollback.margin``, the previous version goes back
-
-Every promoted version is kept (``OUTPUT_DIR/versions``, :mod:`paravt_train.rl.versions`);
-``paravt-train online versions | promote V | rollback [V] | status`` act on it, and a running learner follows an
-operator's promote or rollback (it continues from the version that serves). The learner never pushes a
-candidate by itself (``GRPOTrainer.auto_sync`` is off): the server only ever gets promoted versions. At start it
-puts the serving version on the server again, so a learner killed during a gate or a promotion restarts with the
-server on a promoted version.
-
-Crash safety: the cursor, the queue, the live counts and the users' counts are in the same atomic checkpoint as
-the weights and the optimizer (every ``save_every`` updates); ``online_state.json`` says where the learner is
-after every update. A restart resumes from the newest checkpoint: feedback read after it is read again and the
-updates after it are redone, so no feedback is lost and none is trained on twice.
+"""The online learner (``paravt-train online``): :class:`OnlineLearner` polls the trajectory store's feedback,
+queues the rows it can train on, runs PARA-GRPO updates on them with the trainer it holds and hands each candidate
+to the promotion it holds (:class:`~paravt_train.online.promotion.Promotion`). The loop reads top to bottom in
+:mod:`paravt_train.online` and in :meth:`OnlineLearner.run`.
 """
 
 from __future__ import annotations
@@ -43,14 +17,14 @@ from paravt_agent.feedback import check_answer, task_of
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.video.fetch import local_video
+from paravt_train.data.records import PromptItem
 from paravt_train.infra.interrupt import GracefulStop
+from paravt_train.online.promotion import Promotion, online_state
+from paravt_train.online.versions import VersionRegistry
 from paravt_train.rewards import accuracy_reward
 from paravt_train.rl.async_loop import require_served_policy
 from paravt_train.rl.config import GRPOConfig
-from paravt_train.rl.promotion import Promotion
-from paravt_train.rl.rollout import PromptItem
 from paravt_train.rl.trainer import GRPOTrainer
-from paravt_train.rl.versions import VersionRegistry
 
 __all__ = ["OnlineLearner", "check_row", "prompt_from_feedback"]
 
@@ -75,13 +49,17 @@ def prompt_from_feedback(row: dict, store: TrajectoryStore) -> PromptItem | None
     answer = check_answer(trace, row["answer"])
     task = task_of(trace)
     value = list(parse_span(answer)) if task == "tvg" else answer
-    return PromptItem(f"feedback-{row['seq']}", trace.video, trace.question, trace.options, value, task)
+    return PromptItem(id=f"feedback-{row['seq']}", video=trace.video, question=trace.question, options=trace.options,
+                      answer=value, task=task)
 
 
-class OnlineLearner(Promotion):
+class OnlineLearner:
+    """Feedback → updates → gated versions. It holds the :class:`~paravt_train.rl.trainer.GRPOTrainer` that updates
+    (``trainer``, its own pushes off) and the :class:`~paravt_train.online.promotion.Promotion` that decides what
+    serves (``promotion``); the state both keep is the trainer's checkpointed ``extra_state`` (:attr:`state`)."""
+
     def __init__(self, cfg: GRPOConfig, store: str | Path | TrajectoryStore, progress: bool = True, log=print):
-        self.trainer = GRPOTrainer(cfg, progress=progress, log=log)
-        self.trainer.auto_sync = False  # only promoted versions reach the server
+        self.trainer = GRPOTrainer(cfg, progress=progress, log=log, push_updates=False)  # promoted versions only
         self.cfg, self.online = cfg, cfg.online
         self.store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
         self.registry = VersionRegistry(Path(cfg.output_dir) / "versions")
@@ -89,16 +67,12 @@ class OnlineLearner(Promotion):
         self.consumed = 0
         self.saved_step: int | None = None  # the newest checkpoint this run wrote
         self.stopped: str | None = None  # the signal that ended run() early
-        self._gate_prompts: list[PromptItem] | None = None
+        self.promotion = Promotion(self.trainer, self.registry, cfg, log)
 
     @property
     def state(self) -> dict:
-        st = self.trainer.extra_state
-        for key, empty in (("cursor", 0), ("queue", []), ("skipped", 0), ("skipped_by", {}), ("trained", []),
-                           ("pending", []), ("users", {}), ("answers", {}), ("live", {}), ("since_promotion", 0),
-                           ("serving", None)):
-            st.setdefault(key, empty)
-        return st
+        """Where the learner is (:func:`~paravt_train.online.promotion.online_state`), saved with the weights."""
+        return online_state(self.trainer)
 
     # ------------------------------------------------------------------ feedback
 
@@ -244,13 +218,14 @@ class OnlineLearner(Promotion):
             require_served_policy(tr)
         if self.saved_step is None and tr.step:  # resumed: that checkpoint is the newest
             self.saved_step = tr.step
-        self._start_versions()
+        promotion = self.promotion
+        promotion.start_versions()
         steps = 0
         with GracefulStop() as stop:
             while max_steps is None or steps < max_steps:
                 if stop.requested():  # SIGTERM (here or on another rank): the updates so far are saved below
                     break
-                self.follow_operator()
+                promotion.follow_operator()
                 self._poll_everywhere()
                 st = self.state
                 batch_rows = self.take_batch()
@@ -269,8 +244,8 @@ class OnlineLearner(Promotion):
                 st["pending"].extend(d for d in batch_rows if d["id"] not in stale)
                 st["since_promotion"] += 1
                 if st["since_promotion"] >= self.online.promote_every:
-                    self.promote_candidate()
-                self.check_rollback()
+                    promotion.promote_candidate()
+                promotion.check_rollback()
                 if tr.step % tr.cfg.save_every == 0:
                     tr.save()  # weights, optimizer, cursor, queue, live counts together
                     self.saved_step = tr.step

@@ -9,11 +9,13 @@ lie above ``−margin``. The decision, the scores and the interval are what :cla
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from paravt_train.eval import heldout_scores
-from paravt_train.rl.online_config import GateSettings
+from paravt_train.online.config import GateSettings
 
 __all__ = ["GateResult", "decide", "evaluate_dir", "lower_bound"]
 
@@ -67,24 +69,22 @@ def decide(candidate: list, served: list, gate: GateSettings, mode: str, seconds
                       scores=list(candidate))
 
 
-def evaluate_dir(model_dir, agent_config, prompts, concurrency: int = 8, endpoint: str | None = None) -> list:
+def evaluate_dir(model_dir, agent_config, prompts, concurrency: int = 8, endpoint: str | None = None,
+                 adapter: str | None = None, api_key: str | None = None) -> list:
     """Per-question scores of the model in ``model_dir``: in this process (``endpoint`` None) or on the SGLang
-    server at ``endpoint`` (a shadow server holding it)."""
-    from pathlib import Path
-
+    server at ``endpoint`` (a shadow server holding it; ``adapter``: the name its weight sync served a LoRA version
+    under, which every request names; ``api_key``: the server's key)."""
     # the policy registry imports the backends it names (torch, transformers) on use: a gate run pays for them
     from paravt_agent.policy.registry import make_policy
 
-    adapter = Path(model_dir) / "adapter_config.json"
-    if endpoint is not None:
-        policy = make_policy("sglang", str(model_dir), endpoint)
-    elif adapter.is_file():  # a LoRA version: its adapter merged into the base, in this process
-        import json
-
+    config = Path(model_dir) / "adapter_config.json"
+    base = json.loads(config.read_text())["base_model_name_or_path"] if config.is_file() else str(model_dir)
+    if endpoint is not None:  # the processor is the base model's (an adapter directory has none)
+        policy = make_policy("sglang", base, endpoint, api_key=api_key, lora=adapter)
+    elif config.is_file():  # a LoRA version: its adapter merged into the base, in this process
         from peft import PeftModel
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        base = json.loads(adapter.read_text())["base_model_name_or_path"]
         merged = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), str(model_dir))
         policy = make_policy("local", base, model_obj=merged.merge_and_unload().eval(),
                              processor=AutoProcessor.from_pretrained(base), max_batch=16)

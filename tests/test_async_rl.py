@@ -1,5 +1,6 @@
-"""Asynchronous PARA-GRPO (#32), the rest of it: the online learner's staleness bound and objective, the
-behaviour-weight quantiles, the settings η > 0 refuses, and the queue of unused episodes across a restart."""
+"""Asynchronous PARA-GRPO (``max_staleness`` η > 0): the staleness bound both loops use (the online learner's too)
+and decoupled PPO's objective, the behaviour-weight quantiles in the step's metrics, the settings η > 0 refuses,
+and the queue of unused episodes across a restart. The loop rolling out ahead itself: tests/test_rl.py."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def _cfg(model, toy_rl, out, **kw) -> GRPOConfig:
 
 
 def _episode(prompt: str, sample: int, versions: list[int], answer=None) -> Episode:
-    seq = TokenSequence("planner", [1, 2, 3, 4], [0, 0, 1, 1], [0.0, 0.0, -0.5, -0.25], episode=f"{prompt}#{sample}")
+    seq = TokenSequence(role="planner", input_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1],
+                        logprobs=[0.0, 0.0, -0.5, -0.25], episode=f"{prompt}#{sample}")
     reward = RewardBreakdown(total=1.0, acc=1.0, fmt=1.0, base=0.0, anchor=0.0, tool=0.0)
     return Episode(prompt_id=prompt, task="mcq", sample=sample, n_frames=4, answer=answer,
                    text="<think>\nx</think><answer>A</answer>", sequences=[seq], reward=reward, advantage=0.5,
@@ -50,7 +52,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
     η versions (the server restarted on the initial weights after two updates) the update drops those groups,
     counts them (``dropped_stale``) and queues their prompt again: the next update, on the weights the dropping
     update pushed, trains it. No feedback is lost to the bound, none is trained twice."""
-    from paravt_train.rl.online import OnlineLearner
+    from paravt_train.online.learner import OnlineLearner
 
     store = TrajectoryStore(tmp_path / "traces.db")
     trained_ids = []
@@ -70,7 +72,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
 
     def train_step(prompts):
         if tr.step == 2:  # the server restarts on the initial weights ("default": version 0), two versions behind
-            SGLangWeightSync(stub.url, tmp_path / "w").load(toy_policy_dir, version="default")
+            SGLangWeightSync(stub.url, tmp_path / "w").serve(toy_policy_dir, version="default")
         return step(prompts)
 
     tr.train_step = train_step
@@ -91,7 +93,7 @@ def test_online_learner_takes_the_staleness_bound_and_the_decoupled_objective(to
 def test_online_learner_refuses_eta_without_a_served_policy(toy_policy_dir, toy_rl, tmp_path):
     """η > 0 on the local backend (it generates with the weights being trained: no versions to bound) is a clear
     error when the learner starts, not at the first feedback row."""
-    from paravt_train.rl.online import OnlineLearner
+    from paravt_train.online.learner import OnlineLearner
 
     cfg = _cfg(toy_policy_dir, toy_rl, tmp_path / "local", data=None, max_staleness=1, kl_coef=0.0)
     learner = OnlineLearner(cfg, tmp_path / "traces.db", progress=False, log=lambda *_: None)

@@ -1,6 +1,9 @@
 """How the online learner's candidates become (or do not become) the served model: the gate, promotion, the
-versions, rollback — automatic on live feedback, or an operator's. A mixin of
-:class:`~paravt_train.rl.online.OnlineLearner` (which owns ``trainer``, ``registry``, ``online``, ``state``)."""
+versions, rollback — automatic on live feedback, or an operator's.
+
+:class:`Promotion` is an object the learner holds (``OnlineLearner.promotion``), made with the trainer whose weights
+it exports and reloads, the version registry and the run's config; the state it shares with the learner is the
+trainer's checkpointed ``extra_state`` (:func:`online_state`)."""
 
 from __future__ import annotations
 
@@ -9,16 +12,41 @@ import time
 from pathlib import Path
 
 from paravt_agent import telemetry
-from paravt_train.data import prompts_from_rl
+from paravt_train.data import PromptItem, prompts_from_rl
 from paravt_train.infra.distributed import barrier, on_rank0
-from paravt_train.rl.gate import decide, evaluate_dir
-from paravt_train.rl.rollout import PromptItem
-from paravt_train.rl.versions import push_version
+from paravt_train.online.gate import decide, evaluate_dir
+from paravt_train.online.versions import VersionRegistry, push_version
+from paravt_train.rl.config import GRPOConfig
+from paravt_train.sync import make_weight_sync
 
-__all__ = ["Promotion"]
+__all__ = ["Promotion", "online_state"]
+
+
+def online_state(trainer) -> dict:
+    """The online learner's state — the feedback cursor, the queue, skip counts, what was trained, the candidate's
+    pending rows, per-user times, first answers, live accuracy counts, updates since the last promotion and the
+    serving version — kept in the trainer's ``extra_state``, so it is saved and restored with the weights."""
+    st = trainer.extra_state
+    for key, empty in (("cursor", 0), ("queue", []), ("skipped", 0), ("skipped_by", {}), ("trained", []),
+                       ("pending", []), ("users", {}), ("answers", {}), ("live", {}), ("since_promotion", 0),
+                       ("serving", None)):
+        st.setdefault(key, empty)
+    return st
 
 
 class Promotion:
+    """The gate, promotion, rollback and the operator's decisions for the candidates of ``trainer`` (a
+    :class:`~paravt_train.rl.trainer.GRPOTrainer` that pushes nothing by itself), recorded in ``registry``."""
+
+    def __init__(self, trainer, registry: VersionRegistry, cfg: GRPOConfig, log=print):
+        self.trainer, self.registry, self.cfg, self.log = trainer, registry, cfg, log
+        self.online = cfg.online
+        self._gate_prompts: list[PromptItem] | None = None
+
+    @property
+    def state(self) -> dict:
+        return online_state(self.trainer)
+
     # ------------------------------------------------------------------ versions
 
     def gate_prompts(self) -> list[PromptItem]:
@@ -34,15 +62,15 @@ class Promotion:
 
     def _scores(self, path: Path) -> list:
         g = self.online.gate
-        endpoint = None
-        if g.mode == "shadow":
-            from paravt_train.sync.disk import SGLangWeightSync  # lazy: only the shadow gate pushes from here
+        if g.mode != "shadow":
+            return evaluate_dir(path, self._gate_config(), self.gate_prompts(), self.cfg.concurrency * 2)
+        # the candidate onto the shadow server with the run's own sync (its keys; a LoRA run's adapter by its name)
+        sync = make_weight_sync(self.cfg, g.shadow_endpoint)
+        sync.serve(path, f"candidate-{path.name}")
+        return evaluate_dir(path, self._gate_config(), self.gate_prompts(), self.cfg.concurrency * 2,
+                            g.shadow_endpoint, adapter=sync.adapter_name, api_key=self.cfg.sglang_api_key())
 
-            SGLangWeightSync(g.shadow_endpoint, path).load(path, version=f"candidate-{path.name}")
-            endpoint = g.shadow_endpoint
-        return evaluate_dir(path, self._gate_config(), self.gate_prompts(), self.cfg.concurrency * 2, endpoint)
-
-    def _start_versions(self) -> None:
+    def start_versions(self) -> None:
         """The registry's first version is the starting weights; the serving version goes (back) on the server.
 
         The starting weights are the learner's own: the base model on a fresh start, the checkpoint's weights (as

@@ -1,21 +1,6 @@
-"""Multi-agent RL with several policies: each its own trainer, weights and optimizer (VideoChat-M1's agent team).
-
-The single-policy case needs nothing here: ``paravt-train grpo`` with a collaborative agent config (protocol
-``cpp``) rolls out every agent with the one policy and trains each agent's turns with its own advantage
-(:func:`~paravt_train.rl.rollout.agent_episodes`, :func:`~paravt_train.rl.objective.episode_advantages`).
-
-With several policies, :class:`MultiPolicyTrainer` takes one :class:`~paravt_train.rl.config.GRPOConfig` per policy
-and the pool's agents mapped to them. One step::
-
-    rollouts: the first policy's trainer hosts the team (its agent config's collab pool); every other policy is
-              that agent's own model (a ModelSpec), answered by the LIVE rollout policy of its trainer
-    split:    each rollout into per-agent episodes (R_res + R_format + R_col + R_tool each), whatever model made
-              the calls (``agent_policies``)
-    learn:    each trainer on its own agents' episodes (the host also on the team's: the reason summary or the
-              synthesizer), each agent normalised over the group apart; its own update, metrics.jsonl, checkpoints
-
-VideoChat-M1 trains its four agents this way (A.6: one GRPO objective per agent, a shared team reward average).
-"""
+"""Multi-agent RL with several policies: :class:`MultiPolicyTrainer`, one :class:`~paravt_train.rl.trainer.GRPOTrainer`
+per policy (its own weights, optimizer, metrics and checkpoints) over one team's rollouts (the step reads top to
+bottom in :mod:`paravt_train.rl.marl`)."""
 
 from __future__ import annotations
 
@@ -24,8 +9,9 @@ import time
 
 from paravt_agent.agent import Agent
 from paravt_agent.config import ModelSpec
+from paravt_train.data.records import PromptItem
 from paravt_train.rl.config import GRPOConfig
-from paravt_train.rl.rollout import Episode, PromptCache, PromptItem, RolloutSettings, run_group
+from paravt_train.rl.rollout import Episode, PromptCache, RolloutSettings, run_group
 from paravt_train.rl.trainer import GRPOTrainer
 
 __all__ = ["MultiPolicyTrainer"]

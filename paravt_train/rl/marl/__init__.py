@@ -1,0 +1,43 @@
+"""Multi-agent RL (VideoChat-M1's agent team): each collaborating agent trained on its own turns with its own reward.
+
+It lives inside ``rl/`` because it is the GRPO loop applied per agent, in both directions: the loop's rollout
+splits a collaborative (``cpp``) episode into one episode per agent scored by :mod:`~paravt_train.rl.marl.rewards`,
+and :class:`~paravt_train.rl.marl.trainer.MultiPolicyTrainer` is several
+:class:`~paravt_train.rl.trainer.GRPOTrainer` s. A top-level ``marl/`` would import ``rl/`` and be imported by it.
+
+- :mod:`~paravt_train.rl.marl.rewards`: each agent's reward, R_res + λ_fmt·R_format + w_col·R_col + R_tool (pure).
+- :mod:`~paravt_train.rl.marl.trainer`: :class:`MultiPolicyTrainer`, several policies, each its own trainer.
+
+One policy needs nothing here but the rewards: ``paravt-train grpo`` with a collaborative agent config (protocol
+``cpp``) rolls out every agent with the one policy and trains each agent's turns with its own advantage
+(:func:`~paravt_train.rl.rollout.agent_episodes`, :func:`~paravt_train.rl.objective.episode_advantages`).
+
+With several policies, :class:`MultiPolicyTrainer` takes one :class:`~paravt_train.rl.config.GRPOConfig` per policy
+and the pool's agents mapped to them. One step::
+
+    rollouts: the first policy's trainer hosts the team (its agent config's collab pool); every other policy is
+              that agent's own model (a ModelSpec), answered by the LIVE rollout policy of its trainer
+    split:    each rollout into per-agent episodes (R_res + R_format + R_col + R_tool each), whatever model made
+              the calls (``agent_policies``)
+    learn:    each trainer on its own agents' episodes (the host also on the team's: the reason summary or the
+              synthesizer), each agent normalised over the group apart; its own update, metrics.jsonl, checkpoints
+
+VideoChat-M1 trains its four agents this way (A.6: one GRPO objective per agent, a shared team reward average).
+"""
+
+_LAZY = {
+    "MultiPolicyTrainer": "paravt_train.rl.marl.trainer",
+    "agent_reward": "paravt_train.rl.marl.rewards",
+    "agent_transcript": "paravt_train.rl.marl.rewards",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    # lazy: the GRPO rollout imports the rewards module below, and the trainer imports the GRPO trainer (which
+    # imports that rollout): an eager import here would make the two a circle
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -343,9 +343,12 @@ def test_records_are_built_by_keyword():
     positional = []
     for top in (*PACKAGES, "tests", "examples", "perf"):
         for f in (ROOT / top).rglob("*.py"):
-            for node in ast.walk(ast.parse(f.read_text())):
+            tree = ast.parse(f.read_text())
+            names = set(RECORDS) | {a.asname for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                                    for a in n.names if a.name in RECORDS and a.asname}  # `import X as Y` too
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Call) and node.args:
                     name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-                    if name in RECORDS:
+                    if name in names:
                         positional.append(f"{f.relative_to(ROOT)}:{node.lineno} {name}")
     assert not positional, positional

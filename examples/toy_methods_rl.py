@@ -13,8 +13,9 @@ with and without agent dropout, each from a weak start, before → after on held
    * Weaver: ``paravt-train grpo --set method=weaver``: its tools' model calls frozen (``tool_model_calls:
      freeze``), R = 0.7·R_corr + 0.2·R_format + 0.1·R_tool (R_tool: a tool call that worked and a right answer);
    * VideoChat-M1: ``--set method=videochat-m1`` (τ = 1, KL 1e-5) on the collaborative cpp protocol: each agent's
-     turns with its own advantage, R_i = R_res + R_format + R_col + R_tool; the same with agent dropout
-     (``collab.dropout``).
+     turns with its own advantage, R_i = R_res + R_format + R_col + R_tool (the synthesizer's turns by the team's
+     reward, the reason summary untrained); without agent dropout (``--set agent.collab.dropout=0``) and with the
+     method's 0.25.
 3. Held-out: 80 MCQ questions (40 worlds) at n = 8, greedy, with the trainer's scorer, before and after; accuracy
    with bootstrap 95% intervals and the paired difference.
 """
@@ -43,16 +44,16 @@ MODES = REPO_CHECKPOINT.parent / "toy-modes"
 TRAIN_SEED0 = 500_000  # RL prompts: worlds no SFT saw
 HELD_SEED0 = TEST_SEED0 + 5000
 
-#: run name -> (the start's method, the GRPO preset, agent config overrides)
+#: run name -> (the start's method, the GRPO method, the run's agent settings: over the method's, as `--set agent.*`)
 RUNS = {
     "Weaver GRPO (frozen tools)": ("weaver", "weaver", {}),
-    "VideoChat-M1 MARL": ("collab", "videochat-m1", {}),
-    "VideoChat-M1 MARL + agent dropout": ("collab", "videochat-m1", {"collab.dropout": 0.3}),
+    "VideoChat-M1 MARL": ("collab", "videochat-m1", {"collab": {"dropout": 0.0}}),
+    "VideoChat-M1 MARL + agent dropout": ("collab", "videochat-m1", {}),  # the method's rate, 0.25
 }
 
 
-def agent_yaml(method: str, overrides: dict, path: Path) -> str:
-    cfg = toy_method_config(method).override(["frames.n_frames=8", *(f"{k}={v}" for k, v in overrides.items())])
+def agent_yaml(method: str, path: Path) -> str:
+    cfg = toy_method_config(method).override(["frames.n_frames=8"])
     path.write_text(cfg.to_yaml())
     return str(path)
 
@@ -89,7 +90,7 @@ def main() -> None:
         ap.error(f"unknown runs {unknown}; choose from: {'; '.join(RUNS)}")
     runs = {k: v for k, v in RUNS.items() if k in wanted}
     starts, before, results = {}, {}, {}
-    for name, (method, preset, overrides) in runs.items():
+    for name, (method, preset, agent_settings) in runs.items():
         t1 = time.time()
         if method not in starts:
             starts[method] = build_toolshy(args.model, out / f"start-{method}", steps=args.start_steps,
@@ -97,7 +98,7 @@ def main() -> None:
         slug = name.lower().replace(" ", "-").replace("(", "").replace(")", "").replace("+", "plus")
         cfg = GRPOConfig(
             method=preset, model=str(starts[method]), data=str(train), video_root=str(vids),
-            agent_config=agent_yaml(method, overrides, out / f"{slug}.yaml"), output_dir=str(out / slug),
+            agent_config=agent_yaml(method, out / f"{slug}.yaml"), agent=agent_settings, output_dir=str(out / slug),
             steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr,
             max_new_tokens=160, subagent_max_new_tokens=32, micro_batch_size=1, save_every=1000,
             concurrency=args.prompts_per_step, seed=0, eval_n_frames=8)

@@ -16,8 +16,11 @@
 3. Held-out: 80 questions (40 worlds x 2 MCQ) at n = 8, greedy, with `paravt-train eval`'s agent config and
    scorer, before and after; accuracy with bootstrap 95% intervals and the paired difference.
 
-Prints a table (reward, f_τ, κ, closure rates, tool calls per question, held-out accuracy before → after)
-and writes OUT/curves.png (both runs overlaid) and OUT/results.json.
+Prints a table (reward, f_τ, κ, closure rates, tool calls per question, held-out accuracy before → after, and
+the train–inference mismatch the trainer measured: KL k3, χ², the share of tokens past the rollout correction's
+threshold and the share it truncated, means over the run) and writes OUT/curves.png (the runs overlaid) and
+OUT/results.json. A run is a method, optionally with settings: ``--presets
+para-grpo,para-grpo:rollout_correction=off`` adds a row without the correction (on, token-truncate, by default).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--train-worlds", type=int, default=60)
     ap.add_argument("--eval-worlds", type=int, default=40, help="Held-out worlds (2 MCQ questions each).")
-    ap.add_argument("--presets", default="vanilla-grpo,para-grpo")
+    ap.add_argument("--presets", default="vanilla-grpo,para-grpo",
+                    help="Runs: a method, optionally with settings (method:key=value;key=value), comma-separated.")
     ap.add_argument("--seed", type=int, default=HELD_SEED0, help="First seed of the held-out worlds (any range from "
                     "900000 up is unseen by the SFT policy and by these RL prompts).")
     args = ap.parse_args()
@@ -69,15 +73,17 @@ def main() -> None:
     results = {}
     for preset in args.presets.split(","):
         t1 = time.time()
-        cfg = GRPOConfig(
-            method=preset, model=str(start), data=str(train), eval_data=str(held), eval_n_frames=8,
-            video_root=str(vids), output_dir=str(out / preset), steps=args.steps,
-            prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr, temperature=0.7,
-            max_new_tokens=256, subagent_max_new_tokens=32, micro_batch_size=1, save_every=10,
-            concurrency=args.prompts_per_step, seed=0,
-        )
+        method, _, given = preset.partition(":")
+        settings = dict(kv.split("=", 1) for kv in given.split(";") if kv)
+        cfg = GRPOConfig(**{
+            "method": method, "model": str(start), "data": str(train), "eval_data": str(held), "eval_n_frames": 8,
+            "video_root": str(vids), "output_dir": str(out / preset.replace(":", "_").replace("=", "-")),
+            "steps": args.steps, "prompts_per_step": args.prompts_per_step, "group_size": args.group, "lr": args.lr,
+            "temperature": 0.7, "max_new_tokens": 256, "subagent_max_new_tokens": 32, "micro_batch_size": 1,
+            "save_every": 10, "concurrency": args.prompts_per_step, "seed": 0, **settings,
+        })
         summary = GRPOTrainer(cfg).run()
-        recs = [json.loads(x) for x in (out / preset / "metrics.jsonl").read_text().splitlines()]
+        recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
         k = max(1, len(recs) // 5)  # first and last fifth of the run
         first, last = recs[:k], recs[-k:]
 
@@ -91,6 +97,8 @@ def main() -> None:
                                                            "closure/answer", "closure/tool_call")},
             **{f"{key}_last": avg(last, key) for key in ("reward", "f_tau", "kappa", "accuracy", "closure/think",
                                                          "closure/answer", "closure/tool_call")},
+            **{key: avg(recs, key) for key in ("mismatch/kl_k3", "mismatch/chi2", "mismatch/past_threshold",
+                                               "mismatch/truncated")},
             "heldout_before": mean_ci(before), "heldout_after": mean_ci(after),
             "heldout_gain": paired_diff_ci(before, after),
             "heldout_calls_before": summary["eval_before"]["eval/tool_calls"],
@@ -99,11 +107,12 @@ def main() -> None:
             "heldout_failed": (summary["eval_before"].get("eval/failed", 0),
                                summary["eval_after"].get("eval/failed", 0)),
         }
-    png = plot(",".join(str(out / p) for p in results), out / "curves.png")
+    png = plot(",".join(str(out / p.replace(":", "_").replace("=", "-")) for p in results), out / "curves.png")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print("\n| preset | reward (first→last fifth) | f_τ | κ | think / answer / tool_call closure | held-out acc "
-          "n=8 (95% CI) before → after | gain (95% CI) | tool calls / question | minutes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "n=8 (95% CI) before → after | gain (95% CI) | tool calls / question | mismatch KL k3 / χ² | past C / "
+          "truncated | minutes |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for p, r in results.items():
         b, a, g = r["heldout_before"], r["heldout_after"], r["heldout_gain"]
         print(f"| {p} | {r['reward_first']:.2f} → {r['reward_last']:.2f} | {r['f_tau_first']:.2f} → "
@@ -111,7 +120,9 @@ def main() -> None:
               f"{r['closure/think_last']:.2f} / {r['closure/answer_last']:.2f} / {r['closure/tool_call_last']:.2f} | "
               f"{b[0]:.2f} [{b[1]:.2f}, {b[2]:.2f}] → {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | "
               f"{g[0]:+.2f} [{g[1]:+.2f}, {g[2]:+.2f}] | {r['heldout_calls_before']:.1f} → "
-              f"{r['heldout_calls_after']:.1f} | {r['minutes']:.1f} |")
+              f"{r['heldout_calls_after']:.1f} | {r['mismatch/kl_k3']:.1e} / {r['mismatch/chi2']:.1e} | "
+              f"{100 * r['mismatch/past_threshold']:.2f}% / {100 * r['mismatch/truncated']:.2f}% | "
+              f"{r['minutes']:.1f} |")
     fails = ", ".join(f"{p} {r['heldout_failed'][0]} / {r['heldout_failed'][1]}" for p, r in results.items())
     print(f"\n{r['n_heldout']} held-out questions (seeds {args.seed}-{args.seed + args.eval_worlds - 1}); errors "
           f"(questions the runtime failed, before / after, left out of the scores): {fails}; curves: {png}; "

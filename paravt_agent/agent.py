@@ -45,7 +45,9 @@ class Agent:
     ``"sqlite:///path.db"`` or a ``postgresql://`` URL. A run then has a ``thread_id`` (``answer(...,
     thread_id=...)``); a process that dies mid-run resumes it by calling the same again (only the work
     left is done), and a finished thread gives its answer back. ``frames_dir`` keeps the frames a
-    durable run references on disk, so another process can resume it.
+    durable run references on disk, so another process can resume it. ``tool_policy`` is the model the
+    model-backed tools ask when ``config.tool_models`` names none for them (default: ``policy``; RL passes the
+    frozen starting weights for ``tool_model_calls: freeze``).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class Agent:
         policy_kwargs: dict | None = None,
         checkpointer: Any = None,
         frames_dir: str | os.PathLike | None = None,
+        tool_policy: Policy | None = None,
     ):
         if policy is None:  # Agent() and Agent(model="toy"): the shipped toy policy, from any directory
             model = resolve_model(backend, model)
@@ -81,6 +84,9 @@ class Agent:
         self.store = store
         self.frames = FrameStore(frames_dir)
         self._others: dict = {}  # other models the config names (tool_models, collab agents), made once per agent
+        #: the model model-backed tools ask when the config names none for them (tool_models): RL's frozen tools (the
+        #: starting weights, :mod:`paravt_train.rl.frozen_tools`); None: the agent's policy
+        self.tool_policy = tool_policy
         self.checkpointer = checkpointer if checkpointer is not None or not self.config.review_windows else "memory"
         self._savers: dict[int, Any] = {}
         self._graph = None
@@ -113,7 +119,8 @@ class Agent:
 
     def context(self, tool_context=None) -> AgentContext:
         """A run's context: this agent's policy, tools, config and frame store."""
-        return AgentContext(self.policy, self.registry, self.config, self.frames, tool_context, others=self._others)
+        return AgentContext(self.policy, self.registry, self.config, self.frames, tool_context, others=self._others,
+                            tool_default=self.tool_policy)
 
     def tool_schemas(self) -> list[dict]:
         """The tools as the planner's prompt describes them (:func:`paravt_agent.graph.context.tool_schemas`)."""
@@ -413,6 +420,8 @@ class Agent:
 
     async def aclose(self) -> None:
         await self.policy.aclose()
+        if self.tool_policy is not None and self.tool_policy is not self.policy:
+            await self.tool_policy.aclose()
         for other in list(self._others.values()):  # the tools' and agents' own models (tool_models, collab)
             await other.aclose()
         self._others.clear()

@@ -214,9 +214,12 @@ def serve_cmd(
                                   "0.5.23's LoRA needs the test suite's CPU module (`make sglang-cpu`)."),
     lora_from: Path = typer.Option(None, help="A training config (its `lora` section) or a peft adapter directory: "
                                    "serve LoRA adapters with that run's rank and target modules."),
+    pause_lease: float = typer.Option(60.0, min=0, help="Continue generation on a server paused this long past the "
+                                      "--sync-lease file's last renewal (or the pause's start); 0: never."),
+    sync_lease: Path = typer.Option(None, help="The learner's push journal (OUTPUT_DIR/push.json): its lease."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
-    """Serve a model with SGLang (GPU, or --device cpu) and wait until it is healthy."""
+    """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused."""
     # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
@@ -255,13 +258,18 @@ def serve_cmd(
     except ParaVTError as exc:
         _fail(str(exc))
     typer.echo(f"healthy: http://{host}:{port}/v1{what}{'; ' if dp > 1 else ''}Ctrl-C to stop)", err=True)
-    sys.exit(_wait_then_stop(procs, stop))
+    sys.exit(_wait_then_stop(procs, stop, (host, port, dp, pause_lease, sync_lease)))
 
 
-def _wait_then_stop(procs: list, stop) -> int:
+def _wait_then_stop(procs: list, stop, supervised: tuple | None = None) -> int:
     """Wait on the last server process (the router, or the one server); Ctrl-C or a scheduler's SIGTERM stops
-    every server (each leads its own process group). Returns the exit code."""
+    every server (each leads its own process group). Returns the exit code. Meanwhile the pause supervisor of
+    ``supervised`` (host, port, dp, --pause-lease, --sync-lease) runs."""
     import signal
+
+    from paravt_agent.serving.supervisor import supervise  # httpx and threads: only `serve` pays for them
+
+    supervisor = supervise(*supervised, log=lambda m: typer.echo(m, err=True)) if supervised else None
 
     def interrupted(*_):
         raise KeyboardInterrupt
@@ -271,6 +279,8 @@ def _wait_then_stop(procs: list, stop) -> int:
         code = procs[-1].wait()
     except KeyboardInterrupt:
         code = 0
+    if supervisor is not None:
+        supervisor.stop()
     for p in reversed(procs):
         stop(p)
     return code

@@ -79,22 +79,51 @@ def convert_cmd(
 def prefilter_cmd(
     src: Path = typer.Argument(..., help="RL Parquet file."),
     dst: Path = typer.Argument(..., help="Filtered RL Parquet file."),
-    video_root: Path = typer.Option(None, help="Resolve relative video paths against this folder."),
-    model: str = typer.Option(None, help="Policy for the zero-variance rollout check (omit: length rule only)."),
-    backend: str = typer.Option("local", help="local, openai or sglang."),
-    endpoint: str = typer.Option(None, help="Endpoint for openai/sglang."),
-    group: int = typer.Option(8, help="Rollouts per prompt (G)."),
-    temperature: float = typer.Option(0.7, help="Sampling temperature of the rollouts (tau)."),
+    config: Path = typer.Option(None, "--config", help="The GRPO config YAML of the run that will train on the data: "
+                                "its agent protocol and method, reward, judge, τ, G, model and rollout backend "
+                                "(each option below wins where given). Omit: the paper's protocol and reward."),
+    set_: list[str] = typer.Option(None, "--set", help="Override a --config key, e.g. --set method=dapo."),
+    video_root: Path = typer.Option(None, help="Resolve relative video paths against this folder (default: the "
+                                    "config's video_root)."),
+    model: str = typer.Option(None, help="Policy for the zero-variance rollout check (default: the config's model; "
+                              "omit both: length rule only)."),
+    backend: str = typer.Option(None, help="local, openai or sglang (default: the config's backend, else local)."),
+    endpoint: str = typer.Option(None, help="Endpoint for openai/sglang (default: the config's)."),
+    group: int = typer.Option(None, help="Rollouts per prompt, G (default: the config's group_size, else 8)."),
+    temperature: float = typer.Option(None, help="Sampling temperature of the rollouts, τ (default: the config's, "
+                                      "else 0.7)."),
     max_answer_words: int = typer.Option(15, help="Drop open-ended samples with longer answers."),
 ) -> None:
     """DAPO-style zero-gradient pre-filter: long open-ended answers, and prompts whose G rollouts under the policy
-    all score alike under the RL reward (GRPO's advantages would all be 0)."""
+    all score alike under the RL reward (GRPO's advantages would all be 0). With --config, under the run's own
+    protocol and reward (a dapo, weaver or vanilla-grpo run filters its data as it will train on it)."""
     # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_train.data import load_rl, write_parquet
     from paravt_train.data.prefilter import prefilter
 
     try:
+        reward = judge = agent_cfg = None
+        if config is not None:  # the run's rollouts: its protocol, method, τ, token limits; its reward and judge
+            # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
+            from paravt_train.judge import LLMJudge
+            from paravt_train.rl.config import GRPOConfig
+            from paravt_train.rl.trainer import GRPOTrainer
+
+            run = GRPOConfig.from_yaml(config, list(set_ or []))
+            agent_cfg = GRPOTrainer(run, progress=False).agent_config()
+            if temperature is not None:
+                agent_cfg = agent_cfg.override([f"{k}.temperature={temperature}" for k in (
+                    "planner_sampling", "subagent_sampling", "tool_sampling", "collab.agent_sampling")])
+            reward = run.reward
+            judge = LLMJudge.from_settings(run.reward.judge) if run.reward.judge is not None else None
+            model = model or run.model
+            backend, endpoint = backend or run.backend, endpoint or run.endpoint
+            group = group or run.group_size
+            video_root = video_root or (Path(run.video_root) if run.video_root else None)
+        elif set_:
+            _fail("--set overrides a --config: give the GRPO config YAML")
+        backend, group = backend or "local", group or 8
         samples = load_rl(src, video_root)
         agent = None
         if model or backend != "local":
@@ -102,11 +131,13 @@ def prefilter_cmd(
             from paravt_agent.agent import Agent
             from paravt_agent.config import AgentConfig
 
-            cfg = AgentConfig().override([f"planner_sampling.temperature={temperature}",
-                                          f"subagent_sampling.temperature={temperature}"])
-            agent = Agent(model=model, backend=backend, endpoint=endpoint, config=cfg)
+            if agent_cfg is None:
+                tau = 0.7 if temperature is None else temperature
+                agent_cfg = AgentConfig().override([f"planner_sampling.temperature={tau}",
+                                                    f"subagent_sampling.temperature={tau}"])
+            agent = Agent(model=model, backend=backend, endpoint=endpoint, config=agent_cfg)
         kept, dropped = prefilter(samples, agent, group=group, max_answer_words=max_answer_words,
-                                  video_root=video_root)
+                                  video_root=video_root, reward=reward, judge=judge)
     except ParaVTError as exc:
         _fail(str(exc))
     write_parquet([s.model_dump(mode="json", by_alias=True) for s in kept], dst)

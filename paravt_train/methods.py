@@ -12,7 +12,8 @@ method            agent protocol      training settings (under the config's own 
 ``weaver``        ``weaver``          Weaver (weaver.txt, Sec. 3.4.3, Table 7): its tools frozen, R = 0.7 R_corr +
                                       0.2 R_format + 0.1 R_tool, KL 1e-3, lr 1e-6
 ``videochat-m1``  ``videochat-m1``    VideoChat-M1 (supplement A.6): GRPO per collaborating agent, τ 1, KL 1e-5,
-                                      lr 1e-7, the agents' tools (expert models in the paper) frozen
+                                      lr 1e-7, the agents' tools (expert models in the paper) frozen, agent
+                                      dropout 0.25 (the paper trains with it and gives no rate: our choice)
 ================  ==================  ==============================================================================
 
 How a run's two configs come from it, each by :func:`paravt_agent.config.merge_settings` (the one merge every
@@ -40,8 +41,8 @@ from typing import Literal, get_args
 from paravt_agent.config import AgentConfig, merge_settings
 from paravt_agent.errors import ConfigError
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "Method", "MethodName", "agent_config_for", "method", "trainer_class",
-           "training_settings"]
+__all__ = ["DEFAULT_METHOD", "METHODS", "VIDEOCHAT_M1_DROPOUT", "Method", "MethodName", "agent_config_for", "method",
+           "trainer_class", "training_settings"]
 
 #: the methods' names (GRPOConfig.method's type)
 MethodName = Literal["para-grpo", "vanilla-grpo", "dapo", "weaver", "videochat-m1"]
@@ -58,6 +59,9 @@ class Method:
     agent: dict = field(default_factory=dict)  # AgentConfig settings over the protocol
     trainer: str = "paravt_train.rl.trainer:GRPOTrainer"  # module:class, imported when a run starts
 
+
+#: VideoChat-M1's agent dropout rate in its method (the paper gives none: see the table entry)
+VIDEOCHAT_M1_DROPOUT = 0.25
 
 _NO_ANCHORING = {"gating": False, "reward": {"anchor": False, "answer_suffix": False, "reward_bias": -0.2}}
 
@@ -87,14 +91,21 @@ METHODS: dict[str, Method] = {
                              "reward_bias": 0.0}}),
     # VideoChat-M1 (supplement A.6): GRPO for every collaborating agent, each with its own advantage (the
     # collaborative mode's cpp protocol: paravt_train.rl.marl), τ = 1, KL 1e-5, lr 1e-7; the agents' own turns
-    # train, their tools (browsers, grounding: expert models in the paper) stay frozen; agent dropout is the agent
-    # config's collab.dropout
+    # train, their tools (browsers, grounding: expert models in the paper) stay frozen.
+    # Agent dropout (the agent config's collab.dropout): the supplement trains with it (A.6: "we apply agent dropout
+    # to enhance the model's robustness"; A.4 calls it the regulariser against co-adaptation) and states no rate.
+    # 0.25 is ours: with the paper's four agents one is cut off from the communication per episode on average and
+    # 32% of episodes keep the full team (0.75^4), so most rollouts still teach collaboration while an agent cannot
+    # count on any one peer; a dropped agent still answers, so a 3-of-4 consensus stays reachable.
+    # `--set agent.collab.dropout=0` turns it off (the method's agent settings sit over agent_config's).
     "videochat-m1": Method(
-        "VideoChat-M1: GRPO per collaborating agent (its own advantage), τ 1, KL 1e-5, its tools frozen",
+        "VideoChat-M1: GRPO per collaborating agent (its own advantage), τ 1, KL 1e-5, its tools frozen, agent "
+        "dropout 0.25",
         protocol="videochat-m1",
         training={"gating": False, "temperature": 1.0, "kl_coef": 1e-5, "lr": 1e-7, "train_subagents": False,
                   "tool_model_calls": "freeze", "reward": {"anchor": False, "answer_suffix": False,
-                                                           "reward_bias": 0.0}}),
+                                                           "reward_bias": 0.0}},
+        agent={"collab": {"dropout": VIDEOCHAT_M1_DROPOUT}}),
 }
 assert set(get_args(MethodName)) == set(METHODS), "MethodName lists the table's methods"
 

@@ -11,7 +11,11 @@ collated sequence, at the sampling temperature). Prints, per kind of turn (text-
 sub-agent, first / later planner turn), the per-token |logprob difference| (max, mean, p99), and the share of the
 behaviour-policy correction: the weight π_train / π_behav = exp(trainer − SGLang) per token, the fraction of tokens
 it would cap at ``--cap`` (decoupled PPO's ``behaviour_weight_cap``, 5 in the paper config) or below 1/cap, and its
-mean. ``--json`` writes the numbers.
+mean. A second table gives the trainer's ``mismatch/*`` metrics on the same tokens
+(:func:`paravt_train.rl.objective.mismatch_sums`: KL(π_rollout ‖ π_train) by k1 and k3, χ², the share past the
+rollout correction's threshold ``--threshold`` (2) or below its inverse, the PPL ratio per sequence).
+``--dtype bfloat16`` serves with SGLang's ``--dtype bfloat16`` and scores under the trainer's bf16 autocast
+(``bf16: true``, as on a GPU); ``float32`` (default) both in float32. ``--json`` writes the numbers.
 """
 
 from __future__ import annotations
@@ -60,14 +64,19 @@ def text_only_turns(tr, prompts, group: int, temperature: float) -> list:
     return out
 
 
-def stats(diffs, weights, cap: float) -> dict:
+def stats(diffs, weights, cap: float, sums: list[dict]) -> dict:
     import torch
 
     d = torch.tensor(diffs, dtype=torch.float64)
     w = torch.tensor(weights, dtype=torch.float64)
+    n, rows = sum(x["n"] for x in sums), sum(x["rows"] for x in sums)
     return {"tokens": len(diffs), "max": float(d.max()), "mean": float(d.mean()),
             "p99": float(torch.quantile(d, 0.99)), "capped": float((w > cap).double().mean()),
-            "below_1_over_cap": float((w < 1 / cap).double().mean()), "mean_weight": float(w.mean())}
+            "below_1_over_cap": float((w < 1 / cap).double().mean()), "mean_weight": float(w.mean()),
+            # the trainer's mismatch/* metrics (the same function), over these tokens
+            "kl_k1": sum(x["k1"] for x in sums) / n, "kl_k3": sum(x["k3"] for x in sums) / n,
+            "chi2": sum(x["chi2"] for x in sums) / n, "past_threshold": sum(x["past"] for x in sums) / n,
+            "ppl_ratio": sum(x["ppl_ratio"] for x in sums) / max(rows, 1)}
 
 
 def main() -> None:
@@ -78,6 +87,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--cap", type=float, default=5.0)
+    ap.add_argument("--threshold", type=float, default=2.0, help="The rollout correction's threshold C.")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="The server's --dtype and the trainer's autocast (bf16: true).")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -85,6 +97,7 @@ def main() -> None:
 
     from paravt_train.data import prompts_from_rl, write_parquet
     from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.objective import mismatch_sums
     from paravt_train.rl.trainer import GRPOTrainer
     from paravt_train.rl.update import collate, token_logprobs
     from paravt_train.toy.quickstart import REPO_CHECKPOINT
@@ -101,7 +114,7 @@ def main() -> None:
         if reason:
             raise SystemExit(reason)
         t0 = time.time()
-        server = SGLangServer(model, tmp / "logs")
+        server = SGLangServer(model, tmp / "logs", extra=["--dtype", args.dtype])
         print(f"SGLang {server.url} ready in {time.time() - t0:.0f} s", flush=True)
         endpoint = server.url
     else:
@@ -111,7 +124,8 @@ def main() -> None:
         data = write_parquet(rl_rows(worlds, tmp / "videos"), tmp / "rl.parquet")
         cfg = GRPOConfig(model=model, data=str(data), video_root=str(tmp / "videos"), output_dir=str(tmp / "run"),
                          backend="sglang", endpoint=endpoint, weight_sync="tensor", group_size=args.group,
-                         temperature=args.temperature, prompts_per_step=1, concurrency=4, gating=False)
+                         temperature=args.temperature, prompts_per_step=1, concurrency=4, gating=False,
+                         bf16="true" if args.dtype == "bfloat16" else "false")
         tr = GRPOTrainer(cfg, progress=False, log=lambda *_: None)
         tr.setup()  # pushes the model's weights (version "0"): the server serves exactly what is scored
         prompts = prompts_from_rl(str(data), str(tmp / "videos"))
@@ -121,30 +135,38 @@ def main() -> None:
         seqs += text_only_turns(tr, prompts, args.group, args.temperature)
         print(f"{len(prompts)} prompts x G = {args.group}: {len(seqs)} sequences in {time.time() - t0:.0f} s",
               flush=True)
-        by_kind: dict[str, tuple[list, list]] = {}
-        everything: tuple[list, list] = ([], [])
+        by_kind: dict[str, tuple[list, list, list]] = {}
+        everything: tuple[list, list, list] = ([], [], [])
         tr.model.eval()
         for seq in seqs:
             batch = collate([seq], tr.chat)
-            with torch.no_grad():
+            with torch.no_grad(), tr.update.autocast():  # scored as the update scores (bf16: under autocast)
                 lp, _ = token_logprobs(tr.model, batch, args.temperature)
             mask = batch["loss_mask"][0, 1:] > 0
             trainer = lp[0][mask].double()
             behaviour = batch["behaviour_logp"][0, 1:][mask].double()
             diff = (trainer - behaviour).abs().tolist()
             weight = torch.exp(trainer - behaviour).tolist()
-            for bucket in (by_kind.setdefault(kind_of(seq), ([], [])), everything):
+            sums = mismatch_sums((trainer - behaviour)[None].float(), torch.ones(1, len(trainer)), args.threshold)
+            for bucket in (by_kind.setdefault(kind_of(seq), ([], [], [])), everything):
                 bucket[0].extend(diff)
                 bucket[1].extend(weight)
-        rows = {k: stats(d, w, args.cap) for k, (d, w) in sorted(by_kind.items())}
-        rows["all"] = stats(*everything, args.cap)
-        print(f"\nSGLang 0.5.23 (CPU, float32) vs transformers, {Path(model).name}, τ = {args.temperature}; weight = "
-              f"π_train / π_behav per sampled token, cap {args.cap:g}\n")
+                bucket[2].append(sums)
+        rows = {k: stats(d, w, args.cap, m) for k, (d, w, m) in sorted(by_kind.items())}
+        rows["all"] = stats(*everything[:2], args.cap, everything[2])
+        print(f"\nSGLang 0.5.23 (CPU, {args.dtype}) vs transformers ({args.dtype}), {Path(model).name}, "
+              f"τ = {args.temperature}; weight = π_train / π_behav per sampled token, cap {args.cap:g}\n")
         print("| turns | tokens | max | mean | p99 | weight > cap | weight < 1/cap | mean weight |")
         print("|---|---|---|---|---|---|---|---|")
         for k, r in rows.items():
             print(f"| {k} | {r['tokens']} | {r['max']:.2e} | {r['mean']:.2e} | {r['p99']:.2e} | "
                   f"{100 * r['capped']:.2f}% | {100 * r['below_1_over_cap']:.2f}% | {r['mean_weight']:.4f} |")
+        print(f"\nThe trainer's mismatch/* metrics on these tokens (threshold C = {args.threshold:g})\n")
+        print("| turns | KL k1 | KL k3 | χ² | past C or 1/C | PPL ratio (train / rollout) |")
+        print("|---|---|---|---|---|---|")
+        for k, r in rows.items():
+            print(f"| {k} | {r['kl_k1']:.2e} | {r['kl_k3']:.2e} | {r['chi2']:.2e} | {100 * r['past_threshold']:.3f}% | "
+                  f"{r['ppl_ratio']:.6f} |")
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     finally:

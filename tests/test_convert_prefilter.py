@@ -6,6 +6,7 @@ import sys
 import torch
 
 from paravt_agent.agent import Agent
+from paravt_agent.policy.base import text_of
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.protocol import parse_tool_calls
 from paravt_train.data import RLSample, load_rl, load_sft, write_parquet
@@ -131,3 +132,45 @@ def test_rl_validation(tmp_path):
     assert [r for r, _ in bad] == [0, 1] and "not a span" in bad[0][1] and "needs options" in bad[1][1]
     assert ok[0].answer_value == [3.0, 5.0]
     assert RLSample.model_validate({**rows[2], "answer": [3, 5]}).answer == "[3, 5]"
+
+
+def test_prefilter_takes_the_runs_protocol_and_reward(media, tmp_path, json_server):
+    """`paravt-train prefilter --config grpo.yaml` rolls out with the run's agent protocol and scores with its
+    method's reward: the same rollouts (all right, half of them reasoning in <think>) differ under vanilla GRPO's
+    format reward (the prompt trains) and are alike under Weaver's, which scores the answer tags alone (dropped)."""
+    import itertools
+
+    from typer.testing import CliRunner
+
+    from paravt_train.cli import app
+
+    flip = itertools.count()
+
+    def reply(path, body):
+        text = ("<think>\nthe screen shows red all along</think><answer>A</answer>" if next(flip) % 2 else
+                "<answer>A</answer>")
+        return 200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": text}}],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+    server = json_server(reply)
+    write_parquet([rl_rows(media["video"])[0]], tmp_path / "rl.parquet")
+    out, systems = {}, {}
+    for method in ("vanilla-grpo", "weaver"):
+        cfg = tmp_path / f"{method}.yaml"
+        cfg.write_text(f"method: {method}\nmodel: m\ngroup_size: 4\n")
+        before = len(server.bodies)
+        res = CliRunner().invoke(app, ["prefilter", str(tmp_path / "rl.parquet"), str(tmp_path / f"{method}.parquet"),
+                                       "--config", str(cfg), "--backend", "openai", "--endpoint", server.url + "/v1",
+                                       "--set", "agent.think_prefix=''"])
+        assert res.exit_code == 0, res.output
+        bodies = server.bodies[before:]
+        assert len(bodies) == 4  # G = 4 from the config
+        systems[method] = {text_of(b["messages"][0]["content"]) for b in bodies}
+        out[method] = res.output
+    assert "kept 1 of 1" in out["vanilla-grpo"]
+    assert "kept 0 of 1" in out["weaver"] and "all 4 rollouts scored alike (right)" in out["weaver"]
+    assert systems["vanilla-grpo"] != systems["weaver"]  # each run's own protocol
+    assert all("spatial_grounding" in s for s in systems["weaver"])  # Weaver's tools
+    assert not any("spatial_grounding" in s for s in systems["vanilla-grpo"])

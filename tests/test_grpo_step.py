@@ -55,7 +55,17 @@ def test_rollouts_of_an_older_version_are_corrected_not_trained_as_on_policy(rol
     assert all(b.token_weights is not None and b.behaviour is not None for b in stale)
     w = torch.cat([b.token_weights[b.mask > 0] for b in stale])
     assert float(w.mean()) == pytest.approx(float(torch.exp(torch.tensor(0.3))), rel=0.05)  # ≈ e^0.3, not 1
-    assert all(b.token_weights is None for b in fresh)
+    # rows of the current version: the rollout correction (default TIS at 2: e^0.3 passes whole), not decoupled PPO
+    assert all(b.behaviour is None for b in fresh)
+    wf = torch.cat([b.token_weights[b.mask > 0] for b in fresh])
+    assert float(wf.mean()) == pytest.approx(float(torch.exp(torch.tensor(0.3))), rel=0.05)
+    cfg = tr.update.cfg
+    tr.update.cfg = cfg.model_copy(update={"rollout_correction": "off"})
+    try:
+        assert all(b.token_weights is None for b in tr.update.plan([UpdateItem(sequence=s, advantage=1.0)
+                                                                    for s in old])[0])
+    finally:
+        tr.update.cfg = cfg
     # the trainer marks them by the versions the server reported
     tr.step = 1
     for e in eps:

@@ -2,6 +2,8 @@
 R_tool), its turns trained with its own advantage, one shared policy through ``paravt-train grpo`` and several
 policies each with its own trainer and weights."""
 
+import dataclasses
+import itertools
 import json
 import shutil
 
@@ -45,7 +47,7 @@ def test_each_agent_is_scored_on_its_own_answer_format_and_collaboration(red_vid
                         task="tvg")
     settings = RolloutSettings(group=2, reward=RewardConfig(reward_bias=0.0), seed=0)
     eps = agent.run(run_group(agent, PromptCache(agent), prompt, settings, eos_id=0))
-    assert [e.agent for e in eps] == ["scout", "checker", "team"] * 2
+    assert [e.agent for e in eps] == ["scout", "checker", "synthesizer"] * 2
     assert len({e.id for e in eps}) == 6 and all(e.failed is None for e in eps)
     scout, checker, team = eps[:3]
     assert team.reward.acc == pytest.approx(1.0)  # the synthesizer's answer (no consensus: 2 agents disagree)
@@ -71,6 +73,78 @@ def test_each_agents_turns_get_its_own_advantage():
     assert adv["checker"] == pytest.approx([-1.4142, 0.7071, 0.7071], abs=1e-3)
     alike = [E("scout", 1.0), E("scout", 1.0), E("checker", 0.0), E("checker", 1.0)]
     assert [e.advantage for e in episode_advantages(alike) if e.agent == "scout"] == [0.0, 0.0]
+
+
+class TokenScript(ScriptedPolicy):
+    """The scripted policy with token ids and logprobs (what RL assembles into sequences)."""
+
+    async def generate(self, messages, sampling, prefix="", continuation=None, role="planner"):
+        g = await super().generate(messages, sampling, prefix, continuation, role)
+        ids = [10 + ord(c) % 50 for c in g.text[:6]] or [10]
+        return dataclasses.replace(g, prompt_ids=[1, 2, 3], prefix_ids=[], output_ids=ids, logprobs=[-0.5] * len(ids))
+
+
+def test_the_team_is_credited_by_what_it_decided(red_video):
+    """VideoChat-M1's team call: with a consensus the vote is the answer and the reason summary is not trained; without
+    one the synthesizer's answer is the team's, and its advantage is taken over the synthesizer episodes alone (never
+    mixed with the summaries' rewards, which come from the easier, agreeing rollouts)."""
+    answers, synth = itertools.count(), itertools.count()
+
+    def team_script(role, msgs):
+        system = text_of(msgs[0]["content"])
+        if role == "planner":
+            if "agreed on the final answer" in system:  # the reason summary over the consensus
+                return "the scout and the checker both saw red"
+            right = next(synth) == 0  # the first synthesizer answers right, the second wrong
+            return f"<think>\nfrom memory</think><answer>{'[17, 20]' if right else '[30, 35]'}</answer>"
+        if role == "subagent":
+            return "red at 17"
+        name = role.split(":")[1]
+        if "strategic planning" in system:
+            return "<think>\nok</think>continue()"
+        if "plan is done" in system:  # the checker agrees with the scout in the first two rollouts only
+            return "<answer>[17, 20]</answer>" if name == "scout" or next(answers) < 2 else "<answer>[30, 35]</answer>"
+        return f"<think>\nlook</think>{crop(10, 20)}"
+
+    cfg = AgentConfig(mode="collaborative", collab={"agents": [{"name": "scout"}, {"name": "checker"}]})
+    agent = Agent(policy=TokenScript(team_script), config=cfg)
+    prompt = PromptItem(id="q", video=red_video, question="When is the screen red?", options=None, answer=[17, 20],
+                        task="tvg")
+    settings = RolloutSettings(group=4, reward=RewardConfig(reward_bias=0.0), seed=0)
+    eps = agent.run(run_group(agent, PromptCache(agent), prompt, settings, eos_id=0))
+    team = {role: [e for e in eps if e.agent == role] for role in ("summary", "synthesizer")}
+    assert len(team["summary"]) == 2 and len(team["synthesizer"]) == 2 and len(eps) == 12
+    for e in team["summary"]:  # the summary was generated (a planner record with tokens) but is not trained
+        assert e.answer.trace.turns[-1].consensus == ["scout", "checker"] and e.reward.acc == pytest.approx(1.0)
+        assert any(r.role == "planner" and r.generation.output_ids for r in e.answer.records)
+        assert e.sequences == []
+    for e in team["synthesizer"]:
+        assert [s.role for s in e.sequences] == ["planner"] and e.answer.trace.turns[-1].consensus == []
+    assert sorted(e.reward.acc for e in team["synthesizer"]) == [0.0, 1.0]
+    trained = episode_advantages(eps)
+    synth_adv = sorted(e.advantage for e in trained if e.agent == "synthesizer")
+    assert synth_adv == pytest.approx([-1.0, 1.0], abs=1e-4)  # over the two synthesizers alone
+    assert all(e.advantage == 0.0 for e in trained if e.agent == "summary")  # alike (both right), and nothing trains
+
+
+def test_the_videochat_m1_method_trains_with_agent_dropout(tmp_path):
+    """The method turns agent dropout on in its rollouts (the supplement trains with it; the rate is ours), and a
+    run's own agent settings turn it off."""
+    from paravt_agent.graph.cpp import dropped_agents
+    from paravt_train.methods import VIDEOCHAT_M1_DROPOUT
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
+
+    cfg = GRPOConfig(model=str(tmp_path / "m"), method="videochat-m1")
+    rollout = GRPOTrainer(cfg).agent_config()
+    assert rollout.collab.dropout == VIDEOCHAT_M1_DROPOUT == 0.25 and rollout.collab.agent_sampling.temperature == 1
+    dropped = [dropped_agents({"seed": seed}, rollout.collab) for seed in range(200)]
+    share = sum(len(d) for d in dropped) / (200 * len(rollout.collab.agents))
+    assert 0.18 < share < 0.32  # each of the four agents dropped about a quarter of the episodes
+    assert not any(dropped_agents({"seed": s}, GRPOTrainer(cfg).eval_agent_config().collab) for s in range(50))
+    off = GRPOConfig(model=str(tmp_path / "m"), method="videochat-m1", agent={"collab": {"dropout": 0.0}})
+    assert GRPOTrainer(off).agent_config().collab.dropout == 0.0
+    assert GRPOTrainer(GRPOConfig(model=str(tmp_path / "m"), method="weaver")).agent_config().collab.dropout == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +193,7 @@ def test_a_marl_step_trains_each_agent_with_its_own_advantage(modes_dir, toy_rl,
         cfg.data, cfg.video_root))
     groups = tr.rollout(prompts)
     (group,) = groups
-    assert sorted({e.agent for e in group}) == ["checker", "scout", "team"] and len(group) == 6
+    assert {e.agent for e in group} - {"checker", "scout"} <= {"summary", "synthesizer"} and len(group) == 6
     trained = tr.advantages(group)
     for who in ("scout", "checker"):
         mine = [e for e in trained if e.agent == who]
@@ -127,7 +201,7 @@ def test_a_marl_step_trains_each_agent_with_its_own_advantage(modes_dir, toy_rl,
         assert all(s.role == f"agent:{who}" or s.index == ("scout", "checker").index(who) for e in mine
                    for s in e.sequences)
         assert all(s.episode.endswith(f".{who}") for e in mine for s in e.sequences)
-    assert any(e.advantage for e in trained if e.agent != "team")  # the agents' rewards differed
+    assert any(e.advantage for e in trained if e.agent in ("scout", "checker"))  # the agents' rewards differed
     rec = tr.learn(groups, groups, prompts, {})
     assert rec["failed_episodes"] == 0 and rec["episodes"] == 6 and rec["logprob_mismatch"] < 1e-3
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
@@ -158,9 +232,10 @@ def test_several_policies_each_train_their_own_agents(modes_dir, toy_rl, tmp_pat
 
     prompts = marl.trainers["a"].prompts_for(0, prompts_from_rl(cfgs["a"].data, cfgs["a"].video_root))
     groups = marl.rollout(prompts)
-    checker_records = [r for e in groups[0] if e.agent == "team" for r in e.answer.records if r.role == "agent:checker"]
+    checker_records = [r for e in groups[0] if e.agent in ("summary", "synthesizer") for r in e.answer.records
+                       if r.role == "agent:checker"]
     assert checker_records and not any(r.trainable for r in checker_records)  # another model's calls, for A
-    assert all(s.role != "agent:checker" for e in groups[0] if e.agent in ("scout", "team") for s in e.sequences)
+    assert all(s.role != "agent:checker" for e in groups[0] if e.agent != "checker" for s in e.sequences)
     stats = {name: tr.learn([[e for e in g if e.agent in marl.agents_of(name)] for g in groups],
                             [[e for e in g if e.agent in marl.agents_of(name)] for g in groups], prompts, {})
              for name, tr in marl.trainers.items()}

@@ -109,17 +109,214 @@ def test_the_learner_skips_what_it_cannot_train_on_and_limits_each_user(tmp_path
 
 
 def test_the_gate_is_a_paired_non_inferiority_test():
-    g = GateSettings(enabled=True, eval_set="x", margin=0.05, confidence=0.9)
+    g = GateSettings(enabled=True, eval_set="x")  # margin unset: the smallest 40 questions support
     served = [1.0] * 20 + [0.0] * 20
     assert decide(list(served), served, g, "in-process").promote  # the same answers
     better = [1.0] * 30 + [0.0] * 10
     assert decide(better, served, g, "in-process").promote
-    worse = [1.0] * 12 + [0.0] * 28  # 8 of 20 right answers lost
+    worse = [1.0] * 8 + [0.0] * 32  # 12 of 20 right answers lost
     res = decide(worse, served, g, "in-process")
-    assert not res.promote and res.diff == pytest.approx(-0.2) and res.lower < -0.05 and res.n == 40
-    noisy = [0.0] + [1.0] * 19 + [0.0] * 20  # one answer lost: within the margin? the bound says no at 40 questions
-    assert decide(noisy, served, g.model_copy(update={"margin": 0.1}), "in-process").promote
-    assert decide([None, *served[1:]], served, g, "in-process").n == 39  # a failed item leaves its pair out
+    assert not res.promote and res.diff == pytest.approx(-0.3) and res.lower < -res.margin and res.n == 40
+    assert res.test == "score (Tango)"
+    f1 = [0.5 + 0.01 * i for i in range(40)]
+    res = decide([x - 0.02 for x in f1], f1, g, "in-process")  # F1: the paired t-test; a small loss passes
+    assert res.promote and res.test == "paired t"
+
+
+def test_a_candidates_runtime_failures_count_against_it():
+    """A candidate that fails half the questions in the runtime (``None``) and ties the rest is refused: its failures
+    score 0 (they were left out of the pairs, and it passed)."""
+    g = GateSettings(enabled=True, eval_set="x")
+    served = [1.0] * 14 + [0.0] * 6
+    candidate = [None] * 10 + [1.0] * 4 + [0.0] * 6
+    res = decide(candidate, served, g, "in-process")
+    assert not res.promote and res.n == 20 and res.failed == 10 and res.diff == pytest.approx(-0.5)
+
+
+def test_the_gate_refuses_to_start_below_the_margin_its_questions_can_detect():
+    from paravt_train.online.gate import GateSizeError, detectable_margin, gate_margin, questions_needed
+
+    g = GateSettings(enabled=True, eval_set="x", margin=0.05)
+    with pytest.raises(GateSizeError, match=r"needs (\d+) questions") as err:
+        gate_margin(100, g, binary=True)
+    need = questions_needed(0.05, g.confidence, g.power, g.discordance)
+    assert f"needs {need} questions" in str(err.value) and 500 < need < 2000
+    assert gate_margin(need, g, binary=True) == 0.05  # enough questions: the operator's margin
+    auto = g.model_copy(update={"margin": None})
+    assert gate_margin(100, auto, binary=True) == pytest.approx(detectable_margin(100, 0.9, 0.85, 0.3))
+    with pytest.raises(GateSizeError, match="at least 20"):
+        gate_margin(6, auto, binary=True)
+
+
+def test_the_gate_meets_its_stated_error_rates():
+    """At the defaults on 100 binary questions, versions disagreeing on 30 % of them (the planned discordance): an
+    equally good candidate is refused at most 20 % of the time, one 2 × margin worse promoted at most 10 %
+    (seeded simulation; perf/bench_online_decisions.py runs the full grid)."""
+    import random
+
+    g = GateSettings(enabled=True, eval_set="x")
+    rng = random.Random(0)
+
+    def version(flip, worse=0.0):  # sure right, sure wrong, or a coin flip per question
+        return [1.0 if k == 0 else 0.0 if k == 1 else float(rng.random() < 0.5 - worse) for k in flip]
+
+    refused = promoted = 0
+    trials = 300
+    for _ in range(trials):
+        q = rng.choices([0, 1, 2], weights=[0.3, 0.1, 0.6], k=100)
+        served = version(q)
+        margin = decide(served, served, g, "sim").margin
+        refused += not decide(version(q), served, g, "sim").promote
+        promoted += decide(version(q, 2 * margin / 0.6), served, g, "sim").promote
+    assert refused / trials <= 0.2 and promoted / trials <= 0.1, (refused, promoted)
+
+
+def test_losses_cannot_creep_past_the_starting_version():
+    """Each candidate a little worse than the one before: against the served version alone this one passes; the
+    comparison with the starting version stops it."""
+    g = GateSettings(enabled=True, eval_set="x")
+    start = [1.0] * 150 + [0.0] * 50
+    served = [1.0] * 138 + [0.0] * 62  # passed its own gate against the start
+    candidate = [1.0] * 126 + [0.0] * 74
+    assert decide(served, start, g, "in-process").promote
+    assert decide(candidate, served, g, "in-process").promote  # a small step from the served version
+    res = decide(candidate, served, g, "in-process", start=start, start_id="v0")
+    assert not res.promote and res.start["id"] == "v0" and res.start["lower"] < -res.margin < res.lower
+
+
+def _stub_promotion(tmp_path, online=None):
+    """A Promotion over a real registry, without a trainer (its state is a dict)."""
+    from types import SimpleNamespace
+
+    from paravt_train.online.promotion import Promotion
+    from paravt_train.online.versions import VersionRegistry
+
+    cfg = GRPOConfig(model="m", output_dir=str(tmp_path), online=online or {})
+    trainer = SimpleNamespace(extra_state={}, rank=0, world=1, out=tmp_path)
+    return Promotion(trainer, VersionRegistry(tmp_path / "versions"), cfg, log=lambda *_: None)
+
+
+def test_missing_or_stale_served_scores_are_taken_again(tmp_path):
+    """The served version has no stored scores (the gate turned on later, an operator's promote) or scores of
+    another pinned set: they are taken again from its weights and stored with the set's hash — not an error."""
+    from paravt_train.data import PromptItem
+    from paravt_train.online.gate import pinned_hash
+
+    gate = {"enabled": True, "eval_set": "pinned.parquet"}
+    p = _stub_promotion(tmp_path, {"gate": gate})
+    prompts = [PromptItem(id=f"q{i}", video=f"v{i}.mp4", question="Which colour?", options=["A. red", "B. blue"],
+                          answer="A", task="mcq") for i in range(20)]
+    p._pool = lambda: (prompts, [])
+    scored = []
+    p._scores = lambda path, prompts_=None: scored.append(str(path)) or [1.0] * len(prompts_)
+    reg = p.registry
+    reg.add("v0", 0, tmp_path / "v0", "candidate")  # no gate record
+    reg.add("v1", 1, tmp_path / "v1", "candidate", gate={"scores": [0.0] * 20, "pinned": "another set"})
+    h = pinned_hash(prompts)
+    reg.add("v2", 2, tmp_path / "v2", "candidate", gate={"scores": [0.0] * 20, "pinned": h})
+    assert p.reference_scores(reg.get("v0")) == [1.0] * 20
+    assert p.reference_scores(reg.get("v1")) == [1.0] * 20
+    assert p.reference_scores(reg.get("v2")) == [0.0] * 20  # current: kept
+    assert scored == [str(tmp_path / "v0"), str(tmp_path / "v1")]
+    assert reg.get("v0")["gate"]["pinned"] == h and reg.get("v1")["gate"]["scores"] == [1.0] * 20
+
+
+def _labels(**users) -> dict:
+    """Live counts ``{user: [sum, sum of squares, labels]}`` from ``user=(right, labels)`` (binary scores)."""
+    return {u: [float(a), float(a), n] for u, (a, n) in users.items()}
+
+
+def test_one_user_cannot_force_a_rollback():
+    from paravt_train.online.config import RollbackSettings
+    from paravt_train.online.promotion import rollback_decision
+
+    r = RollbackSettings()
+    before = _labels(a=(8, 10), b=(8, 10), c=(8, 10), d=(8, 10))  # 0.8
+    honest = dict(a=(8, 10), b=(8, 10), c=(8, 10), d=(8, 10))
+    # mallory labels every answer of the served version wrong: capped or not, the decision must not hang on her
+    attacked = rollback_decision(_labels(**honest, mallory=(0, 40)), before, r)
+    assert attacked.tested and attacked.z > attacked.critical and not attacked.rollback
+    assert "mallory" in attacked.why
+    assert not rollback_decision(_labels(mallory=(0, 60)), before, r).tested  # one user is no quorum
+    worse = rollback_decision(_labels(a=(3, 10), b=(3, 10), c=(4, 10), d=(3, 10)), before, r)
+    assert worse.rollback  # every user sees it
+
+
+def test_rollbacks_are_rare_for_an_equally_good_version():
+    """Checked after every 4 labels, the planned looks keep false rollbacks at most alpha (0.05)."""
+    import random
+
+    from paravt_train.online.config import RollbackSettings
+    from paravt_train.online.promotion import rollback_look
+
+    r = RollbackSettings()
+    rng = random.Random(0)
+    rolled = 0
+    trials = 300
+    for _ in range(trials):
+        before: dict = {}
+        for _ in range(200):
+            c = before.setdefault(f"u{rng.randrange(20)}", [0.0, 0.0, 0])
+            s = float(rng.random() < 0.6)
+            if c[2] < r.max_labels_per_user:
+                c[0], c[1], c[2] = c[0] + s, c[1] + s, c[2] + 1
+        cur: dict = {}
+        looks = 0
+        for i in range(200):
+            c = cur.setdefault(f"u{rng.randrange(20)}", [0.0, 0.0, 0])
+            s = float(rng.random() < 0.6)
+            if c[2] < r.max_labels_per_user:
+                c[0], c[1], c[2] = c[0] + s, c[1] + s, c[2] + 1
+            if i % 4 == 3:
+                looks, chk = rollback_look(cur, before, looks, r)
+                if chk is not None and chk.rollback:
+                    rolled += 1
+                    break
+    assert rolled / trials <= 0.05, rolled
+
+
+def test_after_a_rollback_the_next_version_is_compared_with_the_one_served_before_it(tmp_path):
+    """v2 was rolled back to v1; v3 (live 0.65) is compared with v1 (0.80), not with the rolled-back v2 (0.60)."""
+    import time as _time
+
+    p = _stub_promotion(tmp_path, {"rollback": {"min_rows": 20, "looks": 1}})
+    reg = p.registry
+    for k in range(4):
+        reg.add(f"v{k}", k, tmp_path / f"v{k}", "candidate")
+    for vid, why in (("v0", "start"), ("v1", "promoted"), ("v2", "promoted"), ("v1", "rollback: v2 worse"),
+                     ("v3", "promoted")):
+        reg.set_serving(vid, reason=why)
+        _time.sleep(0.01)
+    assert reg.served_before("v3")["id"] == "v1" and reg.served_before("v1") is None
+    live = p.state["live"]
+    live["v1"] = _labels(a=(8, 10), b=(8, 10), c=(8, 10), d=(8, 10))
+    live["v2"] = _labels(a=(6, 10), b=(6, 10), c=(6, 10), d=(6, 10))
+    live["v3"] = _labels(a=(5, 10), b=(5, 10), c=(5, 10), d=(5, 10), e=(6, 10), f=(6, 10))
+    back = []
+    p.rollback_to = lambda version, why: back.append((version["id"], why)) or version["id"]
+    assert p.check_rollback() == "v1" and "below v1's 0.80" in back[0][1]
+    assert p.check_rollback() is None  # its one look is used up
+
+
+def test_live_labels_count_after_the_per_user_limits_in_the_gates_units(tmp_path, toy_policy_dir, toy_rl):
+    """A user's rows over ``max_rows_per_user`` are no labels either, one user's labels per version are capped, and
+    a label scores the answer with the gate's metric (F1 for an open-ended answer, not ≥ 0.5 → 1)."""
+    store = TrajectoryStore(tmp_path / "t.db")
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(tmp_path / "o"), video_root=toy_rl["video_root"],
+                     online={"max_rows_per_user": 12, "rollback": {"max_labels_per_user": 10}})
+    learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+    learner.trainer.setup()
+    learner.registry.add("v0", 0, toy_policy_dir, "candidate")
+    learner.registry.set_serving("v0", reason="start")
+    video = toy_rl["worlds"][0].video
+    for i in range(20):
+        t = Trace(video=video, question="What colour is the car?", response="<answer>blue car</answer>")
+        store.add(t)
+        store.feedback(t.id, answer="blue" if i else "blue car", user="mallory" if i else "alice")
+    learner.poll()
+    live = learner.state["live"]["v0"]
+    assert live["mallory"][2] == 10 and live["alice"] == [1.0, 1.0, 1]
+    assert live["mallory"][0] == pytest.approx(10 * 2 / 3)  # token F1 of "blue car" against "blue"
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +325,19 @@ def learnable(tmp_path_factory):
     blue = build(d, majority="blue", minority="red")
     red = build(d, majority="red", minority="blue", base=blue["base"])
     return {"dir": d, "blue": blue["sft"], "red": red["sft"]}
+
+
+def _gate_set(learnable) -> str:
+    """The gate's pinned set: the held-out videos' questions five times over (20 questions, the fewest the gate's
+    tests accept; greedy answers repeat, so this set is as informative as 4 questions with a 4× weight)."""
+    from paravt_train.data import write_parquet
+    from tests.learnable import HELD, rl_rows
+
+    path = learnable["dir"] / "gate20.parquet"
+    if not path.is_file():
+        rows = [{**row, "id": f"{row['id']}-{k}"} for k in range(5) for row in rl_rows(HELD)]
+        write_parquet(rows, path)
+    return str(path)
 
 
 def _served(learnable, tmp_path, model, feedback: list[tuple[str, str]]) -> Path:
@@ -182,7 +392,7 @@ def test_a_gate_keeps_poisoned_candidates_off_the_server(learnable, tmp_path):
     before = _accuracy(start, learnable)
     assert before >= 0.75
     stream = [("alice", "red") if i % 3 == 0 else (f"mallory{i % 3}", "blue") for i in range(48)]
-    gate = {"enabled": True, "eval_set": str(d / "held.parquet"), "video_root": str(d), "margin": 0.1}
+    gate = {"enabled": True, "eval_set": _gate_set(learnable), "video_root": str(d)}  # margin: what 20 can hold
     gated = _learn(learnable, tmp_path / "gated", start, stream, 16, gate=gate, rollback={"enabled": False})
     open_ = _learn(learnable, tmp_path / "open", start, stream, 16)
     versions = gated.registry.versions()
@@ -215,10 +425,12 @@ def test_automatic_rollback_on_live_feedback(learnable, tmp_path):
     reg = learner.registry
     assert reg.serving()["id"] == "v1"
     live = learner.state["live"]
-    live["v0"], live["v1"] = [18, 20], [5, 20]  # the labels of each version's own answers
+    # the labels of each version's own answers, by user (four users, ten labels each)
+    live["v0"] = _labels(a=(9, 10), b=(9, 10), c=(9, 10), d=(9, 10))
+    live["v1"] = _labels(a=(2, 10), b=(3, 10), c=(2, 10), d=(3, 10))
     assert learner.promotion.check_rollback() == "v0"
     assert reg.serving()["id"] == "v0" and reg.get("v1")["status"] == "rolled-back"
-    assert "live accuracy of v1 0.25" in reg.serving()["reason"]
+    assert "live score of v1 0.25" in reg.serving()["reason"]
     assert json.loads((Path(learner.cfg.output_dir) / "online_events.jsonl").read_text().splitlines()[-1])[
         "event"] == "rolled-back"
 
@@ -256,7 +468,7 @@ def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
     srv = json_server(lambda path, body: (200, {"success": True, "workers": []} if path == "/workers"
                                           else {"success": True}))
     stream = [(f"u{i % 3}", "red") for i in range(6)]
-    gate = {"enabled": True, "eval_set": str(d / "held.parquet"), "video_root": str(d), "margin": 0.5}
+    gate = {"enabled": True, "eval_set": _gate_set(learnable), "video_root": str(d), "margin": 0.5}
     cfg = GRPOConfig(model=learnable["blue"], output_dir=str(tmp_path / "learner"), video_root=str(d),
                      prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=100,
                      concurrency=3, seed=0, gating=False, resume=False, lora={"enabled": True, "r": 4, "alpha": 8},
@@ -281,8 +493,10 @@ def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
         assert sum(f.stat().st_size for f in files) < 0.1 * model_bytes
         assert "candidate" in v["gate"]
     push_version(cfg, versions[-1])  # the adapter onto a server, by name
-    assert srv.paths[-2:] == ["/unload_lora_adapter", "/load_lora_adapter"] and "/pause_generation" not in srv.paths
-    load = srv.bodies[-1]
+    assert srv.paths[-3:] == ["/unload_lora_adapter", "/load_lora_adapter", "/update_weight_version"]
+    assert "/pause_generation" not in srv.paths and srv.bodies[-1] == {
+        "new_version": versions[-1]["weight_version"], "abort_all_requests": False}  # the version, nothing aborted
+    load = srv.bodies[-2]
     # the server loads the name from one link, switched to each version before the swap
     link = Path(versions[-1]["path"]).resolve().parent / ".served-paravt"
     assert load["lora_name"] == "paravt" and load["lora_path"] == str(link)

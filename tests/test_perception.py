@@ -506,3 +506,92 @@ def test_weavers_reward_is_configurable_and_frozen_tools():
     assert got == pytest.approx({"tool, right": 1.0, "tool, wrong": 0.2, "no tool, right": 0.9,
                                  "tool failed, right": 0.9, "no answer tags": 0.7})
     assert r.max_format == 1.0 and r.min_total == 0.0
+
+
+@pytest.mark.parametrize("kl_coef", [1e-3, 0.0], ids=["kl-reference-reused", "own-copy"])
+def test_frozen_tools_answer_from_the_starting_weights_after_an_update(tiny_model, tmp_path, kl_coef):
+    """Weaver's frozen tools are frozen models: under ``tool_model_calls: freeze`` the model-backed tools ask the
+    starting weights (the KL reference when the run has one, else their own copy), so one real optimizer step at a
+    high learning rate changes the policy's greedy answer and leaves the tool's answer as it was; its calls are
+    never the trained policy's."""
+    import dataclasses
+
+    import torch
+
+    from paravt_agent.graph.runtime import ToolSession
+    from paravt_agent.types import Sampling
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
+
+    cfg = GRPOConfig(model=tiny_model, method="weaver", output_dir=str(tmp_path / "run"), kl_coef=kl_coef, lr=0.03,
+                     seed=0, gating=False)
+    tr = GRPOTrainer(cfg, progress=False)
+    tr.setup()
+    assert tr.agent.tool_policy is not None and not tr.agent.tool_policy.generates_with(tr.model)
+    assert (tr.agent.tool_policy.model is tr.ref) == (kl_coef > 0)
+    greedy = Sampling(temperature=0.0, max_new_tokens=8)
+    ctx = tr.agent.context()
+    ctx = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"tool_sampling": greedy}))
+    question = [{"role": "user", "content": "When is the screen red? Answer with a span of seconds."}]
+
+    def answers():
+        async def both():
+            session = ToolSession(ctx, "temporal_grounding", turn=0, index=0, seed=None)
+            await session.ask(question)
+            (rec,) = session.records
+            tool = (rec.generation.output_ids, rec.generation.logprobs)
+            live = await tr.agent.policy.generate(question, greedy, role="planner")
+            return tool, live, session.records
+
+        tr.model.eval()
+        return tr.agent.run(both())
+
+    tool_before, live, recs = answers()
+    live_before = live.output_ids
+    assert not any(r.trainable for r in recs)  # recorded, never in the loss
+    assert tool_before[0] == live_before  # the same weights so far: the same greedy reply
+    tr.model.train()  # one real optimizer step on the live policy: towards a reply it did not write
+    other = next(t for t in (300, 600) if t not in live_before)
+    prompt = list(live.prompt_ids)
+    ids = torch.tensor([prompt + [other] * 4], device=tr.device)
+    labels = torch.tensor([[-100] * len(prompt) + [other] * 4], device=tr.device)
+    tr.model(input_ids=ids, labels=labels).loss.backward()
+    tr.optimizer.step()
+    tr.optimizer.zero_grad()
+    tool_after, live_after, _ = answers()
+    assert live_after.output_ids != live_before  # the update changed the policy's answer
+    assert tool_after == tool_before  # the tool's did not change, token for token and logprob for logprob
+
+
+def test_frozen_tools_on_a_server_ask_the_starting_weights_or_a_named_server(tiny_model, tmp_path):
+    """On a served policy: a LoRA run's tools ask the same server without the adapter (its base model is the
+    starting weights); full fine-tuning overwrites the served weights, so the run refuses until a second server is
+    named for the tools (tool_models) or the tools' calls train."""
+    from types import SimpleNamespace
+
+    from paravt_agent.errors import ConfigError
+    from paravt_agent.policy.registry import make_rollout_policy
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.frozen_tools import frozen_tool_policy, unnamed_model_tools
+
+    url = "http://127.0.0.1:9"  # nothing is asked: the choice is made before any request
+
+    def trainer(adapter, **kw):
+        cfg = GRPOConfig(model=tiny_model, method="weaver", backend="sglang", endpoint=url, **kw)
+        served = make_rollout_policy("sglang", tiny_model, url, lora=adapter)
+        agent = Agent(policy=served, config=AgentConfig(preset="weaver", **cfg.agent))
+        return SimpleNamespace(cfg=cfg, model=object(), ref=None, syncer=SimpleNamespace(adapter_name=adapter)), agent
+
+    tr, agent = trainer("policy", lora={"enabled": True}, weight_sync="lora")
+    tools = unnamed_model_tools(agent)
+    assert {"temporal_grounding", "frame_selection", "spatial_grounding"} <= set(tools)
+    frozen = frozen_tool_policy(tr, agent)
+    assert frozen.url == agent.policy.url == url and agent.policy.lora == "policy" and frozen.lora is None
+    tr, agent = trainer(None)
+    with pytest.raises(ConfigError, match="second server"):
+        frozen_tool_policy(tr, agent)
+    named = {t: {"backend": "sglang", "model": tiny_model, "endpoint": "http://127.0.0.1:30001"} for t in tools}
+    tr, agent = trainer(None, agent={"tool_models": named})
+    assert frozen_tool_policy(tr, agent) is None and not unnamed_model_tools(agent)
+    tr, agent = trainer(None, tool_model_calls="train")  # the tools' calls train: they ask the live policy
+    assert frozen_tool_policy(tr, agent) is None

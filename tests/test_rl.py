@@ -115,8 +115,15 @@ def test_one_update_changes_the_policy_and_logs(toy_policy_dir, toy_rl, tmp_path
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
         for key in ("reward", "f_tau", "kappa", "closure/think", "closure/answer", "accuracy", "kl", "clip_fraction",
-                    "entropy", "rollout_seconds", "update_seconds", "reward/acc", "reward/fmt", "reward/tool"):
+                    "entropy", "rollout_seconds", "update_seconds", "reward/acc", "reward/fmt", "reward/tool",
+                    "grad_norm_max", "mismatch/kl_k1", "mismatch/kl_k3", "mismatch/chi2", "mismatch/past_threshold",
+                    "mismatch/ppl_ratio", "mismatch/truncated"):
             assert key in r, key
+        for key in ("mismatch/kl_k3", "mismatch/chi2", "mismatch/ppl_ratio", "mismatch/past_threshold"):
+            record_property(f"{key}_step_{r['step']}", r[key])
+        # in-process rollouts: the engine is the trainer, so its distribution is the trainer's to the dtype's rounding
+        assert r["mismatch/kl_k3"] < tol["update"]
+        assert r["mismatch/past_threshold"] <= (0.0 if dtype == "float32" else 0.01)
         assert len(r["prompts"]) == 2 and 4 <= r["n_frames"] <= 64  # gated: n from {4, ..., 64} per prompt
         record_property(f"logprob_mismatch_step_{r['step']}", r["logprob_mismatch"])
         # the trainer scores what was sampled, as sampled (in-process rollouts run under the trainer's autocast)

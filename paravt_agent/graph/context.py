@@ -54,6 +54,9 @@ class AgentContext:
     #: policies of other models the config names (tools' ``tool_models``, collaborating agents'): the Agent's
     #: cache, so each is made once per agent (and closed by ``Agent.aclose``)
     others: dict = field(default_factory=dict, repr=False)
+    #: the model model-backed tools ask when the config names none for them (``tool_models``): RL's frozen tools,
+    #: the starting weights (:class:`~paravt_agent.agent.Agent`'s ``tool_policy``); None: ``policy``
+    tool_default: Policy | None = field(default=None, repr=False)
 
     def resolve(self) -> AgentContext:
         return self
@@ -78,9 +81,12 @@ class AgentContext:
         return known if known is not None else await asyncio.to_thread(self.policy_for, spec)
 
     async def tool_policy(self, tool: str) -> tuple[Policy, bool]:
-        """The model a model-backed tool asks, and whether its calls are the trained policy's."""
+        """The model a model-backed tool asks, and whether its calls are the trained policy's: the model the config
+        names for it, else the frozen tool model (``tool_default``), else the policy (the only trainable case)."""
         spec = self.config.tool_models.get(tool)
-        return (self.policy, True) if spec is None else (await self.apolicy_for(spec), False)
+        if spec is not None:
+            return await self.apolicy_for(spec), False
+        return (self.policy, True) if self.tool_default is None else (self.tool_default, False)
 
     def resolve_video(self, video: str) -> str:
         return self.video_resolver(video) if self.video_resolver is not None else video

@@ -12,6 +12,10 @@ The rollouts go through the same :class:`paravt_agent.Agent` that serves users a
 reward itself (R_acc + λ_fmt·R_fmt + R_tool, :func:`paravt_train.rewards.score`): alike means alike under what
 GRPO normalises. A rollout the runtime failed (a timeout, an endpoint error) is asked again once and otherwise
 left out of its group; a prompt left with fewer than two scorable rollouts is kept (nothing is known).
+
+Which protocol and reward: the run's (``paravt-train prefilter --config grpo.yaml``: the GRPO config's agent
+protocol and method, its reward, τ, G, rollout backend and judge), so a ``dapo``, ``weaver`` or ``vanilla-grpo``
+data set is filtered under the protocol and reward it will train with.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ def prefilter(
     video_root=None,
     progress: bool = True,
     reward: RewardConfig | None = None,
+    judge=None,
 ) -> tuple[list[RLSample], Counter]:
-    """``(kept samples, Counter of drop reasons)``. Without ``agent`` only the length rule runs."""
+    """``(kept samples, Counter of drop reasons)``. Without ``agent`` only the length rule runs. ``reward`` and
+    ``judge`` score the rollouts (default: the paper's reward, token F1), as the run that trains on them will."""
     reward = reward or RewardConfig()
     dropped: Counter = Counter()
     kept = []
@@ -65,11 +71,12 @@ def prefilter(
     out = []
     for k, s in enumerate(kept):
         rollouts = [a for a in answers[k * group: (k + 1) * group] if a.trace.scorable]
-        totals = [score(episode_transcript(a), s.answer_value, s.task, s.options, reward,
-                        question=s.question_text(), final=a.trace.response).total for a in rollouts]
+        # scored as the trainer scores a rollout (rl.rollout.run_group): the final response, the calls that worked
+        scores = [score(episode_transcript(a), s.answer_value, s.task, s.options, reward, judge, s.question_text(),
+                        a.trace.response, sum(1 for c in a.trace.all_calls() if not c.error)) for a in rollouts]
+        totals = [r.total for r in scores]
         if zero_variance(totals):
-            accs = {round(score(episode_transcript(a), s.answer_value, s.task, s.options, reward).acc, 6)
-                    for a in rollouts}
+            accs = {round(r.acc, 6) for r in scores}
             kind = "wrong" if accs == {0.0} else "right" if accs == {1.0} else "alike"
             dropped[f"all {len(totals)} rollouts scored alike ({kind})"] += 1
         else:

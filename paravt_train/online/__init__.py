@@ -18,11 +18,13 @@ The loop, top to bottom (:meth:`~paravt_train.online.learner.OnlineLearner.run`)
                     decoupled PPO's behaviour weight) → one PARA-GRPO update of the learner's weights
                     (GRPOTrainer.train_step, paravt_train.rl)
       promotion.py  every ``promote_every`` updates the candidate is exported and, with the gate on,
-        gate.py     evaluated on the pinned set against the served version (a paired non-inferiority test):
+        gate.py     evaluated on the pinned set against the served and the starting version (paired
+                    non-inferiority tests, sized: a margin its questions cannot hold is refused at start):
         versions.py promoted (pushed: pause → update → continue; recorded as a version) or kept aside (refused;
                     the learner reverts to the served weights or goes on, ``on_refuse``)
-      promotion.py  live accuracy: when the served version's accuracy on the feedback about its own answers falls
-                    below the previous version's by ``rollback.margin``, the previous version goes back
+      promotion.py  live score: at planned label counts, when the served version's score on the feedback about its
+                    own answers (per-user capped, several users, robust to any one) is significantly below the
+                    version served before it, that version goes back
       learner.py    every ``save_every`` updates: one atomic checkpoint of the weights, the optimizer, the cursor,
                     the queue and the live counts; ``online_state.json`` after every update
     cli.py        ``paravt-train online`` runs it; ``online versions | promote V | rollback [V] | status`` act on the

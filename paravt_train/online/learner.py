@@ -19,12 +19,14 @@ from paravt_agent.store import TrajectoryStore
 from paravt_agent.video.fetch import local_video
 from paravt_train.data.records import PromptItem
 from paravt_train.infra.interrupt import GracefulStop
-from paravt_train.online.promotion import Promotion, online_state
+from paravt_train.online.promotion import OPERATOR, Promotion, live_counts, online_state
 from paravt_train.online.versions import VersionRegistry
 from paravt_train.rewards import accuracy_reward
 from paravt_train.rl.async_loop import require_served_policy
 from paravt_train.rl.config import GRPOConfig
 from paravt_train.rl.trainer import GRPOTrainer
+from paravt_train.sync import expand_routers, server_keys
+from paravt_train.sync.lease import journal_to, unfinished_push
 
 __all__ = ["OnlineLearner", "check_row", "prompt_from_feedback"]
 
@@ -94,8 +96,8 @@ class OnlineLearner:
 
     def poll(self) -> int:
         """Queue the prompts of feedback newer than the cursor (each row checked, its skip reason counted);
-        count each labelled row for the live accuracy of the version that served its trace. Returns how many
-        prompts were queued."""
+        count each labelled row within its user's limits for the live score of the version that served its trace
+        (:meth:`_count_live`). Returns how many prompts were queued."""
         st = self.state
         added = 0
         for row in self.store.feedback_since(st["cursor"]):
@@ -115,13 +117,13 @@ class OnlineLearner:
             if first != answer:
                 self._skip(row, f"conflicts with earlier feedback ({first!r} vs {answer!r})")
                 continue
-            self._count_live(trace, answer)
             # a row without a user was written by the operator's own code (the API and the web page always name
             # one): the per-user limits guard against users, not against the operator
             user = row.get("user_id") or None
             if user is not None and not self._within_limit(user, row.get("created") or time.time()):
                 self._skip(row, f"user over max_rows_per_user ({user})")
                 continue
+            self._count_live(trace, answer, user)  # after the limit: a row over it is no label either
             item = prompt_from_feedback(row, self.store)
             try:  # a trace of a URL: its download (cached) is the video
                 item.video = local_video(item.video)
@@ -135,17 +137,24 @@ class OnlineLearner:
             added += 1
         return added
 
-    def _count_live(self, trace, answer: str) -> None:
-        """A label of the answer the trace's user got: right or wrong, for the version that served it."""
+    def _count_live(self, trace, answer: str, user: str | None = None) -> None:
+        """A label of the answer the trace's user got, scored with the gate's metric (accuracy, F1 or IoU), for the
+        version that served it: counted per user, at most ``rollback.max_labels_per_user`` of one user's labels
+        per version (the operator's own rows, without a user, count as one user, not limited)."""
         vid = self.registry.served_at(trace.created)
         if vid is None:
             return
         task = task_of(trace)
         value = list(parse_span(answer)) if task == "tvg" else answer
-        right = accuracy_reward(trace.response, value, task, trace.options) >= 0.5
-        live = self.state["live"].setdefault(vid, [0, 0])
-        live[0] += int(right)
-        live[1] += 1
+        score = accuracy_reward(trace.response, value, task, trace.options)
+        live = self.state["live"]
+        counts = live[vid] = live_counts(live.get(vid))
+        who = counts.setdefault(user or OPERATOR, [0.0, 0.0, 0])
+        if user is not None and who[2] >= self.online.rollback.max_labels_per_user:
+            return
+        who[0] += score
+        who[1] += score * score
+        who[2] += 1
 
     def take_batch(self) -> list[dict]:
         """Up to ``prompts_per_step`` queued prompts, oldest first, at most ``ceil(max_user_share · P)`` from one
@@ -210,10 +219,60 @@ class OnlineLearner:
             "users": {u: len(t) for u, t in st["users"].items()}, "checkpoint_step": self.saved_step}, indent=1))
         tmp.replace(path)
 
+    @property
+    def journal(self) -> Path:
+        """The push journal and lease (:mod:`paravt_train.sync.lease`): ``OUTPUT_DIR/push.json`` while a push runs
+        (``paravt serve --sync-lease`` reads it), left behind by a learner killed during one."""
+        return Path(self.cfg.output_dir) / "push.json"
+
+    def repair_push(self) -> dict | None:
+        """A push the journal says never ended (the last learner died during it): continue generation on the
+        servers it names (the supervisor of ``paravt serve`` may have done so already) and close a weight-update
+        session it left open; :meth:`Promotion.start_versions` then puts the version the registry says serves
+        back on them, whatever the half-applied push left there. Returns what was found (None: nothing)."""
+        if self.trainer.rank != 0:
+            return None
+        left = unfinished_push(self.journal)
+        if left is None:
+            return None
+        keys, done, errors = server_keys(self.cfg), [], []
+        with keys.client(60) as client:
+            for url in expand_routers(client, left["urls"], keys) if left["urls"] else []:
+                try:
+                    resp = client.post(f"{url}/continue_generation", json={})
+                    client.post(f"{url}/end_weight_update", json={})  # 400 when none is open, 404 before 0.5.21
+                except Exception as exc:  # noqa: BLE001 (the push of the serving version below reports a dead server)
+                    errors.append(f"{url}: {exc}")
+                    continue
+                (done if resp.status_code == 200 else errors).append(
+                    url if resp.status_code == 200 else f"{url}: HTTP {resp.status_code}")
+        self.journal.unlink(missing_ok=True)
+        serving = self.registry.serving()
+        why = (f"a push of version {left['version']} ({left['sync']}, pid {left.get('pid')}) started "
+               f"{time.time() - left.get('started', left['renewed']):.0f}s ago never ended: generation continued "
+               f"on {', '.join(done) or 'no server'}"
+               + (f" (failed: {'; '.join(errors)})" if errors else "")
+               + (f"; {serving['id']}, the version that serves, goes back on the servers" if serving else ""))
+        self.log(why)
+        self.promotion._event({"event": "push-repaired", "version": left["version"], "servers": done,
+                               "errors": errors, "reason": why})
+        return {**left, "continued": done, "errors": errors}
+
     def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
-        """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``)."""
+        """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``). A push the last
+        learner left half-applied is repaired first (:meth:`repair_push`); every push journals itself
+        (:attr:`journal`) until it ends."""
         tr = self.trainer
         tr.setup()
+        self.repair_push()
+        if tr.rank == 0:
+            journal_to(self.journal)
+        try:
+            return self._run(tr, poll, max_steps, once)
+        finally:
+            journal_to(None)
+
+    def _run(self, tr, poll: float, max_steps: int | None, once: bool) -> int:
         if tr.cfg.max_staleness > 0:  # refused now, not at the first feedback (which may come hours later)
             require_served_policy(tr)
         if self.saved_step is None and tr.step:  # resumed: that checkpoint is the newest

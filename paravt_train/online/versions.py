@@ -64,6 +64,22 @@ class VersionRegistry:
                     current = (v["id"], at)
         return current[0] if current else None
 
+    def served_before(self, vid: str) -> dict | None:
+        """The version that served immediately before ``vid``'s current serving period (by the times each version
+        began serving), or None: ``vid`` never served, nothing served before it, or ``vid`` serves again because a
+        rollback (the learner's or the operator's) put it back — the version it replaced was taken back, and a
+        rolled-back version is never the baseline of a rollback."""
+        rec = self.get(vid)
+        if not rec.get("served_from") or str(rec.get("reason", "")).startswith("rollback"):
+            return None
+        periods = sorted((at, v["id"]) for v in self.versions() for at in v.get("served_from", []))
+        mine = max(rec["served_from"])
+        earlier = [v for at, v in periods if at < mine and v != vid]
+        if not earlier:
+            return None
+        prev = self.get(earlier[-1])
+        return None if prev["status"] == "rolled-back" else prev
+
     # ------------------------------------------------------------------ writing
 
     def _write(self, name: str, obj) -> None:

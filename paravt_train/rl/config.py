@@ -199,6 +199,11 @@ class GRPOConfig(BaseModel):
     clip: float = Field(0.2, gt=0, description="PPO ratio clip ε (ε_low with clip_high).")
     clip_high: float | None = Field(None, gt=0, description="DAPO clip-higher ε_high (upper ratio bound 1 + "
                                                            "ε_high); None = symmetric clip.")
+    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip PPO's c (Ye et al. 2020; verl's "
+                                    "clip_ratio_c, 3 there too): the loss of a token with A < 0 is capped at -c·A, "
+                                    "so a replayed or stale token whose ratio exploded cannot drive the step (PPO's "
+                                    "clip bounds only the other side). Inert at ratio < c: one optimizer step per "
+                                    "batch keeps on-policy ratios at 1. None = off.")
     kl_coef: float = Field(0.01, ge=0, description="KL to the frozen initial policy (paper: 0.01); 0 = no "
                                                    "reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimate: k1 = logp - ref, "
@@ -210,12 +215,20 @@ class GRPOConfig(BaseModel):
     advantage_scale: Literal["std", "none"] = Field("std", description="Group advantage: (r - mean) / std, or "
                                                                        "r - mean (Dr. GRPO).")
     advantage_eps: float = Field(1e-6, gt=0, description="Added to the group std.")
+    advantage_batch_norm: bool = Field(False, description="After the group normalisation, normalise advantages "
+                                       "over the step's batch: minus the mean over every trained token, divided "
+                                       "by their std (the released ParaVT recipe's AReaL adv_norm, mean_level and "
+                                       "std_level batch; the paper's text describes the group normalisation only). "
+                                       "Off: the paper's objective as written.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of rollouts (verl's ppo_epochs, TRL's "
                                                  "num_iterations). With 1 pass and 1 mini-batch the ratio stays 1 "
                                                  "and PPO's clip never acts.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass: the batch is split into this many "
-                                                   "mini-batches (verl's PPO mini-batches); from the second step "
-                                                   "on the ratio moves and the clip (ε, DAPO's ε_high) acts.")
+                                                   "mini-batches (verl's PPO mini-batches) by a shuffle seeded by "
+                                                   "seed and the step (the same on every rank; never by length); "
+                                                   "from the second step on the ratio moves and the clip (ε, DAPO's "
+                                                   "ε_high) acts. grad_norm is logged as the mean over the "
+                                                   "optimizer steps, grad_norm_max the largest.")
     max_staleness: int = Field(0, ge=0, description="η, AReaL's max_head_offpolicyness: rollouts run ahead of the "
                                                     "update on the served policy, at most η versions old when they "
                                                     "train (asynchronous PARA-GRPO, the paper's AReaL setup; needs "
@@ -225,6 +238,16 @@ class GRPOConfig(BaseModel):
     behaviour_weight_cap: float = Field(5.0, gt=1, description="Decoupled PPO (η > 0): each token is weighted by "
                                                                "π_prox / π_behav; tokens above this cap are left "
                                                                "out of the loss (AReaL's behav_imp_weight_cap).")
+    rollout_correction: Literal["off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = Field(
+        "token-truncate", description="The train–inference mismatch on rollouts of the current weights (Yao et al. "
+        "2025, 'Your efficient RL framework secretly brings you off-policy RL training'): each sampled token's "
+        "weight w = π_train / π_rollout (the trainer's logprob before the update over the engine's reported one). "
+        "token-truncate (TIS): min(w, threshold); token-mask: tokens with w > threshold leave the loss and its "
+        "denominator; sequence-truncate / sequence-mask: the same on each sequence's Π w (ms-swift's "
+        "rollout_importance_sampling_mode; verl's rollout_corr, slime's masked IS). Rollouts of an older version "
+        "take decoupled PPO's behaviour_weight_cap instead. The mismatch is logged either way (mismatch/*).")
+    rollout_correction_threshold: float = Field(2.0, gt=1, description="The rollout correction's C: the cap of "
+                                                "truncation, the bound past which a mask rejects (ms-swift: 2.0).")
     stale_queue_on_resume: Literal["drop", "keep"] = Field(
         "drop", description="η > 0: rollouts finished but not yet trained when a checkpoint is written are "
                             "dropped on restart (rolled out again) or kept (stored with the checkpoint).")

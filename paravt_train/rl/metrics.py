@@ -2,7 +2,11 @@
 
 Rewards and their terms, f_τ (format reward / its maximum), κ (tool calls per rollout), per-tag closure
 rates and accuracy per task (paper, Tables 2 and 5), nFrames, zero-variance and failed counts, the update's
-statistics (KL, clip fraction, entropy, behaviour/trainer logprob mismatch, tokens). Episodes that failed for
+statistics (KL, clip fraction, dual-clip fraction, entropy, ``grad_norm`` as the mean over the optimizer steps and
+``grad_norm_max``, tokens) and the train–inference mismatch on every on-policy token (``logprob_mismatch``, and
+``mismatch/kl_k1``, ``kl_k3``, ``chi2``, ``past_threshold``, ``ppl_ratio``, ``log_ratio_max``, with what the
+rollout correction did: ``mismatch/truncated``, ``mismatch/rejected``; token-weighted over the ranks, maxima by
+their maximum). Episodes that failed for
 the infrastructure's reasons (an endpoint down, a lost tool slot, an unreadable video) are counted in
 ``failed_episodes`` and kept out of the model-behaviour metrics (reward, f_τ, κ, closure, accuracy): an outage
 must not read as format drift.

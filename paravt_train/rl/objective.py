@@ -27,10 +27,21 @@ Simplifications and choices, stated up front (nanochat style):
   a stratified replay buffer (:class:`ReplayBuffer`) whose samples enter with an
   importance ratio from stored behaviour logprobs, weighted by α, with the
   off-policy advantage of AVATAR Eq. 11 (the buffer: :mod:`paravt_train.rl.replay`).
+* Dual-clip (Ye et al., "Mastering complex control in MOBA games with deep RL", 2020; verl's ``clip_ratio_c``):
+  for ``A < 0`` the loss ``-min(ρA, clip(ρ)A)`` grows with ρ without bound (PPO's clip only bounds ρ from the
+  side that helps); it is capped at ``-c·A`` (c = 3 by default), so a token whose ratio exploded while its
+  advantage is negative (a replayed or stale one) gives no gradient beyond that.
+* The train–inference mismatch (:func:`rollout_correction`, Yao et al., "Your efficient RL framework secretly
+  brings you off-policy RL training", 2025): the rollout engine's logprobs are not the trainer's (kernels, bf16,
+  batch composition), so each sampled token carries the importance weight ``w = π_train / π_rollout`` (the
+  trainer's logprob before the update over the engine's reported one). Truncated (TIS: ``min(w, C)``) or masked
+  (tokens, or whole sequences by ``Π_t w_t``, above ``C`` leave the loss and its denominator) as ms-swift's
+  ``rollout_importance_sampling_mode`` does; :func:`mismatch_sums` measures it (KL k1 and k3, χ², PPL ratio).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,12 +49,16 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "ROLLOUT_CORRECTIONS",
+    "batch_normalised",
     "episode_advantages",
     "informative_group",
     "group_advantages",
     "kl_penalty",
+    "mismatch_sums",
     "offpolicy_advantages",
     "policy_loss",
+    "rollout_correction",
     "temporal_weights",
     "token_scales",
 ]
@@ -51,6 +66,10 @@ __all__ = [
 
 #: rewards closer than this are alike (a group of them has no advantage)
 ALIKE = 1e-9
+#: how a token's π_train / π_rollout weight enters the loss (:func:`rollout_correction`)
+ROLLOUT_CORRECTIONS = ("off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+#: log-ratios are clamped here before exp (a token the engine gave ~0 probability must not overflow)
+LOG_RATIO_CAP = 30.0
 
 
 def group_advantages(rewards: torch.Tensor, group: int, eps: float = 1e-6, scale: str = "std") -> torch.Tensor:
@@ -91,6 +110,24 @@ def _normalise(group: list, keep_failed: bool, scale: str, eps: float) -> list:
     for e, a in zip(usable, centred.tolist(), strict=True):
         e.advantage = a
     return usable
+
+
+def batch_normalised(advantages: Sequence[float], tokens: Sequence[int], eps: float = 1e-6,
+                     sums: tuple[float, float, float] | None = None) -> list[float]:
+    """Batch-level advantage normalisation after the group's (the released ParaVT recipe: AReaL's ``adv_norm``
+    with ``mean_level: batch, std_level: batch``): each sequence's advantage minus the mean over the batch's
+    trained tokens, divided by their standard deviation (unbiased, AReaL's default). A sequence of n trained
+    tokens counts n times, as AReaL normalises per token under the loss mask. ``sums`` = (Σ n·a, Σ n·a², Σ n)
+    of the whole batch (every rank's); by default those of the given sequences."""
+    if sums is None:
+        sums = (sum(n * a for a, n in zip(advantages, tokens, strict=True)),
+                sum(n * a * a for a, n in zip(advantages, tokens, strict=True)), float(sum(tokens)))
+    s1, s2, n = sums
+    if n < 2:
+        return list(advantages)
+    mean = s1 / n
+    var = max(s2 - n * mean * mean, 0.0) / (n - 1)
+    return [(a - mean) / (math.sqrt(var) + eps) for a in advantages]
 
 
 def informative_group(group: list, keep_failed: bool = False) -> bool:
@@ -168,6 +205,61 @@ def token_scales(episodes: Sequence, tokens: Sequence[int], how: str, constant: 
     raise ValueError(f"unknown aggregation {how!r}; use seq-mean, token-mean or constant")
 
 
+def rollout_correction(log_ratio: torch.Tensor, mask: torch.Tensor, mode: str, threshold: float):
+    """The train–inference mismatch correction of sampled tokens: ``log_ratio`` (B, T) is ``log π_train − log
+    π_rollout`` (the trainer's logprob before the update minus the one the rollout engine reported), ``mask``
+    the tokens it applies to. Returns ``(weights, rejected)``: the importance weight each token's policy term is
+    multiplied by (1 off ``mask``; 0 where rejected), and the tokens that leave the loss (and its denominator).
+
+    ``token-truncate`` (TIS): ``min(w, C)``. ``token-mask``: ``w``, tokens with ``w > C`` rejected.
+    ``sequence-truncate``: every token of a sequence (a row) weighted by ``min(W, C)`` with ``W = Π_t w_t`` (the
+    sequence's importance ratio); ``sequence-mask``: by ``W``, rows with ``W > C`` rejected whole (ms-swift's
+    ``rollout_importance_sampling_mode``, threshold C = 2 there). Masks reject above C only, as AReaL's
+    ``behav_imp_weight_cap`` does: a token kept with ``w < 1/C`` already enters at its small weight. ``off``:
+    weights 1, nothing rejected."""
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"unknown rollout correction {mode!r}; use one of {', '.join(ROLLOUT_CORRECTIONS)}")
+    with torch.no_grad():
+        valid = mask > 0
+        lr = torch.where(valid, log_ratio.float(), torch.zeros_like(log_ratio, dtype=torch.float32))
+        lr = lr.clamp(-LOG_RATIO_CAP, LOG_RATIO_CAP)
+        ones = torch.ones_like(lr)
+        if mode == "off":
+            return ones, torch.zeros_like(valid)
+        if mode.startswith("sequence"):
+            seq = lr.sum(dim=1, keepdim=True).clamp(-LOG_RATIO_CAP, LOG_RATIO_CAP).expand_as(lr)
+            w = torch.exp(seq)
+        else:
+            w = torch.exp(lr)
+        if mode.endswith("truncate"):
+            w, rejected = w.clamp(max=threshold), torch.zeros_like(valid)
+        else:
+            rejected = valid & (w > threshold)
+            w = torch.where(rejected, torch.zeros_like(w), w)
+        return torch.where(valid, w, ones), rejected
+
+
+def mismatch_sums(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float) -> dict:
+    """Sums (over ``mask``) that measure how far the rollout engine's distribution is from the trainer's on the
+    sampled tokens, with ``r = log π_train − log π_rollout`` and ``w = e^r`` (tokens drawn from π_rollout):
+    KL(π_rollout ‖ π_train) by ``k1 = −r`` and ``k3 = w − 1 − r`` (Schulman's estimators), χ²(π_train ‖ π_rollout)
+    by ``w² − 1``, the tokens with ``w`` past ``threshold`` or below its inverse, and per sequence (row) the PPL
+    ratio ``PPL_train / PPL_rollout = exp(mean_t −r)``. Means are the sums over ``n`` (tokens) or ``rows``."""
+    with torch.no_grad():  # float64 and expm1: in float32, e^r − 1 − r of an r ~ 1e-7 is rounding noise
+        valid = mask > 0
+        m = valid.double()
+        r = torch.where(valid, log_ratio.double(), torch.zeros_like(m)).clamp(-LOG_RATIO_CAP, LOG_RATIO_CAP)
+        per_row = m.sum(dim=1)
+        rows = per_row > 0
+        log_c = math.log(threshold)
+        row_log_ppl_ratio = (-r * m).sum(dim=1)[rows] / per_row[rows]
+        return {"n": float(m.sum()), "k1": float((-r * m).sum()), "k3": float(((torch.expm1(r) - r) * m).sum()),
+                "chi2": float((torch.expm1(2 * r) * m).sum()),
+                "past": float((((r > log_c) | (r < -log_c)) & valid).sum()),
+                "rows": float(rows.sum()), "ppl_ratio": float(torch.exp(row_log_ppl_ratio).sum()),
+                "abs_max": float(r[valid].abs().max()) if bool(valid.any()) else 0.0}
+
+
 @dataclass
 class LossOut:
     loss: torch.Tensor
@@ -175,6 +267,7 @@ class LossOut:
     kl: float
     ratio_mean: float
     ratio_dev: float = 0.0  # the largest |ratio - 1| on trained tokens: 0 when the clip cannot act
+    dual_clip_fraction: float = 0.0  # trained tokens with A < 0 whose ratio is past the dual-clip cap c
 
 
 def policy_loss(
@@ -190,6 +283,7 @@ def policy_loss(
     token_weights: torch.Tensor | None = None,
     sample_weights: torch.Tensor | None = None,
     clip_high: float | None = None,
+    dual_clip: float | None = None,
 ) -> LossOut:
     """Clipped GRPO loss over a padded batch: ``Σ_seq scale_seq · Σ_t mask · per-token loss``.
 
@@ -197,8 +291,11 @@ def policy_loss(
     ``scales`` and ``sample_weights`` are (B,). ``scales`` come from :func:`token_scales` (default: each
     row its own episode, ``seq-mean``). ``token_weights`` multiply the advantage per token (Temporal
     Advantage Shaping); ``sample_weights`` scale whole sequences (replayed samples: α). The ratio is
-    clipped to [1 - clip, 1 + clip_high] (``clip_high`` None: symmetric).
+    clipped to [1 - clip, 1 + clip_high] (``clip_high`` None: symmetric); ``dual_clip`` c > 1 caps the loss of a
+    token with A < 0 at ``-c·A`` (dual-clip PPO; None: off).
     """
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must exceed 1 (got {dual_clip}): it caps the ratio of negative advantages")
     mask = mask.float()
     if scales is None:
         scales = torch.tensor(token_scales(list(range(len(mask))), [int(m.sum()) for m in mask], "seq-mean"),
@@ -211,6 +308,8 @@ def policy_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip, 1 + high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if dual_clip is not None:  # A < 0: the loss -ρA grows with ρ unbounded; capped at -c·A
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -dual_clip * adv), per_token)
     kl_val = 0.0
     if ref_logp is not None and kl_coef:
         kl = kl_penalty(logp, ref_logp, kl_estimator)
@@ -225,4 +324,7 @@ def policy_loss(
         clipped_frac = float((active.float() * mask).sum() / mask.sum().clamp(min=1))
         ratio_mean = float((ratio * mask).sum() / mask.sum().clamp(min=1))
         ratio_dev = float(((ratio - 1).abs() * mask).max()) if bool(mask.any()) else 0.0
-    return LossOut(loss, clipped_frac, kl_val, ratio_mean, ratio_dev)
+        dual = 0.0
+        if dual_clip is not None:
+            dual = float((((ratio > dual_clip) & (adv < 0)).float() * mask).sum() / mask.sum().clamp(min=1))
+    return LossOut(loss, clipped_frac, kl_val, ratio_mean, ratio_dev, dual)

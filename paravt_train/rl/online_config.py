@@ -28,11 +28,30 @@ class GateSettings(BaseModel):
     limit: int | None = Field(None, ge=1, description="At most this many evaluation questions.")
     n_frames: int | None = Field(None, ge=1, description="Overview frames of the evaluation (None: the serving "
                                  "protocol's).")
-    margin: float = Field(0.02, ge=0, description="Non-inferiority margin, in the metric's units (accuracy points): "
-                          "promoted when the paired difference candidate − served is above −margin with confidence "
-                          "`confidence` (the lower bound of its bootstrap interval).")
-    confidence: float = Field(0.9, gt=0.5, lt=1, description="One-sided confidence of the paired test (bootstrap over "
-                              "the evaluation questions, 10,000 resamples).")
+    margin: float | None = Field(
+        None, gt=0, description="Non-inferiority margin, in the metric's units (accuracy, F1 or IoU points): a "
+        "candidate is promoted when the one-sided `confidence` lower bound of candidate − served, and of candidate − "
+        "the starting version, is above −margin. None: the smallest margin the pinned set supports (its size, "
+        "`confidence`, `power`, `discordance`: about 2.72·sqrt(discordance / n), 0.15 at 100 questions, 0.067 at 500); "
+        "a margin below that is refused at start with the number of questions it needs.")
+    confidence: float = Field(0.9, gt=0.5, lt=1, description="One-sided confidence of the non-inferiority test "
+                              "(Tango's score test for binary scores, the paired t-test for F1/IoU): a candidate "
+                              "exactly `margin` worse is promoted at most 1 − confidence of the time.")
+    power: float = Field(0.85, gt=0.5, lt=1, description="The sizing's power: an equally good candidate is refused "
+                         "at most 1 − power of the time (split over the two comparisons, served and start) when the "
+                         "versions disagree on at most `discordance` of the questions.")
+    discordance: float = Field(0.3, gt=0, le=1, description="Planned mean squared per-question difference between "
+                               "two versions (binary scores: the share of questions on which they disagree) the "
+                               "sizing assumes; each gate records the one it observed (`discordance`) and the margin "
+                               "that would support (`detectable`).")
+    rotate_every: int | None = Field(None, ge=1, description="Draw a new pinned set of `limit` questions from "
+                                     "`eval_set` every this many candidates (seeded by the round), so no run of "
+                                     "candidates is selected on one set; the served and starting versions are scored "
+                                     "again on each new set. None: the same set throughout. Needs `limit`.")
+    audit_share: float = Field(0.0, ge=0, lt=0.5, description="Hold out this share of `eval_set` as an audit set the "
+                               "gate never decides on: every promoted version is scored on it and the score recorded "
+                               "(`audit` in the version's gate record and the event), so a gate tuned to its pinned "
+                               "set shows as a gap between the two.")
     mode: Literal["in-process", "shadow"] = Field(
         "in-process", description="Where a candidate is evaluated: in-process (rank 0 loads the exported candidate; "
         "users' server untouched) or shadow (pushed to `shadow_endpoint`, a second SGLang server, and evaluated "
@@ -46,22 +65,35 @@ class GateSettings(BaseModel):
     def _needs(self):
         if self.enabled and not self.eval_set:
             raise ValueError("online.gate.enabled needs online.gate.eval_set (questions with answers)")
+        if self.rotate_every is not None and self.limit is None:
+            raise ValueError("online.gate.rotate_every draws `limit` questions from eval_set: set online.gate.limit")
         if self.mode == "shadow" and not self.shadow_endpoint:
             raise ValueError("online.gate.mode shadow needs online.gate.shadow_endpoint")
         return self
 
 
 class RollbackSettings(BaseModel):
-    """Automatic rollback: the served version's live accuracy on the feedback that arrives after its promotion
-    (rows with an answer are labels of the answers users got) against the previous version's."""
+    """Automatic rollback: the served version's live score (the gate's metric: accuracy, F1 or IoU of the answers
+    users labelled, after the per-user limits) against the version served immediately before it, by a one-sided
+    two-sample test checked only at planned label counts (Bonferroni over the looks), with labels from at least
+    `min_users` users and a decision that stands with any one user's labels taken out."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(True, description="Roll back to the previous promoted version when the served one does "
-                                            "worse on live feedback.")
-    min_rows: int = Field(20, ge=1, description="Labelled answers of a version before its live accuracy counts.")
-    margin: float = Field(0.1, ge=0, description="Rolled back when its live accuracy is below the previous "
-                                                 "version's by more than this.")
+    enabled: bool = Field(True, description="Roll back to the version served immediately before when the served one "
+                                            "does worse on live feedback.")
+    min_rows: int = Field(40, ge=1, description="Counted labels of the served version at the first look (and of the "
+                          "version before it, for any look); the j-th look is at j × min_rows labels.")
+    looks: int = Field(4, ge=1, description="Planned looks per version (at min_rows, 2·min_rows, …); each tests at "
+                       "alpha / looks, so a version as good as the one before is rolled back at most alpha of the "
+                       "time over all of them. After the last look the version is not checked again.")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="The false-rollback rate over a version's looks.")
+    min_users: int = Field(3, ge=1, description="Distinct users among a version's counted labels before it is "
+                           "tested.")
+    max_labels_per_user: int = Field(10, ge=1, description="Labels of one user counted per version (the first ones; "
+                                     "after `max_rows_per_user`): one user's share of a look is bounded.")
+    margin: float = Field(0.0, ge=0, description="Rolled back when the live score is lower than the version before's "
+                          "by more than this (the test's null: at most `margin` worse), in the gate's units.")
 
 
 class OnlineSettings(BaseModel):

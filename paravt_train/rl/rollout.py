@@ -45,7 +45,7 @@ from paravt_agent.types import Answer, RolloutInput
 from paravt_agent.video import file_identity
 from paravt_train.data.records import PromptItem, episode_transcript
 from paravt_train.rewards import RewardBreakdown, RewardConfig, score
-from paravt_train.rl.marl.rewards import agent_reward, agent_transcript
+from paravt_train.rl.marl.rewards import SYNTHESIZER, agent_reward, agent_transcript, team_role
 
 __all__ = [
     "Episode",
@@ -170,8 +170,9 @@ class Episode:
     round_trip_turns: int = 0  # model calls whose prompt ids were emulated (a server that reports none)
     versions: list[int] = field(default_factory=list)  # policy versions that sampled its tokens (server-reported)
     tag: str = ""  # where it was rolled out (step, rank, sampling round): ids stay unique across them
-    #: multi-agent RL (the collaborative mode's cpp protocol): the collaborating agent whose turns these are, or
-    #: ``team`` (the reason summary / synthesizer); each agent's episodes get their own group advantage
+    #: multi-agent RL (the collaborative mode's cpp protocol): the collaborating agent whose turns these are, or the
+    #: team's role (``synthesizer``, ``summary``; ``team`` for a rollout that raised); each gets its own group
+    #: advantage
     agent: str | None = None
 
     @property
@@ -326,7 +327,7 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
             ans = await agent.arun(inp, seed=rollout_seed)
         except Exception as exc:  # the graph raised before any planner turn: nothing to train on
             ep.failed = f"{exc.__class__.__name__}: {exc}"
-            ep.agent = "team" if cpp else None  # multi-agent RL normalises it with the team's rollouts
+            ep.agent = "team" if cpp else None  # multi-agent RL: nothing to train, its role unknown
             ep.reward = RewardBreakdown(total=settings.reward.min_total, acc=0.0, fmt=0.0, base=0.0, anchor=0.0,
                                         tool=0.0)
             ep.seconds = time.perf_counter() - t0
@@ -357,13 +358,21 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
 def agent_episodes(team: Episode, collab, prompt: PromptItem, settings: RolloutSettings) -> list[Episode]:
     """Multi-agent RL (the collaborative mode's cpp protocol): one episode per collaborating agent, its own calls as
     sequences and its own reward (:func:`~paravt_train.rl.marl.rewards.agent_reward`: R_res + R_format + R_col +
-    R_tool), and the team's (the reason summary or synthesizer, scored as usual); the trainer normalises each
-    agent's rewards over the group's rollouts apart (:func:`~paravt_train.rl.objective.episode_advantages`)."""
+    R_tool), and the team's, scored as usual, under its role (:func:`~paravt_train.rl.marl.rewards.team_role`):
+
+    * ``synthesizer`` (no consensus): its answer is the team's, so its calls train with the team's reward,
+      normalised over the group's synthesizer episodes only (the rollouts without a consensus, the harder ones);
+    * ``summary`` (a consensus): the vote is the answer and the reason summary's words do not change the reward, so
+      its calls are recorded and never trained (the episode stays for the step's metrics).
+
+    The trainer normalises each agent's and role's rewards over the group's rollouts apart
+    (:func:`~paravt_train.rl.objective.episode_advantages`)."""
     ans = team.answer
     pool = [a.name for a in collab.agents]
     seqs = (assemble_agents(ans, pool, team.id, settings.subagents, settings.tool_models, settings.agent_policies)
             if team.failed is None else {n: [] for n in [*pool, "team"]})
-    team.agent, team.sequences = "team", seqs["team"]
+    team.agent = team_role(ans)
+    team.sequences = seqs["team"] if team.agent == SYNTHESIZER else []
     buffers = ans.trace.memory_buffer()
     final_acc = team.reward.acc
     out = []

@@ -62,6 +62,7 @@ from paravt_train.methods import agent_config_for
 from paravt_train.rl.async_loop import AsyncRollouts, require_served_policy, within_staleness
 from paravt_train.rl.checkpoints import TrainerCheckpoints
 from paravt_train.rl.config import GRPOConfig, check_served_sampling
+from paravt_train.rl.frozen_tools import frozen_tool_policy
 from paravt_train.rl.metrics import step_metrics
 from paravt_train.rl.objective import episode_advantages
 from paravt_train.rl.replay import ReplayBuffer
@@ -194,6 +195,7 @@ class GRPOTrainer:
         if self.syncer is not None:  # a min-p the server's seeded sampler would die on, refused before any request
             check_served_sampling(policy, self.agent_config(), self.eval_agent_config())
         self.agent = Agent(policy=policy, config=self.agent_config())
+        self.agent.tool_policy = frozen_tool_policy(self, self.agent)  # tool_model_calls freeze: the starting weights
         self.cache = PromptCache(self.agent)
         self.update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,
                                    self.device, self.world, ref=self.ref, autocast_dtype=self.autocast_dtype,
@@ -352,7 +354,7 @@ class GRPOTrainer:
                  for g in groups for e in self.advantages(g) for s in e.sequences]
         replayed, n_drawn = replay_batch(self.replay, cfg, groups, self.world) if cfg.replay.enabled else ([], 0)
         t1 = time.perf_counter()
-        stats = self.update(items + replayed)
+        stats = self.update(items + replayed, step=self.step)  # the step seeds the mini-batch shuffle
         t_upd = time.perf_counter() - t1
         self.step += 1
         t2 = time.perf_counter()

@@ -62,6 +62,7 @@ from paravt_train.sync.http import (
     server_facts,
     urls_of,
 )
+from paravt_train.sync.lease import journal_push
 
 __all__ = ["SGLangWeightSync"]
 
@@ -111,7 +112,7 @@ class SGLangWeightSync(WeightSync):
             raise ConfigError(f"{model_dir} is a LoRA adapter, which a server loads by name: serve it with "
                               "weight_sync lora (a server started with `paravt serve --lora-rank`)")
         results = []
-        with self.keys.client(self.timeout) as client:
+        with self.keys.client(self.timeout) as client, journal_push(self.urls, version, "disk"):
             targets = expand_routers(client, self.urls, self.keys)
             if self.vision_trained:
                 for url in targets:

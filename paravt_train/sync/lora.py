@@ -15,6 +15,16 @@ So the server always loads the served adapter from one path per name, a symbolic
 (``.served-NAME``) that is switched to the new version *before* the unload: whichever load comes first, the
 sync's or a request's, it reads the new version. A load answered "already loaded" from that path is the new
 version; from another path (an older run's), the swap is done again.
+
+SGLang's adapter loads name no weight version, so after the swap the sync records it with
+``POST /update_weight_version {"new_version", "abort_all_requests": false}`` (0.5.23: the version every reply's
+``meta_info.weight_version`` then reports; requests in flight are not aborted). Without it every rollout reported
+``"default"`` (version 0): with ``max_staleness`` η > 0 every group after update η was dropped as too stale, and
+at η = 0 every row was flagged stale. The version goes in *after* the swap: a request the old adapter served
+never reports the new version (one the new adapter serves before the call reports the old one: counted staler
+than it is, never fresher). A server without the route (an older SGLang, HTTP 404) is refused with a
+ConfigError: its rollouts could not say which adapter sampled them. The version is the server's, not the
+adapter's: a request that names no adapter (the base model) reports it too.
 :meth:`SGLangLoraSync.load_beside` loads a candidate under a name of its own, beside the
 served one, for a gate that evaluates it on the same server by naming it per request.
 """
@@ -28,6 +38,7 @@ from pathlib import Path
 from paravt_agent.errors import ConfigError, PolicyError
 from paravt_train.sync.base import WeightSync, renamed
 from paravt_train.sync.http import PAUSE_MODES, ServerKeys, expand_routers, json_of, refused_key, urls_of
+from paravt_train.sync.lease import journal_push
 
 __all__ = ["SGLangLoraSync"]
 
@@ -75,8 +86,9 @@ class SGLangLoraSync(WeightSync):
         return self.serve(adapter_dir)
 
     def serve(self, adapter_dir: str | Path, version: str | None = None) -> dict:
-        """The adapter in ``adapter_dir`` becomes the served name on every server. Its directory is its version
-        (``adapter-VERSION``, a kept version's): SGLang's adapter loads name no ``weight_version``."""
+        """The adapter in ``adapter_dir`` becomes the served name on every server; ``version`` (when given)
+        becomes each server's ``weight_version`` once its swap is done (``/update_weight_version``), which its
+        replies then report."""
         name = self.name
         adapter_dir = Path(adapter_dir).resolve()
         if not (adapter_dir / "adapter_config.json").is_file():
@@ -85,10 +97,35 @@ class SGLangLoraSync(WeightSync):
         self.bytes = sum(f.stat().st_size for f in adapter_dir.iterdir() if f.is_file())
         served = serve_from(adapter_dir, name)
         results = []
-        with self.keys.client(self.timeout) as client:
+        with self.keys.client(self.timeout) as client, journal_push(self.urls, version, "lora"):
             for url in expand_routers(client, self.urls, self.keys):
-                results.append(self._swap(client, url, name, served))
+                out = self._swap(client, url, name, served)
+                if version is not None:
+                    out = {**out, "weight_version": self._record_version(client, url, str(version))}
+                results.append(out)
         return results[0] if len(results) == 1 else {"success": True, "servers": results}
+
+    def _record_version(self, client, url: str, version: str) -> str:
+        """``POST /update_weight_version`` on one server, after its swap: the version its replies report."""
+        import httpx
+
+        try:
+            resp = client.post(f"{url}/update_weight_version",
+                               json={"new_version": version, "abort_all_requests": False})
+        except httpx.HTTPError as exc:
+            raise PolicyError(f"recording weight version {version} on {url} failed: {exc}", transient=True) from exc
+        refused_key(resp, url, "/update_weight_version")
+        if resp.status_code == 404:
+            raise ConfigError(f"{url} has no /update_weight_version (SGLang older than the pinned 0.5.23?): the "
+                              f"adapter is swapped in, but the server cannot record its version {version}, so its "
+                              "rollouts would all report version 0 (too stale for max_staleness > 0, flagged stale at "
+                              "0). "
+                              "Serve with the pinned SGLang (`paravt serve --lora-rank R`)")
+        data = json_of(resp)
+        if resp.status_code != 200 or data.get("success") is False:
+            raise PolicyError(f"{url}/update_weight_version refused {version}: "
+                              f"{data.get('message') or resp.text[:300]}")
+        return version
 
     def _swap(self, client, url: str, name: str, served: Path, tries: int = 3) -> dict:
         """Unload ``name`` on one server (draining its requests; no pause) and load it from ``served``."""

@@ -46,6 +46,7 @@ from paravt_train.sync.http import (
     server_facts,
     urls_of,
 )
+from paravt_train.sync.lease import journal_push
 
 __all__ = ["SGLangTensorSync", "StreamedSync", "device_uuid", "serialize_named_tensors", "serving_dtype",
            "stream_parameters", "tag_device_uuid"]
@@ -270,7 +271,7 @@ class StreamedSync(WeightSync):
         sent = n_buckets = 0
         url = None
         try:
-            with self.keys.client(self.timeout) as client:
+            with self.keys.client(self.timeout) as client, journal_push(self.urls, version, self.kind):
                 targets = expand_routers(client, self.urls, self.keys) if targets is None else targets
                 for u in targets:  # every server, before the first is paused
                     self.check(client, u)

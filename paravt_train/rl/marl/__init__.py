@@ -19,16 +19,21 @@ and the pool's agents mapped to them. One step::
               that agent's own model (a ModelSpec), answered by the LIVE rollout policy of its trainer
     split:    each rollout into per-agent episodes (R_res + R_format + R_col + R_tool each), whatever model made
               the calls (``agent_policies``)
-    learn:    each trainer on its own agents' episodes (the host also on the team's: the reason summary or the
-              synthesizer), each agent normalised over the group apart; its own update, metrics.jsonl, checkpoints
+    learn:    each trainer on its own agents' episodes (the host also on the team's: the synthesizer's), each
+              agent normalised over the group apart; its own update, metrics.jsonl, checkpoints
 
 VideoChat-M1 trains its four agents this way (A.6: one GRPO objective per agent, a shared team reward average).
+The team's call is credited by what it decided (:func:`~paravt_train.rl.marl.rewards.team_role`): without a
+consensus the synthesizer's answer is the team's, and it trains with the team's reward, normalised over the
+group's synthesizer episodes alone; with a consensus the vote is the answer, and the reason summary (which does not
+change it) is not trained.
 """
 
 _LAZY = {
     "MultiPolicyTrainer": "paravt_train.rl.marl.trainer",
     "agent_reward": "paravt_train.rl.marl.rewards",
     "agent_transcript": "paravt_train.rl.marl.rewards",
+    "team_role": "paravt_train.rl.marl.rewards",
 }
 __all__ = sorted(_LAZY)
 

@@ -18,7 +18,10 @@ Our definitions, per agent of an episode (``cpp`` protocol)::
   tool calls that worked — non-zero whenever its tools did (the synthesizer-only score of the ``rounds`` protocol
   left it at 0).
 
-The synthesizer / reason summary (role ``planner``) is scored as the team: the usual reward of the final response.
+The team's call (role ``planner``) is scored as the team, the usual reward of the final response, and trained by its
+role (:func:`team_role`): the synthesizer (no consensus) decided the answer and trains with that reward, normalised
+over the group's synthesizer episodes apart (only the rollouts without a consensus, the harder ones, have one); the
+reason summary (a consensus) did not (the vote is the answer) and is not trained.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from paravt_agent.protocol import is_degenerate
 from paravt_agent.trajectory import MemoryEntry
 from paravt_train.rewards import RewardBreakdown, RewardConfig, accuracy_reward
 
-__all__ = ["agent_reward", "agent_transcript"]
+__all__ = ["SUMMARY", "SYNTHESIZER", "TEAM_ROLES", "agent_reward", "agent_transcript", "team_role"]
+
+#: the team's roles in multi-agent RL: the synthesizer answers without a consensus (trained, normalised apart);
+#: the reason summary explains a consensus (not trained: the vote decided); ``team``: a rollout that raised
+SYNTHESIZER, SUMMARY = "synthesizer", "summary"
+TEAM_ROLES = (SYNTHESIZER, SUMMARY, "team")
 
 
 def agent_transcript(entries: list[MemoryEntry]) -> str:
@@ -40,6 +48,13 @@ def agent_transcript(entries: list[MemoryEntry]) -> str:
         if e.answer_text:
             parts.append(e.answer_text)
     return "\n".join(parts)
+
+
+def team_role(answer) -> str:
+    """The team's role in a cpp rollout: ``summary`` when its final turn is a consensus (the agents' vote is the
+    answer), else ``synthesizer`` (its answer is the synthesizer's)."""
+    turns = answer.trace.turns if answer is not None else []
+    return SUMMARY if turns and turns[-1].consensus else SYNTHESIZER
 
 
 def agent_reward(entries: list[MemoryEntry], final: str, final_acc: float, answer, task: str, options=None,

@@ -11,6 +11,7 @@ from paravt_agent.agent import Agent
 from paravt_agent.config import ModelSpec
 from paravt_train.data.records import PromptItem
 from paravt_train.rl.config import GRPOConfig
+from paravt_train.rl.marl.rewards import TEAM_ROLES
 from paravt_train.rl.rollout import Episode, PromptCache, RolloutSettings, run_group
 from paravt_train.rl.trainer import GRPOTrainer
 
@@ -30,8 +31,9 @@ class MultiPolicyTrainer:
         self._ready = False
 
     def agents_of(self, policy: str) -> set[str]:
-        """The agents a policy's trainer trains (the host also trains the team's calls)."""
-        return {a for a, p in self.agents.items() if p == policy} | ({"team"} if policy == self.host else set())
+        """The agents a policy's trainer trains (the host also the team's: the synthesizer's calls, and the summary's
+        and failed rollouts' episodes, which train nothing)."""
+        return {a for a, p in self.agents.items() if p == policy} | (set(TEAM_ROLES) if policy == self.host else set())
 
     def team_agent(self, config) -> Agent:
         """An agent of ``config`` whose pool runs on the live policies: the host's policy for its own agents, each
@@ -43,7 +45,7 @@ class MultiPolicyTrainer:
             spec = None if p == self.host else ModelSpec(backend="local", model=self.configs[p].model)
             pool.append(a.model_copy(update={"model": spec}))
         cfg = config.model_copy(update={"collab": config.collab.model_copy(update={"agents": pool})})
-        agent = Agent(policy=host.agent.policy, config=cfg)
+        agent = Agent(policy=host.agent.policy, config=cfg, tool_policy=host.agent.tool_policy)
         for a in pool:
             if a.model is not None:  # the cache key AgentContext.policy_for uses: the live policy, never a reload
                 agent._others[a.model.model_dump_json(exclude={"box_coordinates"})] = \

@@ -1,0 +1,272 @@
+"""Operating online learning against live servers (issue #56): a LoRA push records the weight version its rollouts
+report (so a LoRA run with η > 0 trains), and a learner killed during a push never leaves the server paused for
+more than a bounded time (the lease and ``paravt serve``'s pause supervisor), its next start repairing the push.
+Recording JSON servers for the wire, SGLang 0.5.23 itself on CPU for the behaviour."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from paravt_agent.errors import ConfigError, PolicyError
+from paravt_agent.serving.supervisor import PauseSupervisor, supervise, supervised_urls
+from paravt_train.sync.disk import SGLangWeightSync
+from paravt_train.sync.lease import journal_push, journal_to, unfinished_push
+from paravt_train.sync.lora import SGLangLoraSync
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _adapter(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "adapter_config.json").write_text("{}")
+    (d / "adapter_model.safetensors").write_bytes(b"x" * 10)
+    return d
+
+
+# --------------------------------------------------------------------------- LoRA versions
+
+
+def test_a_lora_push_records_its_version_after_the_swap_and_refuses_a_server_that_cannot(tmp_path, json_server):
+    """SGLang's adapter loads name no weight version: after the swap the sync records it with
+    ``/update_weight_version`` (aborting nothing), on every server; a server without the route is a ConfigError
+    that says why (its rollouts would all report version 0), not a push that silently leaves version 0."""
+    ok = json_server(lambda path, body: (200, {"success": True}))
+    SGLangLoraSync(ok.url, name="paravt").serve(_adapter(tmp_path / "adapter-3"), "3")
+    assert ok.paths == ["/workers", "/unload_lora_adapter", "/load_lora_adapter", "/update_weight_version"]
+    assert ok.bodies[-1] == {"new_version": "3", "abort_all_requests": False}
+    # no version (a candidate loaded for a look): nothing recorded
+    SGLangLoraSync(ok.url, name="paravt").serve(_adapter(tmp_path / "adapter-x"))
+    assert ok.paths[-1] == "/load_lora_adapter"
+
+    old = json_server(lambda path, body: (404, {"detail": "Not Found"}) if path == "/update_weight_version"
+                      else (200, {"success": True}))
+    with pytest.raises(ConfigError, match=r"no /update_weight_version.*version 0"):
+        SGLangLoraSync(old.url, name="paravt").serve(_adapter(tmp_path / "adapter-4"), "4")
+    bad = json_server(lambda path, body: (400, {"success": False, "message": "nope"})
+                      if path == "/update_weight_version" else (200, {"success": True}))
+    with pytest.raises(PolicyError, match="refused 5: nope"):
+        SGLangLoraSync(bad.url, name="paravt").serve(_adapter(tmp_path / "adapter-5"), "5")
+
+
+@pytest.mark.slow
+def test_lora_pushes_change_the_version_rollouts_report_and_a_run_with_eta_trains(toy_policy_dir, toy_rl, tmp_path,
+                                                                                  own_sglang):
+    """SGLang 0.5.23 on CPU serving LoRA: an offline LoRA run with η = 1 (the asynchronous loop) pushes its adapter
+    after every update; each push records the version, so the rollouts report it: no group is dropped as too
+    stale and every update trains (before, every reply said version 0 and every update after the first η was
+    dropped whole). A request naming the adapter reports the last push's version."""
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
+
+    [srv] = own_sglang(toy_policy_dir, lora_rank=4)
+    cfg = GRPOConfig(model=toy_policy_dir, data=toy_rl["data"], video_root=toy_rl["video_root"],
+                     output_dir=str(tmp_path / "run"), steps=3, prompts_per_step=1, group_size=2, max_new_tokens=32,
+                     subagent_max_new_tokens=16, temperature=0.7, lr=1e-3, save_every=100, concurrency=2,
+                     gating_choices=[4], kl_coef=0.0, lora={"enabled": True, "r": 4, "alpha": 8},
+                     backend="sglang", endpoint=srv.url, weight_sync="lora", max_staleness=1)
+    GRPOTrainer(cfg, progress=False, log=lambda *_: None).run()
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert [r["dropped_stale"] for r in recs] == [0, 0, 0], [(r["step"], r.get("staleness")) for r in recs]
+    assert all(r["episodes"] > 0 for r in recs)
+    out = httpx.post(srv.url + "/generate", timeout=120, json={
+        "input_ids": [20, 21, 22], "lora_path": cfg.lora_name,
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}).json()
+    assert out["meta_info"]["weight_version"] == "3"
+    print(f"server start {srv.start_seconds:.0f}s; per step rollout/update/sync s: "
+          + ", ".join(f"{r['rollout_seconds']:.1f}/{r['update_seconds']:.1f}/{r['sync_seconds']:.1f}" for r in recs))
+
+
+# --------------------------------------------------------------------------- the lease and the journal
+
+
+def test_a_push_journals_itself_renews_its_lease_while_it_runs_and_clears_it(tmp_path, json_server):
+    """With a journal (the online learner's ``push.json``) every push writes it before it pauses, renews its time
+    every second while the server loads, and removes it when the push ends, finished or failed (a failed push has
+    continued generation already); without one nothing is written."""
+    journal = tmp_path / "out" / "push.json"
+    seen: dict = {}
+
+    def reply(path, body):
+        if path == "/pause_generation":
+            seen["at_pause"] = unfinished_push(journal)
+        if path == "/update_weights_from_disk" and body["weight_version"] == "8":
+            time.sleep(2.6)  # a slow load: the lease must be renewed meanwhile
+            seen["renewed"] = journal.stat().st_mtime
+        if path == "/update_weights_from_disk" and body["weight_version"] == "9":
+            return 400, {"success": False, "message": "broken"}
+        return 200, {"success": True}
+
+    srv = json_server(reply)
+    journal_to(journal)
+    try:
+        SGLangWeightSync(srv.url).serve(tmp_path, "8")
+        rec = seen["at_pause"]
+        assert (rec["version"], rec["sync"], rec["urls"], rec["pid"]) == ("8", "disk", [srv.url], os.getpid())
+        assert seen["renewed"] - rec["renewed"] >= 1.5  # renewed while the server loaded
+        assert not journal.exists()
+        with pytest.raises(PolicyError, match="broken"):
+            SGLangWeightSync(srv.url).serve(tmp_path, "9")
+        assert not journal.exists() and srv.paths[-1] == "/continue_generation"
+        with journal_push([srv.url], "1", "disk"), journal_push([srv.url], "2", "disk"):  # one push inside another
+            assert unfinished_push(journal)["version"] == "1"
+    finally:
+        journal_to(None)
+    SGLangWeightSync(srv.url).serve(tmp_path, "10")
+    assert not journal.exists()
+
+
+def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_path, json_server):
+    """``paravt serve``'s supervisor reads each server's state (SGLang: ``/ready`` 503 and ``/ping`` 200 while
+    paused): a pause whose lease is renewed stays, however long; one whose lease lapsed (the pusher died) is
+    continued ``lease`` seconds after the last renewal; without a lease file, ``lease`` seconds after the pause
+    began. A server that is not paused, or cannot say, is left alone."""
+    state = {"paused": True}
+
+    def reply(path, body):
+        if path == "/ready":
+            return (503 if state["paused"] else 200), {}
+        if path == "/ping":
+            return 200, {}
+        if path == "/continue_generation":
+            state["paused"] = False
+        return 200, {}
+
+    srv = json_server(reply)
+    lease = tmp_path / "push.json"
+    lease.write_text("{}")
+    sup = PauseSupervisor([srv.url], lease=10, lease_file=lease, log=lambda *_: None)
+    t0 = time.time()
+    os.utime(lease, (t0, t0))
+    with httpx.Client() as c:
+        assert sup.check(c, now=t0) == [] and sup.paused_since[srv.url] == t0
+        os.utime(lease, (t0 + 30, t0 + 30))  # a live pusher renews: 40 s of pause are fine
+        assert sup.check(c, now=t0 + 40) == []
+        assert sup.check(c, now=t0 + 40.5 + 1) == [srv.url]  # 11.5 s past the last renewal
+        assert not state["paused"] and sup.continued[0]["lease_age_s"] == 11.5
+        assert sup.check(c, now=t0 + 60) == []  # running: nothing to do
+        state["paused"] = True
+        lease.unlink()  # no lease file: bounded from the pause's start
+        bare = PauseSupervisor([srv.url], lease=5, log=lambda *_: None)
+        assert bare.check(c, now=t0) == [] and bare.check(c, now=t0 + 4) == []
+        assert bare.check(c, now=t0 + 6) == [srv.url] and not state["paused"]
+    down = PauseSupervisor(["http://127.0.0.1:9"], lease=1, log=lambda *_: None)
+    assert down.check(now=t0) == [] and down.check(now=t0 + 100) == []
+    with pytest.raises(ValueError):
+        PauseSupervisor([srv.url], lease=0)
+    # what `paravt serve` supervises: its one server, or the router's workers (the router forwards no pause)
+    assert supervised_urls("0.0.0.0", 30000) == ["http://127.0.0.1:30000"]
+    assert supervised_urls("10.0.0.5", 30000, dp=2) == ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
+    assert supervise("127.0.0.1", 30000, 1, 0, log=lambda *_: None) is None  # --pause-lease 0: off
+
+
+# --------------------------------------------------------------------------- kill -9 during a push, SGLang itself
+
+#: a pusher that hangs once the server is paused (what a learner killed there leaves): the real sync, its journal
+HANG = textwrap.dedent("""
+    import sys, time
+    import httpx
+    from paravt_train.sync.disk import SGLangWeightSync
+    from paravt_train.sync.lease import journal_to
+
+    real = httpx.Client.post
+
+    def post(self, url, *a, **kw):
+        resp = real(self, url, *a, **kw)
+        if str(url).endswith("/pause_generation"):
+            print("PAUSED", flush=True)
+            time.sleep(3600)
+        return resp
+
+    httpx.Client.post = post
+    journal_to(sys.argv[3])
+    SGLangWeightSync(sys.argv[1]).serve(sys.argv[2], "7")
+""")
+
+
+def _hang(url: str, model: str, journal: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HANG, url, model, str(journal)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = proc.stdout.readline()
+    assert line.strip() == "PAUSED", proc.stderr.read()[-2000:] if proc.poll() is not None else line
+    return proc
+
+
+def _ready(url: str) -> int:
+    return httpx.get(url + "/ready", timeout=10).status_code
+
+
+@pytest.mark.slow
+def test_a_pusher_killed_during_a_push_leaves_sglang_answering_within_the_lease_and_the_restart_repairs(
+        sglang_toy, toy_policy_dir, tmp_path):
+    """SGLang 0.5.23 on CPU. A push is paused on the server and its process renews the lease: the supervisor leaves
+    that pause alone past the lease. ``kill -9`` of the pusher: a user's request waiting on the paused server is
+    answered within the lease (+ a poll) of the kill. Then, with no supervisor, another killed push leaves the
+    server paused until the next learner start, which finds the journal, continues generation, puts the version
+    its registry serves back (version 0, the starting weights) and records the repair."""
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    url, lease = sglang_toy.url, 6.0
+    out = tmp_path / "learner"
+    journal = out / "push.json"
+    sup = PauseSupervisor([url], lease=lease, lease_file=journal, poll=0.5, log=lambda *_: None).start()
+    try:
+        proc = _hang(url, toy_policy_dir, journal)
+        assert _ready(url) == 503 and unfinished_push(journal)["version"] == "7"
+        time.sleep(lease + 2)  # a live pusher's pause outlasts the lease: it renews it
+        assert _ready(url) == 503 and sup.continued == [] and proc.poll() is None
+        answer: dict = {}
+
+        def user():
+            answer["reply"] = httpx.post(url + "/generate", timeout=120, json={
+                "input_ids": [20, 21, 22], "sampling_params": {"max_new_tokens": 3, "temperature": 0.0}})
+            answer["at"] = time.monotonic()
+
+        t = threading.Thread(target=user)
+        t.start()
+        time.sleep(1.0)
+        assert t.is_alive()  # paused: the user waits
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed = time.monotonic()
+        t.join(lease + 20)
+        assert "at" in answer, "the server stayed paused after the pusher died"
+        waited = answer["at"] - killed
+        assert answer["reply"].status_code == 200 and len(answer["reply"].json()["output_ids"]) == 3
+        assert waited <= lease + 4, waited
+        assert sup.continued and sup.continued[0]["url"] == url
+        print(f"answered {waited:.1f}s after the kill (lease {lease:g}s)")
+    finally:
+        sup.stop()
+    # no supervisor: the pause lasts until the next learner start repairs it
+    journal.unlink(missing_ok=True)
+    proc = _hang(url, toy_policy_dir, journal)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    time.sleep(2.0)
+    assert _ready(url) == 503 and unfinished_push(journal) is not None
+    logs: list[str] = []
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(out), video_root=str(tmp_path), prompts_per_step=1,
+                     group_size=2, max_new_tokens=16, save_every=100, concurrency=1, gating=False, resume=False,
+                     backend="sglang", endpoint=url)
+    learner = OnlineLearner(cfg, tmp_path / "traces.db", progress=False, log=logs.append)
+    assert learner.run(once=True) == 0
+    assert _ready(url) == 200 and not journal.exists()
+    assert any("a push of version 7 (disk" in line and "never ended" in line for line in logs), logs
+    events = [json.loads(x) for x in (out / "online_events.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "push-repaired" and events[0]["servers"] == [url]
+    reply = httpx.post(url + "/generate", timeout=120, json={
+        "input_ids": [20, 21, 22], "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}).json()
+    assert reply["meta_info"]["weight_version"] == "0"  # the registry's serving version, pushed again

@@ -1,37 +1,48 @@
-"""Online learning from feedback on the toy: which way the served agent goes follows the users' labels, and a gate
-keeps poisoned updates away.
+"""Online learning from feedback on the toy: which way the served agent goes follows the users' labels, a gate
+keeps poisoned updates away, and no single user can force a rollback.
 
-    .venv/bin/python examples/online_loop.py                       # the four runs below (time: docs/toy.md)
+    .venv/bin/python examples/online_loop.py                       # the five runs below (time: docs/toy.md)
     .venv/bin/python examples/online_loop.py --updates 6 --runs honest,wrong     # a quick look
-    .venv/bin/python examples/online_loop.py --sglang     # the same four runs served by SGLang itself (CPU engine)
+    .venv/bin/python examples/online_loop.py --sglang     # the same five runs served by SGLang itself (CPU engine)
 
 The start is the shipped toy policy made *systematically wrong* by a short SFT: on colour-at-t multiple-choice
 questions it crops the video as usual, reads the right colour, and then answers the option after it most of
 the time (``--bias``, 70 %). Format, tool use and every other reward term are the same whichever option it
 names, so only the users' labels can say which option is right.
 
-Each run starts a fresh trajectory store and learner from that start. Scripted users ask colour-at-t questions
-about videos no training saw, the served agent answers, and they give feedback (``Agent.feedback``, each with a
-``user``); ``OnlineLearner`` (``paravt-train online``'s loop, in this process; rollouts in-process, or on SGLang
-with ``--sglang``) trains on the feedback, one candidate per ``--promote-every`` updates:
+Each run starts a fresh trajectory store and learner from that start (registered as v0 and served before anyone
+asks). Asking and learning alternate, as in production: scripted users ask the *served* agent ``4 ×
+--promote-every`` colour-at-t questions about videos no training saw and give feedback (``Agent.feedback``, each
+with a ``user``); then ``OnlineLearner`` (``paravt-train online``'s loop, in this process; rollouts in-process, or
+on SGLang with ``--sglang``) runs ``--promote-every`` updates on it and gates (or serves) the candidate; the next
+users ask whatever serves then. Every label is of an answer a known version gave, so it counts for that version's
+live score and automatic rollback (``online.rollback``, at its defaults) can look:
 
 * ``honest``: every label is the right option;
 * ``wrong``: every label is a wrong option (the control: if the feedback's content did not matter, this would
   gain as much);
 * ``adversarial``: two users in three are honest, one gives a wrong option as every label; no gate;
 * ``adversarial+gate``: the same stream with the gate on (a pinned evaluation set of other held-out worlds,
-  margin ``--margin``): a candidate worse than the served version is kept aside and the learner reverts.
+  margin ``--margin``, by default the smallest its 20 questions can hold): a candidate worse than the served or
+  the starting version is kept aside and the learner reverts;
+* ``rollback-attack``: an adversary tries to force a rollback of a good version. Four honest users label
+  ``--attack-per-user`` answers each of v0 right; the learner makes and serves one candidate (no gate; lr
+  ``--attack-lr``, by default so small that its answers are v0's: exactly as good, so any rollback of it would be
+  a false one); then the honest users label as many of its answers right while ``mallory`` asks
+  ``--attack-labels`` questions and labels every answer wrong; the learner's next update takes the rollback's
+  look. The run prints the decision and the same labels under the old rule (accuracy below the last version's
+  − 0.1 on ≥ 20 labels, counted before any per-user limit), without the per-user cap, and from mallory alone.
 
 With ``--sglang`` the users' agent and the learner's rollouts go to SGLang 0.5.23's own server (its CPU engine,
 ``make sglang-cpu``; started once with ``paravt serve``'s launcher, pinned to core 0, the learner on core 1),
-backend ``sglang`` as ``paravt-train online`` runs it in production: the server holds the served version (each run
-puts its starting weights back on it first), a promotion pushes a version from disk, the learner trains ahead of
-it and corrects for the gap with decoupled PPO's behaviour weights. The held-out and gate evaluations stay
-in-process (the trainer's transformers model; ``perf/bench_parity.py`` measures how closely SGLang matches it).
+backend ``sglang`` as ``paravt-train online`` runs it in production: the server holds the served version (each
+learner puts its v0 back on it first), a promotion pushes a version from disk, the learner trains ahead of it and
+corrects for the gap with decoupled PPO's behaviour weights. The held-out and gate evaluations stay in-process
+(the trainer's transformers model; ``perf/bench_parity.py`` measures how closely SGLang matches it).
 
 After each run the held-out accuracy (greedy, n = 8, worlds of ``--seed`` on, disjoint from the users' and the
-gate's) of the version that served after every ``--promote-every`` updates is measured; the table prints
-accuracy through the run, the final gain with its paired 95% interval, and the candidates refused.
+gate's) of every version that served is measured; the table prints accuracy through the run, the final gain with
+its paired 95% interval, the gate's decision on each candidate and the rollback's looks and rollbacks.
 """
 
 from __future__ import annotations
@@ -56,9 +67,11 @@ from paravt_agent.protocol import LETTERS, option_body  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
 from paravt_train.data import write_parquet  # noqa: E402
 from paravt_train.eval.stats import mean_ci, paired_diff_ci  # noqa: E402
+from paravt_train.online.config import RollbackSettings  # noqa: E402
 from paravt_train.online.gate import evaluate_dir  # noqa: E402
 from paravt_train.online.learner import OnlineLearner  # noqa: E402
-from paravt_train.online.versions import push_version  # noqa: E402
+from paravt_train.online.promotion import live_counts, rollback_decision  # noqa: E402
+from paravt_train.rewards import accuracy_reward  # noqa: E402
 from paravt_train.rl.config import GRPOConfig  # noqa: E402
 from paravt_train.sft import train  # noqa: E402
 from paravt_train.sft.config import SFTConfig  # noqa: E402
@@ -71,7 +84,9 @@ from tools import ToolRegistry  # noqa: E402
 BIASED_SEED0 = 710_000  # the biased start's SFT worlds
 USER_SEED0 = 810_000  # the users' videos
 GATE_SEED0 = TEST_SEED0 + 8000  # the gate's pinned evaluation set
-RUNS = ("honest", "wrong", "adversarial", "adversarial+gate")
+RUNS = ("honest", "wrong", "adversarial", "adversarial+gate", "rollback-attack")
+HONEST = ("alice", "bob", "carol", "dave")  # the rollback attack's honest users
+ATTACK_SEED0 = 830_000  # the rollback attack's videos
 
 
 def biased_start(model: str, out: Path, bias: float, steps: int = 120, worlds: int = 60) -> Path:
@@ -105,51 +120,207 @@ def prompts_parquet(worlds, path: Path) -> Path:
     return write_parquet(rl_rows(worlds, path.parent), path)
 
 
+def served_agent(start: Path, store: TrajectoryStore, learner: OnlineLearner, endpoint: str | None) -> Agent:
+    """The agent users ask: on SGLang the server holds the served version; in-process, the served version's
+    weights (the registry's serving version, loaded again each round)."""
+    cfg8 = toy_agent_config().model_copy(
+        update={"frames": toy_agent_config().frames.model_copy(update={"n_frames": 8})})
+    if endpoint:
+        return Agent(model=str(start), config=cfg8, store=store, backend="sglang", endpoint=endpoint)
+    return Agent(model=learner.registry.serving()["path"], config=cfg8, store=store)
+
+
+def ask(agent: Agent, learner: OnlineLearner, questions, labeller, labels: list) -> None:
+    """Each ``(user, world, question)`` asked of the served agent; the user's label (``labeller``) is fed back and
+    recorded in ``labels`` with the version that served the answer and the answer's score under it."""
+    from paravt_agent.feedback import task_of
+
+    serving = learner.registry.serving()["id"]
+    for user, w, q in questions:
+        ans = agent.answer(w.video, q.question, q.options)
+        label = labeller(user, q, ans)
+        agent.feedback(ans.trace.id, answer=label, user=user)
+        score = accuracy_reward(ans.trace.response, label, task_of(ans.trace), ans.trace.options)
+        labels.append({"version": serving, "user": f"sdk:{user}", "score": score, "right": label == q.answer})
+
+
+def new_learner(name: str, start: Path, store: TrajectoryStore, d: Path, args, endpoint, online: dict, log,
+                lr: float | None = None) -> OnlineLearner:
+    backend = {"backend": "sglang", "endpoint": endpoint} if endpoint else {}
+    cfg = GRPOConfig(model=str(start), output_dir=str(d / "learner"), video_root=str(d.parent / "videos"),
+                     prompts_per_step=4, group_size=8, temperature=0.7, lr=lr or args.lr, max_new_tokens=256,
+                     subagent_max_new_tokens=32, micro_batch_size=1, save_every=100, concurrency=4,
+                     gating_choices=[4, 8], resume=False, seed=args.rl_seed, online=online, **backend)
+    learner = OnlineLearner(cfg, store.path, progress=False, log=log)
+    learner.run(max_steps=0)  # the starting version serves (v0) before the first user asks
+    return learner
+
+
 def run(name: str, start: Path, users, out: Path, args, gate_set: Path, vids: Path, endpoint: str | None) -> dict:
-    """One online run (rollouts in-process, or on the SGLang server at ``endpoint``); returns the serving version
-    after each promotion round and the refusals."""
+    """One online run, asking and learning in turn: the users ask the served agent ``promote_every × 4``
+    questions and label them, then the learner runs ``promote_every`` updates on the labels and gates (or serves)
+    the candidate; the next round's users ask whatever serves then. Returns the versions, the learner's log and
+    the labels."""
     d = out / name
     shutil.rmtree(d, ignore_errors=True)
     store = TrajectoryStore(d / "traces.db")
-    backend = {"backend": "sglang", "endpoint": endpoint} if endpoint else {}
-    served = Agent(model=str(start), config=toy_agent_config().model_copy(
-        update={"frames": toy_agent_config().frames.model_copy(update={"n_frames": 8})}), store=store, **backend)
-    if endpoint:  # the server holds the start before the users ask (an earlier run left its last version on it)
-        push_version(GRPOConfig(model=str(start), backend="sglang", endpoint=endpoint),
-                     {"id": "start", "path": str(start), "weight_version": "start"}, lambda *_: None)
-    rng = random.Random(name)
-    k = 0
-    for w in users:
-        for q in w.questions:
-            ans = served.answer(w.video, q.question, q.options)
-            user = f"user{k % 3}"
-            honest = name == "honest" or (name.startswith("adversarial") and k % 3 != 2)
-            label = q.answer if honest else rng.choice([x for x in LETTERS[: len(q.options)] if x != q.answer])
-            served.feedback(ans.trace.id, answer=label, user=user)
-            k += 1
-    online = {"promote_every": args.promote_every, "max_user_share": 0.5, "rollback": {"enabled": False}}
+    online = {"promote_every": args.promote_every, "max_user_share": 0.5}  # rollback on, at its defaults
     if name.endswith("+gate"):
         online["gate"] = {"enabled": True, "eval_set": str(gate_set), "video_root": str(vids), "n_frames": 8,
-                          "margin": args.margin}
-    cfg = GRPOConfig(model=str(start), output_dir=str(d / "learner"), video_root=str(vids), prompts_per_step=4,
-                     group_size=8, temperature=0.7, lr=args.lr, max_new_tokens=256, subagent_max_new_tokens=32,
-                     micro_batch_size=1, save_every=100, concurrency=4, gating_choices=[4, 8], resume=False,
-                     seed=args.rl_seed, online=online, **backend)
-    learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
+                          **({"margin": args.margin} if args.margin is not None else {})}
+    lines: list[str] = []
     t0 = time.time()
-    learner.run(max_steps=args.updates, once=True)
-    served_path = [v["path"] for v in learner.registry.promoted()]  # in the order they served
-    return {"versions": learner.registry.versions(), "served": served_path, "minutes": (time.time() - t0) / 60}
+    learner = new_learner(name, start, store, d, args, endpoint, online, lines.append)
+    rng = random.Random(name)
+
+    def labeller(user, q, ans):
+        honest = name == "honest" or (name.startswith("adversarial") and user != "user2")
+        return q.answer if honest else rng.choice([x for x in LETTERS[: len(q.options)] if x != q.answer])
+
+    questions = [(f"user{k % 3}", w, q) for k, (w, q) in enumerate((w, q) for w in users for q in w.questions)]
+    per_round = args.promote_every * 4
+    labels: list = []
+    for r in range(0, len(questions), per_round):
+        ask(served_agent(start, store, learner, endpoint), learner, questions[r: r + per_round], labeller, labels)
+        learner.run(max_steps=args.promote_every, once=True)
+    return finish(learner, lines, labels, t0, d)
+
+
+def attack(start: Path, users, out: Path, args, endpoint: str | None) -> dict:
+    """An adversary tries to force a rollback of a good version. ``HONEST`` users label ``--attack-per-user``
+    answers of the starting version v0 right; the learner makes one candidate (``--attack-lr``, by default so small
+    that its answers are v0's: a version exactly as good, so any rollback of it is a false one) and serves it (no
+    gate); then the honest users label as many of its answers right, and ``mallory`` asks ``--attack-labels``
+    questions and labels every answer wrong (an option other than the one the agent named). The learner's
+    next update checks the rollback (defaults: ``online.rollback``)."""
+    name = "rollback-attack"
+    d = out / name
+    shutil.rmtree(d, ignore_errors=True)
+    store = TrajectoryStore(d / "traces.db")
+    lines: list[str] = []
+    t0 = time.time()
+    learner = new_learner(name, start, store, d, args, endpoint, {"promote_every": args.promote_every,
+                                                                  "max_user_share": 0.5}, lines.append,
+                          lr=args.attack_lr)
+    rng = random.Random(name)
+
+    def labeller(user, q, ans):
+        if user != "mallory":
+            return q.answer
+        return rng.choice([x for x in LETTERS[: len(q.options)] if x != ans.choice])
+
+    qs = [(w, q) for w in users for q in w.questions]
+    k = args.attack_per_user
+    labels: list = []
+    first = [(u, *qs[i * k + j]) for j in range(k) for i, u in enumerate(HONEST)]
+    ask(served_agent(start, store, learner, endpoint), learner, first, labeller, labels)
+    learner.run(max_steps=args.promote_every, once=True)  # v<promote_every>: promoted, serves
+    off = len(HONEST) * k
+    second = [(u, *qs[off + i * k + j]) for j in range(k) for i, u in enumerate(HONEST)]
+    second += [("mallory", *qs[off + j % (len(HONEST) * k)]) for j in range(args.attack_labels)]
+    rng.shuffle(second)
+    ask(served_agent(start, store, learner, endpoint), learner, second, labeller, labels)
+    learner.run(max_steps=1, once=True)  # polls the labels, one update, the rollback's look
+    return finish(learner, lines, labels, t0, d)
+
+
+def finish(learner: OnlineLearner, lines: list[str], labels: list, t0: float, d: Path) -> dict:
+    (d / "learner.log").write_text("\n".join(lines) + "\n")
+    events_file = learner.trainer.out / "online_events.jsonl"
+    events = [json.loads(x) for x in events_file.read_text().splitlines()] if events_file.is_file() else []
+    return {"versions": learner.registry.versions(), "served": [v["path"] for v in learner.registry.promoted()],
+            "serving": learner.registry.serving()["id"], "events": events, "margin": learner.promotion.margin,
+            "looks": [x for x in lines if x.startswith("rollback")], "live": learner.state["live"],
+            "labels": labels, "minutes": (time.time() - t0) / 60}
+
+
+def gate_text(r: dict) -> str:
+    """The gate's decision on each candidate (or that every candidate was served as it came)."""
+    out = []
+    for e in r["events"]:
+        g = e.get("gate") or {}
+        if e["event"] not in ("promoted", "refused"):
+            continue
+        if "lower" not in g:
+            out.append(f"{e['version']} served (no gate)")
+            continue
+        start = g.get("start") or {}
+        worst = min(g["lower"], start.get("lower", g["lower"]))
+        out.append(f"{e['version']} {e['event']} {g['candidate']:.2f} vs {g['served']:.2f}"
+                   + (f", start {g['candidate'] - start['diff']:.2f}" if start else "")
+                   + f" (lower {worst:+.2f} {'≥' if e['event'] == 'promoted' else '<'} −{g['margin']:.3f})")
+    return "; ".join(out) or "no candidate"
+
+
+def rollback_text(r: dict) -> str:
+    """Rollback: each look the learner took and each rollback, or why none was taken (labels counted per version)."""
+    rolled = [e for e in r["events"] if e["event"] == "rolled-back"]
+    if r["looks"]:
+        text = "; ".join(x.split(": ", 1)[1] if x.startswith("rollback look") else x for x in r["looks"])
+    else:
+        counted = {v: sum(c[2] for c in live_counts(r["live"][v]).values()) for v in r["live"]}
+        text = ("no look (" + ", ".join(f"{v}: {n} labels" for v, n in counted.items())
+                + f"; the first look needs {RollbackSettings().min_rows})")
+    return text + (f"; ROLLED BACK to {', '.join(e['version'] for e in rolled)}" if rolled else "; none rolled back")
 
 
 def summarise(name: str, r: dict, before: list, heldout) -> dict:
     curve = [mean_ci(heldout(p))[0] for p in r["served"]]
-    after = heldout(r["served"][-1])
+    serving = next(v["path"] for v in r["versions"] if v["id"] == r["serving"])
+    after = heldout(serving)
     refused = [v["id"] for v in r["versions"] if v["status"] == "refused"]
-    print(f"{name}: held-out through the run {' → '.join(f'{x:.2f}' for x in curve)}; refused {refused}; "
-          f"{r['minutes']:.1f} min", flush=True)
-    return {"curve": curve, "gain": paired_diff_ci(before, after), "after": mean_ci(after), "refused": refused,
-            "minutes": r["minutes"]}
+    out = {"curve": curve, "gain": paired_diff_ci(before, after), "after": mean_ci(after), "refused": refused,
+           "candidates": sum(e["event"] in ("promoted", "refused") for e in r["events"]), "minutes": r["minutes"],
+           "gate": gate_text(r), "rollback": rollback_text(r), "margin": r["margin"], "serving": r["serving"]}
+    if name == "rollback-attack":
+        out["attack"] = attack_analysis(r)
+    print(f"{name}: held-out of each served version {' → '.join(f'{x:.2f}' for x in curve)}, serving "
+          f"{r['serving']} at the end; gate: {out['gate']}; rollback: {out['rollback']}; {r['minutes']:.1f} min",
+          flush=True)
+    if "attack" in out:
+        print("  " + "\n  ".join(out["attack"]), flush=True)
+    return out
+
+
+def attack_analysis(r: dict) -> list[str]:
+    """Why the attacked version stayed (or did not): the same labels under the old rule, without the per-user cap,
+    from the adversary alone, and as the learner counted them."""
+    promoted = [e["version"] for e in r["events"] if e["event"] == "promoted"]
+    if not promoted:
+        return ["no version was promoted: nothing to attack"]
+    v0, v1 = r["versions"][0]["id"], promoted[0]
+    rs = RollbackSettings()
+
+    def uncapped(vid, only=None):
+        c: dict = {}
+        for x in r["labels"]:
+            if x["version"] == vid and (only is None or x["user"] == only):
+                a = c.setdefault(x["user"], [0.0, 0.0, 0])
+                a[0], a[1], a[2] = a[0] + x["score"], a[1] + x["score"] ** 2, a[2] + 1
+        return c
+
+    def acc(c):
+        n = sum(x[2] for x in c.values())
+        return sum(x[0] for x in c.values()) / n if n else 0.0, n
+
+    all1, all0 = uncapped(v1), uncapped(v0)
+    (a1, n1), (a0, n0) = acc(all1), acc(all0)
+    mal = uncapped(v1, "sdk:mallory")
+    honest1 = {u: c for u, c in all1.items() if u != "sdk:mallory"}
+    old = n1 >= 20 and n0 >= 20 and a1 < a0 - 0.1
+    counted = live_counts(r["live"].get(v1))
+    lines = [
+        f"{v1}'s labels: {n1} ({mal.get('sdk:mallory', [0, 0, 0])[2]} from mallory, all wrong), live accuracy "
+        f"{a1:.2f}; honest users alone {acc(honest1)[0]:.2f} on {acc(honest1)[1]}; {v0}: {a0:.2f} on {n0}",
+        f"old rule (accuracy < before − 0.1, ≥ 20 labels each, counted before any per-user limit): "
+        f"{'ROLLBACK' if old else 'kept'} ({a1:.2f} vs {a0:.2f})",
+        f"the new test without the per-user cap: {rollback_decision(all1, all0, rs).why}",
+        f"mallory's labels alone: {rollback_decision(mal, all0, rs).why}",
+        f"as the learner counted them (after max_labels_per_user {rs.max_labels_per_user}): "
+        f"{sum(c[2] for c in counted.values())} labels from {len(counted)} users, "
+        f"{rollback_decision(counted, live_counts(r['live'].get(v0)), rs).why}",
+    ]
+    return lines
 
 
 def serve(start: Path, out: Path, python: str):
@@ -183,10 +354,17 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=12, help="Updates per run (4 prompts each).")
     ap.add_argument("--promote-every", type=int, default=3, help="Updates per candidate.")
     ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--margin", type=float, default=0.05, help="The gate's non-inferiority margin.")
+    ap.add_argument("--margin", type=float, default=None, help="The gate's non-inferiority margin (default: the "
+                    "smallest its 20 pinned questions can hold, 0.33; a smaller one is refused at start).")
     ap.add_argument("--seed", type=int, default=TEST_SEED0 + 7000, help="First seed of the held-out worlds.")
     ap.add_argument("--rl-seed", type=int, default=0, help="The learner's seed (gating, rollout sampling; SGLang's "
                     "CPU engine ignores sampling seeds).")
+    ap.add_argument("--attack-per-user", type=int, default=10, help="rollback-attack: answers each honest user "
+                    "labels per version (the default max_labels_per_user: all of them count).")
+    ap.add_argument("--attack-labels", type=int, default=40, help="rollback-attack: answers the adversary asks for "
+                    "and labels wrong.")
+    ap.add_argument("--attack-lr", type=float, default=1e-9, help="rollback-attack: the learner's lr (the default "
+                    "leaves the answers of the attacked version the start's: it is exactly as good).")
     ap.add_argument("--eval-worlds", type=int, default=20, help="Held-out worlds (2 MCQ each).")
     ap.add_argument("--sglang", action="store_true", help="Serve and roll out with SGLang itself (its CPU engine).")
     ap.add_argument("--sglang-python", default=str(ROOT / ".venv-sglang" / "bin" / "python"),
@@ -220,22 +398,33 @@ def main() -> None:
     results = {}
     try:
         for name in args.runs.split(","):
-            results[name] = summarise(name, run(name, start, users, out, args, gate_set, vids, endpoint), before,
-                                      heldout)
+            if name == "rollback-attack":
+                need = len(HONEST) * args.attack_per_user  # questions per round (2 a world)
+                worlds = make_worlds(range(ATTACK_SEED0, ATTACK_SEED0 + need), vids, False, mcq=2, oe=0, tvg=0)
+                r = attack(start, worlds, out, args, endpoint)
+            else:
+                r = run(name, start, users, out, args, gate_set, vids, endpoint)
+            results[name] = summarise(name, r, before, heldout)
     finally:
         if server is not None:
             from paravt_agent.serving.sglang_launch import stop
 
             stop(server)
     print("\n| run | held-out accuracy, each served version | after (95% CI) | gain (paired 95% CI) | "
-          "candidates refused | minutes |\n|---|---|---|---|---|---|")
+          "the gate's decisions | rollback | minutes |\n|---|---|---|---|---|---|---|")
     for name, r in results.items():
         a, g = r["after"], r["gain"]
         print(f"| {name} | {' → '.join(f'{x:.2f}' for x in r['curve'])} | {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | "
-              f"{g[0]:+.2f} [{g[1]:+.2f}, {g[2]:+.2f}] | {len(r['refused'])} | {r['minutes']:.1f} |")
+              f"{g[0]:+.2f} [{g[1]:+.2f}, {g[2]:+.2f}] | {r['gate']} | {r['rollback']} | {r['minutes']:.1f} |")
+    for name, r in results.items():
+        if "attack" in r:
+            print(f"\n{name}:\n- " + "\n- ".join(r["attack"]))
+    margins = {r["margin"] for r in results.values() if r["margin"] is not None}
     print(f"\n{len(before)} held-out questions (seeds {args.seed}-{args.seed + args.eval_worlds - 1}); "
-          f"{args.updates} updates of 4 prompts, a candidate every {args.promote_every}; "
-          f"{'served by SGLang 0.5.23 (CPU engine, core 0), learner on core 1' if args.sglang else 'in-process'}; "
+          f"{args.updates} updates of 4 prompts, users asking {args.promote_every * 4} questions before every "
+          f"{args.promote_every} updates (a candidate each); "
+          + (f"gate margin {', '.join(f'{m:.3f}' for m in margins)} (20 pinned questions); " if margins else "")
+          + f"{'served by SGLang 0.5.23 (CPU engine, core 0), learner on core 1' if args.sglang else 'in-process'}; "
           f"{(time.time() - t_all) / 60:.1f} min in all")
     (out / "results.json").write_text(json.dumps({"before": before, **results}, indent=1, default=str))
 

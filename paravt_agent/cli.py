@@ -215,11 +215,15 @@ def serve_cmd(
     lora_from: Path = typer.Option(None, help="A training config (its `lora` section) or a peft adapter directory: "
                                    "serve LoRA adapters with that run's rank and target modules."),
     pause_lease: float = typer.Option(60.0, min=0, help="Continue generation on a server paused this long past the "
-                                      "--sync-lease file's last renewal (or the pause's start); 0: never."),
+                                      "--sync-lease file's last renewal (a dead pusher); 0: never."),
     sync_lease: Path = typer.Option(None, help="The learner's push journal (OUTPUT_DIR/push.json): its lease."),
+    max_pause: float = typer.Option(600.0, min=0, help="Continue generation on a server paused this long, lease or "
+                                    "not (a hung pusher; without --sync-lease the only bound: set it above the "
+                                    "longest push); 0: no cap."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
-    """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused."""
+    """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused.
+    (Long by design: typer reads the command's options from this signature.)"""
     # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
@@ -258,13 +262,13 @@ def serve_cmd(
     except ParaVTError as exc:
         _fail(str(exc))
     typer.echo(f"healthy: http://{host}:{port}/v1{what}{'; ' if dp > 1 else ''}Ctrl-C to stop)", err=True)
-    sys.exit(_wait_then_stop(procs, stop, (host, port, dp, pause_lease, sync_lease)))
+    sys.exit(_wait_then_stop(procs, stop, (host, port, dp, pause_lease, sync_lease, max_pause)))
 
 
 def _wait_then_stop(procs: list, stop, supervised: tuple | None = None) -> int:
     """Wait on the last server process (the router, or the one server); Ctrl-C or a scheduler's SIGTERM stops
     every server (each leads its own process group). Returns the exit code. Meanwhile the pause supervisor of
-    ``supervised`` (host, port, dp, --pause-lease, --sync-lease) runs."""
+    ``supervised`` (host, port, dp, --pause-lease, --sync-lease, --max-pause) runs."""
     import signal
 
     from paravt_agent.serving.supervisor import supervise  # httpx and threads: only `serve` pays for them

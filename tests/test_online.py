@@ -298,6 +298,25 @@ def test_after_a_rollback_the_next_version_is_compared_with_the_one_served_befor
     assert p.check_rollback() is None  # its one look is used up
 
 
+def test_a_version_that_cannot_be_rolled_back_says_so_once(tmp_path):
+    """Promotions faster than labels: the version before the served one stopped serving with too few labels, so
+    the served one cannot be tested; that is an event (once), not a silent no."""
+    import json as _json
+    import time as _time
+
+    p = _stub_promotion(tmp_path, {"rollback": {"min_rows": 20}})
+    for vid, why in (("v0", "start"), ("v1", "promoted")):
+        p.registry.add(vid, 0, tmp_path / vid, "candidate")
+        p.registry.set_serving(vid, reason=why)
+        _time.sleep(0.01)
+    p.state["live"]["v0"] = _labels(a=(3, 4))
+    p.state["live"]["v1"] = _labels(a=(2, 10), b=(2, 10), c=(2, 10))
+    assert p.check_rollback() is None and p.check_rollback() is None
+    events = [_json.loads(x) for x in (tmp_path / "online_events.jsonl").read_text().splitlines()]
+    said = [e for e in events if e["event"] == "rollback-untestable"]
+    assert len(said) == 1 and said[0]["version"] == "v1" and "4 from 1" in said[0]["reason"]
+
+
 def test_live_labels_count_after_the_per_user_limits_in_the_gates_units(tmp_path, toy_policy_dir, toy_rl):
     """A user's rows over ``max_rows_per_user`` are no labels either, one user's labels per version are capped, and
     a label scores the answer with the gate's metric (F1 for an open-ended answer, not ≥ 0.5 → 1)."""
@@ -313,6 +332,9 @@ def test_live_labels_count_after_the_per_user_limits_in_the_gates_units(tmp_path
         t = Trace(video=video, question="What colour is the car?", response="<answer>blue car</answer>")
         store.add(t)
         store.feedback(t.id, answer="blue" if i else "blue car", user="mallory" if i else "alice")
+        if i == 0:
+            first = t
+    store.feedback(first.id, answer="blue car", user="alice")  # the same label again: one answer, one label
     learner.poll()
     live = learner.state["live"]["v0"]
     assert live["mallory"][2] == 10 and live["alice"] == [1.0, 1.0, 1]

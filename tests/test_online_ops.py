@@ -157,10 +157,16 @@ def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_pat
         assert not state["paused"] and sup.continued[0]["lease_age_s"] == 11.5
         assert sup.check(c, now=t0 + 60) == []  # running: nothing to do
         state["paused"] = True
-        lease.unlink()  # no lease file: bounded from the pause's start
-        bare = PauseSupervisor([srv.url], lease=5, log=lambda *_: None)
-        assert bare.check(c, now=t0) == [] and bare.check(c, now=t0 + 4) == []
-        assert bare.check(c, now=t0 + 6) == [srv.url] and not state["paused"]
+        os.utime(lease, (t0 + 100, t0 + 100))  # a hung pusher renews for ever: capped at max_pause from the start
+        capped = PauseSupervisor([srv.url], lease=10, lease_file=lease, max_pause=20, log=lambda *_: None)
+        assert capped.check(c, now=t0 + 90) == [] and capped.check(c, now=t0 + 105) == []
+        os.utime(lease, (t0 + 110, t0 + 110))
+        assert capped.check(c, now=t0 + 111) == [srv.url] and capped.continued[0]["why"] == "max-pause"
+        state["paused"] = True
+        lease.unlink()  # no lease file: bounded by max_pause from the pause's start, not by the lease
+        bare = PauseSupervisor([srv.url], lease=5, max_pause=8, log=lambda *_: None)
+        assert bare.check(c, now=t0) == [] and bare.check(c, now=t0 + 6) == []
+        assert bare.check(c, now=t0 + 9) == [srv.url] and not state["paused"]
     down = PauseSupervisor(["http://127.0.0.1:9"], lease=1, log=lambda *_: None)
     assert down.check(now=t0) == [] and down.check(now=t0 + 100) == []
     with pytest.raises(ValueError):
@@ -169,6 +175,7 @@ def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_pat
     assert supervised_urls("0.0.0.0", 30000) == ["http://127.0.0.1:30000"]
     assert supervised_urls("10.0.0.5", 30000, dp=2) == ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
     assert supervise("127.0.0.1", 30000, 1, 0, log=lambda *_: None) is None  # --pause-lease 0: off
+    assert supervise("127.0.0.1", 30000, 1, 60, None, max_pause=0, log=lambda *_: None) is None  # nothing bounds
 
 
 # --------------------------------------------------------------------------- kill -9 during a push, SGLang itself
@@ -270,3 +277,25 @@ def test_a_pusher_killed_during_a_push_leaves_sglang_answering_within_the_lease_
     reply = httpx.post(url + "/generate", timeout=120, json={
         "input_ids": [20, 21, 22], "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}).json()
     assert reply["meta_info"]["weight_version"] == "0"  # the registry's serving version, pushed again
+
+
+def test_a_restart_does_not_repair_a_push_whose_pusher_still_renews_its_lease(tmp_path, toy_policy_dir):
+    """Two learners on one output directory: the second's start finds the first's journal with a fresh lease (its
+    pusher lives, another pid) and refuses to start, instead of continuing generation in the middle of that push.
+    A journal whose lease lapsed is the dead learner's: repaired (no servers named: nothing to continue)."""
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(tmp_path / "o"))
+    learner = OnlineLearner(cfg, tmp_path / "t.db", progress=False, log=lambda *_: None)
+    learner.trainer.setup()
+    learner.journal.parent.mkdir(parents=True, exist_ok=True)
+    learner.journal.write_text(json.dumps({"version": "4", "sync": "disk", "urls": [], "pid": os.getpid() + 1,
+                                           "host": "h", "started": time.time()}))
+    with pytest.raises(ConfigError, match="another learner is pushing"):
+        learner.repair_push()
+    old = time.time() - 30
+    os.utime(learner.journal, (old, old))
+    assert learner.repair_push()["version"] == "4" and not learner.journal.exists()
+    events = [json.loads(x) for x in (tmp_path / "o" / "online_events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["push-repaired"]

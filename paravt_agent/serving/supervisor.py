@@ -12,14 +12,22 @@ longer than ``lease`` seconds past the pusher's lease:
   which a live push renews every second, :mod:`paravt_train.sync.lease`): ``lease`` seconds past the file's last
   renewal (or past the pause's start, whichever is later). A live learner's push, however long, keeps its pause;
   a dead one's ends within ``lease`` (+ ``poll``) seconds.
-* without one: ``lease`` seconds past the pause's start, for every pause (set it above the longest push).
+* whatever the lease says: ``max_pause`` seconds past the pause's start (``paravt serve --max-pause``, default
+  600 s; 0: no cap). That bounds a pusher that lives but hangs (its lease thread renews while the push makes no
+  progress), and, without a lease file, it is the only bound, so set it above the longest push: a cap that cuts
+  a live push short continues generation on half-updated weights.
+
+What users get after a pause ended this way: the weights the server holds. A disk push is loaded by SGLang in
+one call (the old or the new version); a tensor or distributed push cut between buckets leaves a mix of the two
+until the learner's next start puts its serving version back (:meth:`~paravt_train.online.learner.
+OnlineLearner.repair_push`). The supervisor logs each continue it makes with the lease's age, so an operator can
+tell which requests that window served.
 
 Why a lease and a supervisor rather than pushes that do not pause: the pause is what keeps a request from being
 sampled by half-updated weights (a streamed push's buckets arrive one by one) and what ``retract`` continues on the
 new weights; SGLang's own unpaused update waits for every request in flight to finish. The lease keeps those, and
-only a pusher that stopped renewing loses its pause. A pusher that lives but hangs keeps renewing: its pause lasts
-until it is stopped (its lease then lapses). The file's time is the writer's clock: learner and server hosts must
-agree on the time (NTP) within a fraction of ``lease``.
+only a pusher that stopped renewing loses its pause (or one past ``max_pause``). The file's time is the writer's
+clock: learner and server hosts must agree on the time (NTP) within a fraction of ``lease``.
 """
 
 from __future__ import annotations
@@ -38,9 +46,12 @@ class PauseSupervisor:
     round (what the thread runs every ``poll`` seconds). ``admin_key``: the server's admin key, when it has one."""
 
     def __init__(self, urls: Iterable[str], lease: float = 60.0, lease_file: str | Path | None = None,
-                 poll: float = 1.0, admin_key: str | None = None, log=print):
+                 poll: float = 1.0, admin_key: str | None = None, max_pause: float = 600.0, log=print):
         if lease <= 0:
             raise ValueError(f"lease {lease}: a positive number of seconds")
+        if max_pause < 0:
+            raise ValueError(f"max_pause {max_pause}: seconds, or 0 for no cap")
+        self.max_pause = max_pause
         self.urls = [u.rstrip("/") for u in urls]
         self.lease, self.poll, self.log = lease, poll, log
         self.lease_file = None if lease_file is None else Path(lease_file)
@@ -92,8 +103,9 @@ class PauseSupervisor:
                     continue
                 since = self.paused_since.setdefault(url, now_)
                 renewed = self.lease_renewed()
-                last = max(since, renewed) if renewed is not None else since
-                if now_ - last <= self.lease:
+                lapsed = renewed is not None and now_ - max(since, renewed) > self.lease
+                capped = self.max_pause > 0 and now_ - since > self.max_pause
+                if not (lapsed or capped):
                     continue
                 resp = client.post(f"{url}/continue_generation", json={}, timeout=30)
                 if resp.status_code != 200:
@@ -104,10 +116,13 @@ class PauseSupervisor:
                        "lease_age_s": None if renewed is None else round(now_ - renewed, 1)}
                 self.continued.append(rec)
                 self.paused_since.pop(url, None)
-                why = ("no lease" if renewed is None
-                       else f"its lease {self.lease_file} last renewed {rec['lease_age_s']:.0f}s ago")
-                self.log(f"pause supervisor: {url} was paused for {rec['paused_s']:.0f}s ({why}; the pusher is "
-                         f"gone, lease {self.lease:g}s): generation continued")
+                rec["why"] = "lease" if lapsed else "max-pause"
+                why = (f"its lease {self.lease_file} last renewed {rec['lease_age_s']:.0f}s ago, lease "
+                       f"{self.lease:g}s: the pusher is gone" if lapsed else
+                       f"past --max-pause {self.max_pause:g}s" + ("" if renewed is None else
+                                                                  " although its lease is renewed: a hung pusher?"))
+                self.log(f"pause supervisor: {url} was paused for {rec['paused_s']:.0f}s ({why}): generation "
+                         "continued on the weights it holds")
                 done.append(url)
             return done
         finally:
@@ -143,10 +158,14 @@ def supervised_urls(host: str, port: int, dp: int = 1) -> list[str]:
 
 
 def supervise(host: str, port: int, dp: int, lease: float, lease_file: str | Path | None = None,
-              log=print) -> PauseSupervisor | None:
-    """``paravt serve``'s supervisor of the servers it started, running (None with ``lease`` 0: off)."""
-    if lease <= 0:
+              max_pause: float = 600.0, log=print) -> PauseSupervisor | None:
+    """``paravt serve``'s supervisor of the servers it started, running (None with ``lease`` 0, or without a lease
+    file and with ``max_pause`` 0: off)."""
+    if lease <= 0 or (lease_file is None and max_pause <= 0):
         return None
-    log(f"pause supervisor: a pause lasts at most {lease:g}s past "
-        + (f"the lease {lease_file}" if lease_file else "its start"))
-    return PauseSupervisor(supervised_urls(host, port, dp), lease=lease, lease_file=lease_file, log=log).start()
+    cap = f"{max_pause:g}s past its start" if max_pause > 0 else ""
+    log("pause supervisor: a pause lasts at most "
+        + (f"{lease:g}s past the lease {lease_file}'s last renewal" + (f", and {cap}" if cap else "")
+           if lease_file else cap))
+    return PauseSupervisor(supervised_urls(host, port, dp), lease=lease, lease_file=lease_file,
+                           max_pause=max_pause, log=log).start()

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from paravt_agent.errors import FeedbackError, ParaVTError
+from paravt_agent.errors import ConfigError, FeedbackError, ParaVTError
 from paravt_agent.feedback import check_answer, task_of
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
@@ -26,7 +27,7 @@ from paravt_train.rl.async_loop import require_served_policy
 from paravt_train.rl.config import GRPOConfig
 from paravt_train.rl.trainer import GRPOTrainer
 from paravt_train.sync import expand_routers, server_keys
-from paravt_train.sync.lease import journal_to, unfinished_push
+from paravt_train.sync.lease import RENEW_SECONDS, journal_to, unfinished_push
 
 __all__ = ["OnlineLearner", "check_row", "prompt_from_feedback"]
 
@@ -113,6 +114,7 @@ class OnlineLearner:
                 self._skip(row, why)
                 continue
             answer = check_answer(trace, row["answer"])
+            repeat = row["trace_id"] in st["answers"]  # the same label again: one answer is one live label
             first = st["answers"].setdefault(row["trace_id"], answer)
             if first != answer:
                 self._skip(row, f"conflicts with earlier feedback ({first!r} vs {answer!r})")
@@ -123,7 +125,8 @@ class OnlineLearner:
             if user is not None and not self._within_limit(user, row.get("created") or time.time()):
                 self._skip(row, f"user over max_rows_per_user ({user})")
                 continue
-            self._count_live(trace, answer, user)  # after the limit: a row over it is no label either
+            if not repeat:
+                self._count_live(trace, answer, user)  # after the limit: a row over it is no label either
             item = prompt_from_feedback(row, self.store)
             try:  # a trace of a URL: its download (cached) is the video
                 item.video = local_video(item.video)
@@ -235,9 +238,18 @@ class OnlineLearner:
         left = unfinished_push(self.journal)
         if left is None:
             return None
+        if left.get("pid") != os.getpid() and time.time() - left["renewed"] < 3 * RENEW_SECONDS:
+            raise ConfigError(f"{self.journal}: a push of version {left['version']} by pid {left.get('pid')} on "
+                              f"{left.get('host')} renewed its lease {time.time() - left['renewed']:.1f}s ago: "
+                              "another learner is pushing from this output directory; stop it first")
         keys, done, errors = server_keys(self.cfg), [], []
         with keys.client(60) as client:
-            for url in expand_routers(client, left["urls"], keys) if left["urls"] else []:
+            try:
+                urls = expand_routers(client, left["urls"], keys) if left["urls"] else []
+            except Exception as exc:  # noqa: BLE001 (a router that is down: its servers are unknown, the push below says)
+                errors.append(f"{left['urls']}: {exc}")
+                urls = []
+            for url in urls:
                 try:
                     resp = client.post(f"{url}/continue_generation", json={})
                     client.post(f"{url}/end_weight_update", json={})  # 400 when none is open, 404 before 0.5.21

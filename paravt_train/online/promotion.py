@@ -29,7 +29,7 @@ from paravt_agent.errors import ParaVTError
 from paravt_train.data import PromptItem, prompts_from_rl
 from paravt_train.infra.distributed import barrier, on_rank0
 from paravt_train.online.config import RollbackSettings
-from paravt_train.online.gate import decide, evaluate_dir, gate_margin, pinned_hash
+from paravt_train.online.gate import decide, evaluate_dir, gate_margin, pinned_hash, questions_needed
 from paravt_train.online.versions import VersionRegistry, push_version
 from paravt_train.rl.config import GRPOConfig
 from paravt_train.sync import make_weight_sync
@@ -193,7 +193,17 @@ class Promotion:
             return None
         prompts = self.gate_prompts()
         binary = all(p.task == "mcq" for p in prompts)
-        self.margin = gate_margin(len(prompts), self.online.gate, binary)
+        g = self.online.gate
+        self.margin = gate_margin(len(prompts), g, binary)
+        if g.margin is None and self.margin > 0.05:
+            self.log(f"warning: the gate holds a margin of {self.margin:.3f} on {len(prompts)} pinned questions (no "
+                     f"online.gate.margin set: the smallest this set supports): a candidate up to that much worse "
+                     f"can be promoted; a margin of 0.05 needs "
+                     f"{questions_needed(0.05, g.confidence, g.power, g.discordance, binary)} questions")
+        pool = len(self._pool()[0]) if g.rotate_every else 0
+        if g.rotate_every and g.limit is not None and g.limit >= pool:
+            self.log(f"warning: online.gate.rotate_every draws {g.limit} questions from a pool of {pool}: every "
+                     "draw is the whole pool, nothing rotates")
         return self.margin
 
     def _gate_config(self):
@@ -366,6 +376,7 @@ class Promotion:
         cur, before = live_counts(st["live"].get(sid)), live_counts(st["live"].get(prev["id"]))
         st["looks"][sid], chk = rollback_look(cur, before, st["looks"].get(sid, 0), r)
         if chk is None:
+            self._untestable(sid, prev["id"], cur, before)
             return None
         self.log(f"rollback look {st['looks'][sid]}/{r.looks} of {sid}: {chk.served:.3f} on {chk.n} labels vs "
                  f"{prev['id']}'s {chk.before:.3f} on {chk.n_before}; {chk.why}")
@@ -374,6 +385,21 @@ class Promotion:
         why = (f"rollback: live score of {sid} {chk.served:.2f} on {chk.n} labels is below {prev['id']}'s "
                f"{chk.before:.2f} on {chk.n_before} ({chk.why})")
         return self.rollback_to(prev, why)
+
+    def _untestable(self, sid: str, prev: str, cur: dict, before: dict) -> None:
+        """Said once per version: it has its first look's labels but cannot be tested (too few labels of the version
+        before it, which no longer serves, or too few users): a rollback that is quietly off is an operator's
+        surprise."""
+        r, st = self.online.rollback, self.state
+        if sum(c[2] for c in cur.values()) < r.min_rows or sid in st.setdefault("untestable", []):
+            return
+        chk = rollback_decision(cur, before, r)
+        if chk.tested:
+            return
+        st["untestable"].append(sid)
+        why = f"{sid} cannot be rolled back to {prev} yet: {chk.why}"
+        self.log(f"rollback {why}")
+        self._event({"event": "rollback-untestable", "version": sid, "before": prev, "reason": why})
 
     def rollback_to(self, version: dict, why: str) -> str:
         tr = self.trainer

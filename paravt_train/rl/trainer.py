@@ -16,12 +16,11 @@ rollout policy shares the trained parameters, so there is nothing to sync),
 ``sglang`` (rollouts on an SGLang server, the actor under ``torchrun`` + FSDP2;
 after each update the weights go to the server, generation paused around the
 swap: :mod:`paravt_train.sync.disk`), or any registered backend that returns
-token ids. Every rank rolls out its share of the prompts; the step's metrics are
-gathered over all ranks.
+token ids. Every rank rolls out its share of the prompts; the step's metrics are gathered over all ranks.
 
-The pieces, one concept a module: the update step (:mod:`paravt_train.rl.update`),
-the objective (:mod:`paravt_train.rl.objective`), the step's metrics
-(:mod:`paravt_train.rl.metrics`), checkpoints (:mod:`paravt_train.rl.checkpoints`, an object the trainer holds:
+The pieces, one concept a module: the update step (:mod:`paravt_train.rl.update`), the objective
+(:mod:`paravt_train.rl.objective`), the step's metrics (:mod:`paravt_train.rl.metrics`), checkpoints
+(:mod:`paravt_train.rl.checkpoints`, an object the trainer holds:
 ``self.checkpoints``), the exported model (:mod:`paravt_train.infra.checkpoint`; a LoRA run's adapter:
 :mod:`paravt_train.infra.lora`), rollouts (:mod:`paravt_train.rl.rollout`).
 """
@@ -71,6 +70,7 @@ from paravt_train.rl.step import replay_batch, sample_groups, step_prompts
 from paravt_train.rl.update import PolicyUpdate, UpdateItem, collate, token_logprobs
 from paravt_train.sync import make_weight_sync, pushes_to, serving_dtype
 from paravt_train.sync.base import renamed_attribute
+from paravt_train.sync.lease import journal_to
 
 __all__ = ["GRPOTrainer", "UpdateItem", "collate", "token_logprobs"]
 
@@ -189,12 +189,13 @@ class GRPOTrainer:
         warm = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-        # nothing to push to a policy that generates with the trained parameters themselves; weights reach a
-        # server through SGLang's admin API only
+        # nothing to push to a policy generating with the trained parameters; a server's weights: its admin API only
         self.syncer = sync if pushes_to(policy, self.model) else None
         if self.syncer is not None:  # a min-p the server's seeded sampler would die on, refused before any request
             check_served_sampling(policy, self.agent_config(), self.eval_agent_config())
         self.agent = Agent(policy=policy, config=self.agent_config())
+        if self.rank == 0:  # every push journals itself with a lease (paravt serve --sync-lease OUTPUT_DIR/push.json)
+            journal_to(self.out / "push.json")
         self.agent.tool_policy = frozen_tool_policy(self, self.agent)  # tool_model_calls freeze: the starting weights
         self.cache = PromptCache(self.agent)
         self.update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,

@@ -192,7 +192,8 @@ def _stub_promotion(tmp_path, online=None):
     from paravt_train.online.versions import VersionRegistry
 
     cfg = GRPOConfig(model="m", output_dir=str(tmp_path), online=online or {})
-    trainer = SimpleNamespace(extra_state={}, rank=0, world=1, out=tmp_path)
+    trainer = SimpleNamespace(extra_state={}, rank=0, world=1, out=tmp_path, step=0,
+                              metrics=SimpleNamespace(log_event=lambda *_: None))
     return Promotion(trainer, VersionRegistry(tmp_path / "versions"), cfg, log=lambda *_: None)
 
 

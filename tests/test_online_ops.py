@@ -280,9 +280,10 @@ def test_a_pusher_killed_during_a_push_leaves_sglang_answering_within_the_lease_
 
 
 def test_a_restart_does_not_repair_a_push_whose_pusher_still_renews_its_lease(tmp_path, toy_policy_dir):
-    """Two learners on one output directory: the second's start finds the first's journal with a fresh lease (its
-    pusher lives, another pid) and refuses to start, instead of continuing generation in the middle of that push.
-    A journal whose lease lapsed is the dead learner's: repaired (no servers named: nothing to continue)."""
+    """Two learners on one output directory: the second's start finds the first's journal with a lease that is
+    being renewed (its pusher lives, another pid) and refuses to start, instead of continuing generation in the
+    middle of that push. A journal whose lease stopped being renewed is a dead learner's: repaired (no servers
+    named: nothing to continue)."""
     from paravt_train.online.learner import OnlineLearner
     from paravt_train.rl.config import GRPOConfig
 
@@ -292,10 +293,21 @@ def test_a_restart_does_not_repair_a_push_whose_pusher_still_renews_its_lease(tm
     learner.journal.parent.mkdir(parents=True, exist_ok=True)
     learner.journal.write_text(json.dumps({"version": "4", "sync": "disk", "urls": [], "pid": os.getpid() + 1,
                                            "host": "h", "started": time.time()}))
-    with pytest.raises(ConfigError, match="another learner is pushing"):
-        learner.repair_push()
-    old = time.time() - 30
-    os.utime(learner.journal, (old, old))
+    stop = threading.Event()
+
+    def renew():  # what a live pusher's lease thread does
+        while not stop.wait(0.3):
+            os.utime(learner.journal)
+
+    live = threading.Thread(target=renew, daemon=True)
+    live.start()
+    try:
+        with pytest.raises(ConfigError, match="another learner is pushing"):
+            learner.repair_push()
+    finally:
+        stop.set()
+        live.join()
+    # the pusher died a moment ago: its lease is fresh but no longer renewed
     assert learner.repair_push()["version"] == "4" and not learner.journal.exists()
     events = [json.loads(x) for x in (tmp_path / "o" / "online_events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["push-repaired"]

@@ -862,8 +862,7 @@ def test_a_push_mid_episode_trains_each_token_with_its_own_behaviour(tiny_model,
     assert v == "1" and start == k and 0 < k < end
     from paravt_train.rl.update import UpdateItem as Item
 
-    mb = tr.update._prepare([Item(sequence=s, advantage=1.0) for s in e.sequences if s.role == "planner"][:1], False,
-                            {e.id: sum(s.n_trained for s in e.sequences)}, (1, 1.0))
+    mb = tr.update._prepare([Item(sequence=s, advantage=1.0) for s in e.sequences if s.role == "planner"][:1], False)
     # which version sampled each token, from the logprobs the server recorded: closer to version 0's before the
     # push, to version 1's after it (SGLang-vs-transformers differences are tiny next to the versions' own)
     from transformers import AutoModelForImageTextToText

@@ -267,8 +267,9 @@ def test_the_shadow_gate_serves_its_candidate_with_the_runs_sync(tiny_model, key
             update={"shadow_endpoint": srv.url})})})
     candidate = _adapter(tmp_path / "versions" / "v5", tiny_model)
     seen = _shadow(monkeypatch, lora, candidate)
-    assert _posted(srv) == ["/unload_lora_adapter", "/load_lora_adapter"]
-    assert srv.bodies[-1] == {"lora_name": "mine", "lora_path": str(candidate.resolve().parent / ".served-mine")}
+    assert _posted(srv) == ["/unload_lora_adapter", "/load_lora_adapter", "/update_weight_version"]  # its version too
+    assert srv.bodies[-2] == {"lora_name": "mine", "lora_path": str(candidate.resolve().parent / ".served-mine")}
+    assert srv.bodies[-1] == {"new_version": "candidate-v5", "abort_all_requests": False}
     assert seen == {"model_dir": candidate, "endpoint": srv.url, "adapter": "mine", "api_key": "user-key"}
 
 
@@ -296,8 +297,8 @@ def test_the_trainer_pushes_on_update_only_when_made_to_and_rolls_out_through_th
     tr = GRPOTrainer(cfg, progress=False, log=lambda *_: None)
     tr.setup()
     assert tr.syncer.adapter_name == tr.agent.policy.lora == "mine"
-    assert _posted(srv) == ["/unload_lora_adapter", "/load_lora_adapter"]
-    assert srv.bodies[-1]["lora_name"] == "mine" and Path(srv.bodies[-1]["lora_path"]).name == ".served-mine"
+    assert _posted(srv) == ["/unload_lora_adapter", "/load_lora_adapter", "/update_weight_version"]  # its version too
+    assert srv.bodies[-2]["lora_name"] == "mine" and Path(srv.bodies[-2]["lora_path"]).name == ".served-mine"
     assert OnlineLearner(cfg, tmp_path / "store", progress=False).trainer.push_updates is False
 
 

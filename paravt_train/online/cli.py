@@ -58,8 +58,8 @@ def run(
 ) -> None:
     """Learn from user feedback: feedback with a correct answer becomes RL prompts (each row checked; one user's
     rows limited); every `online.promote_every` updates the candidate is gated on a pinned evaluation set
-    (`online.gate`) and promoted to the server or kept aside; the served version's live accuracy can roll it back.
-    Progress is checkpointed: a restart neither loses nor re-trains feedback."""
+    (`online.gate`) and promoted to the server or kept aside; the served version's live score (the gate's metric
+    on users' labels) can roll it back. Progress is checkpointed: a restart neither loses nor re-trains feedback."""
     ctx.ensure_object(dict).update(config=config, set_=set_)
     if ctx.invoked_subcommand is not None:
         return
@@ -99,6 +99,9 @@ def _opts(ctx: typer.Context, config: Path | None):
 def status(ctx: typer.Context, config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML."),
            as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
     """The served version, the newest candidate, the last gate, the queue, rows skipped and why, per-user counts."""
+    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
+    from paravt_train.online.promotion import live_counts
+
     cfg = _opts(ctx, config)
     reg = _registry(cfg)
     state_file = Path(cfg.output_dir) / "online_state.json"
@@ -117,8 +120,11 @@ def status(ctx: typer.Context, config: Path = typer.Option(None, "--config", hel
         typer.echo(f"newest candidate: {newest['id']} {newest['status']}: {newest['reason']}")
     typer.echo(f"update {state.get('step', 0)}; queue {state.get('queued', 0)} "
                f"{state.get('queued_by_user', {})}; skipped {state.get('skipped', 0)} {state.get('skipped_by', {})}")
-    typer.echo(f"per-user rows in the window: {state.get('users', {})}; live accuracy [right, labelled] by version: "
-               f"{state.get('live', {})}")
+    live = {vid: {"score": round(sum(c[0] for c in by.values()) / max(1, sum(c[2] for c in by.values())), 3),
+                  "labels": sum(c[2] for c in by.values()), "users": len(by)}
+            for vid, by in ((v, live_counts(e)) for v, e in state.get("live", {}).items())}
+    typer.echo(f"per-user rows in the window: {state.get('users', {})}; live score by version (counted labels, "
+               f"after the per-user limits): {live}")
 
 
 @app.command("versions")

@@ -239,9 +239,19 @@ class OnlineLearner:
         if left is None:
             return None
         if left.get("pid") != os.getpid() and time.time() - left["renewed"] < 3 * RENEW_SECONDS:
-            raise ConfigError(f"{self.journal}: a push of version {left['version']} by pid {left.get('pid')} on "
-                              f"{left.get('host')} renewed its lease {time.time() - left['renewed']:.1f}s ago: "
-                              "another learner is pushing from this output directory; stop it first")
+            # a fresh lease: a pusher killed a moment ago, or one alive (a second learner on this directory)?
+            # A live one renews within RENEW_SECONDS, on whatever host: watch for that
+            deadline = time.time() + 3 * RENEW_SECONDS
+            while time.time() < deadline:
+                time.sleep(RENEW_SECONDS / 4)
+                now = unfinished_push(self.journal)
+                if now is None:
+                    return None  # it ended: nothing to repair
+                if now["renewed"] != left["renewed"]:
+                    raise ConfigError(
+                        f"{self.journal}: a push of version {left['version']} by pid {left.get('pid')} on "
+                        f"{left.get('host')} is renewing its lease: another learner is pushing from this output "
+                        "directory; stop it first")
         keys, done, errors = server_keys(self.cfg), [], []
         with keys.client(60) as client:
             try:

@@ -117,17 +117,21 @@ def main() -> None:
             "kappa": (sum(r["kappa"] for r in recs[:k]) / k, sum(r["kappa"] for r in recs[-k:]) / k),
             "before": mean_ci(b), "after": mean_ci(a), "gain": paired_diff_ci(b, a),
             "calls": (before[method]["eval/tool_calls"], after["eval/tool_calls"]),
-            "failed": (before[method].get("eval/failed", 0), after.get("eval/failed", 0)), "n": len(b)}
+            "failed": (before[method].get("eval/failed", 0), after.get("eval/failed", 0)), "n": len(b),
+            # the train–inference mismatch the trainer measured every step (means over the run)
+            **{key: sum(r.get(key, 0.0) for r in recs) / len(recs)
+               for key in ("mismatch/kl_k3", "mismatch/chi2", "mismatch/past_threshold")}}
         print(f"{name}: {results[name]}")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print("\n| run | reward (first → last fifth) | κ | held-out MCQ, n = 8 (95% CI) before → after | gain (paired 95% "
-          "CI) | tool calls / question | minutes |")
-    print("|---|---|---|---|---|---|---|")
+          "CI) | tool calls / question | mismatch KL k3 / χ² / past C | minutes |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         b, a, g = r["before"], r["after"], r["gain"]
         print(f"| {name} | {r['reward'][0]:.2f} → {r['reward'][1]:.2f} | {r['kappa'][0]:.2f} → {r['kappa'][1]:.2f} | "
               f"{b[0]:.2f} [{b[1]:.2f}, {b[2]:.2f}] → {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | "
               f"{g[0]:+.2f} [{g[1]:+.2f}, {g[2]:+.2f}] | {r['calls'][0]:.1f} → {r['calls'][1]:.1f} | "
+              f"{r['mismatch/kl_k3']:.1e} / {r['mismatch/chi2']:.1e} / {100 * r['mismatch/past_threshold']:.2f}% | "
               f"{r['minutes']:.1f} |")
     fails = ", ".join(f"{n} {r['failed'][0]} / {r['failed'][1]}" for n, r in results.items())
     print(f"\n{len(held)} held-out questions (seeds {args.seed}-{args.seed + args.eval_worlds - 1}); errors before / "

@@ -90,8 +90,8 @@ test: install browser postgres sglang-contract sglang-cpu lmms-eval
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m dtype --dtype bfloat16 -p no:cacheprovider
 
 # The GPU runner: the tests of the paths that pick CUDA, on a machine with a CUDA GPU and torch (no registry needed:
-# tests/gpu/bundle.py prepares the wheels where pip works; docs/install.md, "On a GPU machine"). It writes
-# gpu-report.md. Without .venv (a bare GPU machine) it runs with the system's python3.
+# tests/gpu/bundle.py prepares the wheels where pip works; docs/gpu.md, "The GPU runner"). It writes gpu-report.md
+# whatever stops it, within --timeout (540 s by default). Without .venv (a bare GPU machine) it runs with python3.
 GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
 test-gpu:
 	$(GPU_PY) tests/gpu/run.py $(GPU_ARGS)

@@ -67,12 +67,11 @@ from paravt_agent.protocol import LETTERS, option_body  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
 from paravt_train.data import write_parquet  # noqa: E402
 from paravt_train.eval.stats import mean_ci, paired_diff_ci  # noqa: E402
-from paravt_train.online.config import RollbackSettings  # noqa: E402
+from paravt_train.online.config import OnlineConfig, RollbackSettings  # noqa: E402
 from paravt_train.online.gate import evaluate_dir  # noqa: E402
 from paravt_train.online.learner import OnlineLearner  # noqa: E402
 from paravt_train.online.promotion import live_counts, rollback_decision  # noqa: E402
 from paravt_train.rewards import accuracy_reward  # noqa: E402
-from paravt_train.rl.config import GRPOConfig  # noqa: E402
 from paravt_train.sft import train  # noqa: E402
 from paravt_train.sft.config import SFTConfig  # noqa: E402
 from paravt_train.toy.build import TEST_SEED0, toy_agent_config  # noqa: E402
@@ -133,7 +132,7 @@ def served_agent(start: Path, store: TrajectoryStore, learner: OnlineLearner, en
 def ask(agent: Agent, learner: OnlineLearner, questions, labeller, labels: list) -> None:
     """Each ``(user, world, question)`` asked of the served agent; the user's label (``labeller``) is fed back and
     recorded in ``labels`` with the version that served the answer and the answer's score under it."""
-    from paravt_agent.feedback import task_of
+    from paravt_agent.store.feedback import task_of
 
     serving = learner.registry.serving()["id"]
     for user, w, q in questions:
@@ -147,7 +146,7 @@ def ask(agent: Agent, learner: OnlineLearner, questions, labeller, labels: list)
 def new_learner(name: str, start: Path, store: TrajectoryStore, d: Path, args, endpoint, online: dict, log,
                 lr: float | None = None) -> OnlineLearner:
     backend = {"backend": "sglang", "endpoint": endpoint} if endpoint else {}
-    cfg = GRPOConfig(model=str(start), output_dir=str(d / "learner"), video_root=str(d.parent / "videos"),
+    cfg = OnlineConfig(model=str(start), output_dir=str(d / "learner"), video_root=str(d.parent / "videos"),
                      prompts_per_step=4, group_size=8, temperature=0.7, lr=lr or args.lr, max_new_tokens=256,
                      subagent_max_new_tokens=32, micro_batch_size=1, save_every=100, concurrency=4,
                      gating_choices=[4, 8], resume=False, seed=args.rl_seed, online=online, **backend)
@@ -230,7 +229,7 @@ def finish(learner: OnlineLearner, lines: list[str], labels: list, t0: float, d:
     events = [json.loads(x) for x in events_file.read_text().splitlines()] if events_file.is_file() else []
     return {"versions": learner.registry.versions(), "served": [v["path"] for v in learner.registry.promoted()],
             "serving": learner.registry.serving()["id"], "events": events, "margin": learner.promotion.margin,
-            "looks": [x for x in lines if x.startswith("rollback")], "live": learner.state["live"],
+            "looks": [x for x in lines if x.startswith("rollback")], "live": learner.state.live,
             "labels": labels, "minutes": (time.time() - t0) / 60}
 
 

@@ -102,7 +102,7 @@ def main() -> None:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         server = start_server(str(start), port, run / "server.log", args.sglang_python)
-        cfg = dict(method="para-grpo", model=str(start), data=str(train), eval_data=str(held), eval_n_frames=8,
+        cfg = dict(method="para-grpo", model=str(start), data=str(train), eval={"data": str(held), "n_frames": 8},
                    video_root=str(vids), output_dir=str(run), backend="sglang", endpoint=f"http://127.0.0.1:{port}",
                    steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr,
                    temperature=0.7, max_new_tokens=256, subagent_max_new_tokens=32, micro_batch_size=1,

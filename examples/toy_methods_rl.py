@@ -101,7 +101,7 @@ def main() -> None:
             agent_config=agent_yaml(method, out / f"{slug}.yaml"), agent=agent_settings, output_dir=str(out / slug),
             steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group, lr=args.lr,
             max_new_tokens=160, subagent_max_new_tokens=32, micro_batch_size=1, save_every=1000,
-            concurrency=args.prompts_per_step, seed=0, eval_n_frames=8)
+            concurrency=args.prompts_per_step, seed=0, eval={"n_frames": 8})
         tr = GRPOTrainer(cfg, progress=False)
         tr.setup()
         if method not in before:

@@ -76,7 +76,7 @@ def main() -> None:
         method, _, given = preset.partition(":")
         settings = dict(kv.split("=", 1) for kv in given.split(";") if kv)
         cfg = GRPOConfig(**{
-            "method": method, "model": str(start), "data": str(train), "eval_data": str(held), "eval_n_frames": 8,
+            "method": method, "model": str(start), "data": str(train), "eval": {"data": str(held), "n_frames": 8},
             "video_root": str(vids), "output_dir": str(out / preset.replace(":", "_").replace("=", "-")),
             "steps": args.steps, "prompts_per_step": args.prompts_per_step, "group_size": args.group, "lr": args.lr,
             "temperature": 0.7, "max_new_tokens": 256, "subagent_max_new_tokens": 32, "micro_batch_size": 1,

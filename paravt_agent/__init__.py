@@ -7,7 +7,7 @@ that cross layers live in :mod:`paravt_agent.types`.
 
 from typing import TYPE_CHECKING
 
-from paravt_agent._moved import MovedModules
+from paravt_agent.compat import MovedModules
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError, PromptTooLong, ToolError, VideoError
 
 if TYPE_CHECKING:
@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     )
     from paravt_agent.video import FrameConfig
 
-__version__ = "0.5.1"
+__version__ = "0.5.2"
 
 #: module paths that moved when the package was regrouped by concept (v0.4): importable for one release, with a
-#: DeprecationWarning naming the new path (:mod:`paravt_agent._moved`)
+#: DeprecationWarning naming the new path (:mod:`paravt_agent.compat`)
 MOVED = {
     "paravt_agent.answers": "paravt_agent.protocol.answers",
     "paravt_agent.api": "paravt_agent.serving.api",
@@ -41,8 +41,11 @@ MOVED = {
     "paravt_agent.calls": "paravt_agent.graph.calls",
     "paravt_agent.checkpoints": "paravt_agent.graph.checkpoints",
     "paravt_agent.collab": "paravt_agent.graph.collab",
+    "paravt_agent._moved": "paravt_agent.compat",
     "paravt_agent.context": "paravt_agent.graph.context",
+    "paravt_agent.feedback": "paravt_agent.store.feedback",
     "paravt_agent.frames": "paravt_agent.graph.frames",
+    "paravt_agent.graph.cpp": "paravt_agent.graph.collab.cpp",
     "paravt_agent.graph_runtime": "paravt_agent.graph.runtime",
     "paravt_agent.presets": "paravt_agent.protocol.presets",
     "paravt_agent.serve": "paravt_agent.serving.sglang_launch",

@@ -1,4 +1,8 @@
-"""The ``paravt`` command: answer questions about videos, serve a model, list tools."""
+"""The ``paravt`` command: answer questions about videos, serve a model, list tools.
+
+Lazy imports: each command imports the modules it runs inside its own body, so `paravt --help` and every other
+command stay instant (torch, transformers and the servers load only for the command that needs them).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +30,6 @@ def tools_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the OpenAI-style function schemas as JSON."),
 ) -> None:
     """List the available tools (built-ins and `paravt.tools` entry-point plugins) with their schemas."""
-    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.plugins import toolset
 
     reg = toolset()(None)  # the default set, by its entry point (paravt_agent never imports the tools package)
@@ -56,7 +59,6 @@ def _build_agent(backend: str, model: str | None, endpoint: str | None, mode: st
                  config: Path | None, set_: list[str] | None, store=None, api_key: str | None = None):
     """One rule for every entry point: --config, else --preset, else the model's agent_config.yaml, else
     defaults (the local backend's default model: the shipped toy policy)."""
-    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.agent import Agent
     from paravt_agent.config import resolve_agent_config
     from paravt_agent.defaults import resolve_model
@@ -67,7 +69,6 @@ def _build_agent(backend: str, model: str | None, endpoint: str | None, mode: st
     cfg = resolve_agent_config(config, model if backend != "openai" else None, overrides, preset=preset, notes=notes)
     for note in notes:
         typer.echo(note, err=True)
-    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.telemetry import configure_from_env
 
     configure_from_env()  # OTEL_TRACES_EXPORTER=otlp|console: one trace per question
@@ -94,7 +95,6 @@ def answer_cmd(
                                  "aggregation, the answer turn."),
 ) -> None:
     """Answer a question about a video and print the answer with a compact trace."""
-    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
 
     try:
@@ -154,7 +154,6 @@ def api_cmd(
     /v1/models and /v1/feedback. A user message holds the question and the video as a video_url part.
 
     OpenTelemetry traces (one per question) go to the exporter OTEL_TRACES_EXPORTER names (otlp, console)."""
-    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_agent.serving.api import ApiSettings, serve
     from paravt_agent.store import open_store
@@ -209,7 +208,7 @@ def serve_cmd(
                                    "upscale such frames (Qwen3-VL's min_pixels 65536) is served through an overlay "
                                    "directory that keeps their size."),
     lora_rank: int = typer.Option(None, min=1, help="Serve LoRA adapters up to this rank (--enable-lora on the "
-                                  "trainer's default modules): what a `lora.enabled` run with `weight_sync: lora` "
+                                  "trainer's default modules): what a `lora.enabled` run with `sync.via: lora` "
                                   "pushes. On CPU, SGLang "
                                   "0.5.23's LoRA needs the test suite's CPU module (`make sglang-cpu`)."),
     lora_from: Path = typer.Option(None, help="A training config (its `lora` section) or a peft adapter directory: "
@@ -224,7 +223,6 @@ def serve_cmd(
 ) -> None:
     """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused.
     (Long by design: typer reads the command's options from this signature.)"""
-    # lazy: a command's modules load when it runs (`paravt --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
 
@@ -236,7 +234,6 @@ def serve_cmd(
               deterministic=deterministic, device=device, max_total_tokens=max_total_tokens, python=python,
               lora_rank=lora_rank, lora_from=lora_from)
     if dp > 1:
-        # lazy: a command's modules load when it runs (`paravt --help` stays instant)
         from paravt_agent.serving.sglang_launch import launch_router, router_commands
 
         try:

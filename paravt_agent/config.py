@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from paravt_agent._moved import REMOVED_IN
+from paravt_agent.compat import REMOVED_IN
 from paravt_agent.errors import ConfigError
 from paravt_agent.protocol.presets import preset_settings
 from paravt_agent.types import Sampling

@@ -12,7 +12,7 @@
   trackers.
 """
 
-from paravt_agent._moved import MovedModules
+from paravt_agent.compat import MovedModules
 
 #: module paths that moved when the package was regrouped by concept (v0.4) and into rooms by concept (v0.5):
 #: importable for one release, with a DeprecationWarning naming the new path
@@ -29,11 +29,13 @@ MOVED = {
     "paravt_train.plot": "paravt_train.eval.plot",
     "paravt_train.prefilter": "paravt_train.data.prefilter",
     "paravt_train.replay": "paravt_train.rl.replay",
-    "paravt_train.rl.agent_rewards": "paravt_train.rl.marl.rewards",
+    "paravt_train.rl.agent_rewards": "paravt_train.rewards.multi_agent",
+    "paravt_train.rl.marl.rewards": "paravt_train.rewards.multi_agent",
     "paravt_train.rl.gate": "paravt_train.online.gate",
     "paravt_train.rl.lora": "paravt_train.infra.lora",
     "paravt_train.rl.online": "paravt_train.online.learner",
     "paravt_train.rl.online_cli": "paravt_train.online.cli",
+    "paravt_train.rl.online_config": "paravt_train.online.config",
     "paravt_train.rl.promotion": "paravt_train.online.promotion",
     "paravt_train.rl.versions": "paravt_train.online.versions",
     "paravt_train.rollout": "paravt_train.rl.rollout",

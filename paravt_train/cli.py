@@ -1,4 +1,8 @@
-"""The ``paravt-train`` command: data checks and conversion, SFT, PARA-GRPO, online learning, the toy world."""
+"""The ``paravt-train`` command: data checks and conversion, SFT, PARA-GRPO, online learning, the toy world.
+
+Lazy imports: each command imports the modules it runs inside its own body, so `paravt-train --help` and every other
+command stay instant (torch, transformers and the servers load only for the command that needs them).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,6 @@ def main() -> None:
 
 def stopped_exit_code() -> int:
     """A run stopped by SIGTERM (checkpointed, resumable) exits as a terminated process does: 143."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.infra.interrupt import EXIT_CODE
 
     return EXIT_CODE
@@ -41,7 +44,6 @@ def validate_data(
     no_video_check: bool = typer.Option(False, "--no-video-check", help="Do not check that videos exist."),
 ) -> None:
     """Check every row; print each bad row's number and reason. Exit 1 when any row is bad."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.data import DataError, validate_file
 
     try:
@@ -61,7 +63,6 @@ def convert_cmd(
     dst: Path = typer.Argument(..., help="Output Parquet with parallel traces."),
 ) -> None:
     """Merge independent sequential crop calls into parallel turns; frames become text summaries."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.data import DataError, iter_rows, write_parquet
     from paravt_train.data.convert import convert_rows
 
@@ -97,7 +98,6 @@ def prefilter_cmd(
     """DAPO-style zero-gradient pre-filter: long open-ended answers, and prompts whose G rollouts under the policy
     all score alike under the RL reward (GRPO's advantages would all be 0). With --config, under the run's own
     protocol and reward (a dapo, weaver or vanilla-grpo run filters its data as it will train on it)."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_train.data import load_rl, write_parquet
     from paravt_train.data.prefilter import prefilter
@@ -105,7 +105,6 @@ def prefilter_cmd(
     try:
         reward = judge = agent_cfg = None
         if config is not None:  # the run's rollouts: its protocol, method, τ, token limits; its reward and judge
-            # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
             from paravt_train.judge import LLMJudge
             from paravt_train.rl.config import GRPOConfig
             from paravt_train.rl.trainer import GRPOTrainer
@@ -127,7 +126,6 @@ def prefilter_cmd(
         samples = load_rl(src, video_root)
         agent = None
         if model or backend != "local":
-            # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
             from paravt_agent.agent import Agent
             from paravt_agent.config import AgentConfig
 
@@ -153,7 +151,6 @@ def sft_cmd(
                                    help="Override key=value, e.g. --set lr=1e-5 --set lora.enabled=true."),
 ) -> None:
     """Supervised fine-tuning (cold start). Run under `torchrun --nproc_per_node N` for FSDP2."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError, ParaVTError
     from paravt_train.infra.distributed import end_process
     from paravt_train.sft import train
@@ -193,7 +190,6 @@ def toy_cmd(
     first stage's traces (plans: neighbours), then 500 and 400 steps at lr 5e-4 on the shipped plans
     (then; 56.5 min on 2 CPU cores; checkpoints/toy/COMMAND.txt). --set 'then=[]' trains the first stage
     only."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.config import apply_overrides
     from paravt_agent.defaults import paravt_home
     from paravt_agent.errors import ConfigError
@@ -219,7 +215,6 @@ def toy_video_cmd(
 ) -> None:
     """Write one toy video (a timeline of solid colours, 64-128 s) and print questions about it with their
     answers: a sample input for `paravt answer` and the Gradio demo (the toy policy only knows such videos)."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.toy.world import make_world
 
     w = make_world(seed, mcq=1, oe=1, tvg=1)
@@ -259,7 +254,6 @@ def eval_cmd(
                                "as an error, never as a wrong answer, and is asked again on resume."),
 ) -> None:
     """Evaluate an agent on the paper's benchmarks; writes per-sample JSONL and prints a Markdown summary."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.agent import Agent
     from paravt_agent.config import resolve_agent_config
     from paravt_agent.errors import ParaVTError
@@ -307,7 +301,6 @@ def quickstart_cmd(
 ) -> None:
     """Run the real agent on held-out toy videos: one full trace, per-role accuracy and a results table (with the
     share of questions the runtime failed: a timed-out sub-agent is an error, never a wrong answer)."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.toy.quickstart import run
 
     try:
@@ -328,10 +321,9 @@ def grpo_cmd(
 
     Metrics per step go to OUTPUT_DIR/metrics.jsonl; `paravt-train plot OUTPUT_DIR` draws them.
     Multi-GPU: `torchrun --nproc_per_node N --no-python paravt-train grpo ...` with backend sglang."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError, ParaVTError
     from paravt_train.infra.distributed import end_process, shutdown_distributed
-    from paravt_train.methods import trainer_class
+    from paravt_train.rl import trainer_class
     from paravt_train.rl.config import GRPOConfig
 
     try:
@@ -356,7 +348,6 @@ def plot_cmd(
     out: Path = typer.Option(None, help="PNG path (default: RUN/curves.png)."),
 ) -> None:
     """Draw reward, f_tau, kappa, accuracy, KL, entropy and clip-fraction curves of GRPO runs (PNG)."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError
     from paravt_train.eval.plot import plot
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from paravt_agent.config import AgentConfig
 from paravt_train.methods import METHODS
+from paravt_train.online.config import OnlineConfig
 from paravt_train.rl.config import GRPOConfig
 from paravt_train.sft.config import SFTConfig
 from paravt_train.toy.build import ToyConfig
@@ -31,6 +32,7 @@ __all__ = ["MODELS", "render", "undocumented"]
 _ROOTS: list[tuple[type[BaseModel], str, str]] = [
     (GRPOConfig, "`paravt-train grpo` and `paravt-train online` (`--config/--set`)",
      "Training: `paravt-train grpo`, `paravt-train online`"),
+    (OnlineConfig, "`paravt-train online` (`--config/--set`): a GRPO config and `online:`", ""),
     (AgentConfig, "the agent (`Agent(config=...)`, `paravt answer --config/--set`, a model's `agent_config.yaml`)",
      "The agent: `Agent`, `paravt answer`, a model's `agent_config.yaml`"),
     (SFTConfig, "`paravt-train sft --config/--set`", "SFT: `paravt-train sft`"),
@@ -38,7 +40,15 @@ _ROOTS: list[tuple[type[BaseModel], str, str]] = [
 ]
 #: a line of context for some models, after where they are used
 _NOTES = {"Layout": "Set by `preset` ([Protocol presets](presets.md)).",
-          "GRPOConfig": "`method` sets some of them ([Methods](#methods))."}
+          "GRPOConfig": "`method` sets some of them ([Methods](#methods)).",
+          "OnlineConfig": "Its other fields are GRPOConfig's (above)."}
+
+
+def _own_fields(model: type[BaseModel]) -> dict:
+    """A model's fields, without those of a pydantic base it extends (OnlineConfig's own: ``online``)."""
+    base = next((b for b in model.__bases__ if isinstance(b, type) and issubclass(b, BaseModel) and b is not BaseModel),
+                None)
+    return {k: f for k, f in model.model_fields.items() if base is None or k not in base.model_fields}
 
 
 def _nested(annotation) -> list[type[BaseModel]]:
@@ -135,11 +145,10 @@ def _methods_section() -> list[str]:
     lines = ["### Methods", "",
              "`method:` names one (`paravt_train/methods.py`): its agent protocol (unless `agent_config` or "
              "`agent.preset` names another), its agent settings, its training settings (under the fields a config "
-             "gives: a field given wins) and its trainer. Each method's values:", "",
+             "gives: a field given wins); every method trains with `GRPOTrainer`. Each method's values:", "",
              "| setting | " + " | ".join(f"`{n}`" for n in names) + " |", "|---" * (len(names) + 1) + "|",
              "| agent protocol | " + " | ".join(f"`{METHODS[n].protocol}`" if METHODS[n].protocol else
-                                               "the model's own" for n in names) + " |",
-             "| trainer | " + " | ".join(f"`{METHODS[n].trainer.rpartition(':')[2]}`" for n in names) + " |"]
+                                               "the model's own" for n in names) + " |"]
     for key in agent:
         lines.append(f"| `agent.{key}` | " + " | ".join(
             _value(get(METHODS[n].agent, key)) if key in _flat(METHODS[n].agent) else "the protocol's"
@@ -168,7 +177,7 @@ def render() -> str:
         note = " ".join(x for x in (_NOTES.get(name, ""), "The fields a user sets are above." if user else "") if x)
         lines += [f"### {name}", "", f"{doc} Used by {where}.{' ' + note if note else ''}", "",
                   "| field | type | default | meaning |", "|---|---|---|---|"]
-        lines += [_row(key, f) for key, f in model.model_fields.items() if key not in user]
+        lines += [_row(key, f) for key, f in _own_fields(model).items() if key not in user]
         lines.append("")
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
 """The training methods, one table: ``method:`` in a GRPO config names one, and the method names its agent
-protocol, its training settings and its trainer.
+protocol and its training settings.
 
 ================  ==================  ==============================================================================
 method            agent protocol      training settings (under the config's own fields)
@@ -27,13 +27,13 @@ preset and method goes through):
   The protocol wanted is ``agent.preset`` if given, else the method's; a method without one takes the model's.
 
 Every method trains with :class:`~paravt_train.rl.trainer.GRPOTrainer` (VideoChat-M1's per-agent advantages come
-from the collaborative protocol itself; several policies: :class:`~paravt_train.rl.marl.MultiPolicyTrainer`).
+from the collaborative protocol itself; several policies: :class:`~paravt_train.rl.marl.MultiPolicyTrainer`): the
+table names no trainer (rl/, above this module, resolves it: :func:`paravt_train.rl.trainer.trainer_class`).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -42,7 +42,7 @@ from paravt_agent.config import AgentConfig, merge_settings
 from paravt_agent.errors import ConfigError
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "VIDEOCHAT_M1_DROPOUT", "Method", "MethodName", "agent_config_for", "method",
-           "trainer_class", "training_settings"]
+           "training_settings"]
 
 #: the methods' names (GRPOConfig.method's type)
 MethodName = Literal["para-grpo", "vanilla-grpo", "dapo", "weaver", "videochat-m1"]
@@ -51,13 +51,12 @@ DEFAULT_METHOD = "para-grpo"
 
 @dataclass(frozen=True)
 class Method:
-    """One training method: what it is, its agent protocol and settings, its training settings, its trainer."""
+    """One training method: what it is, its agent protocol and settings, its training settings."""
 
     summary: str  # one line, with its paper
     training: dict = field(default_factory=dict)  # GRPOConfig settings (nested sections as dicts)
     protocol: str | None = None  # the agent protocol (paravt_agent.protocol.presets); None = the model's own
     agent: dict = field(default_factory=dict)  # AgentConfig settings over the protocol
-    trainer: str = "paravt_train.rl.trainer:GRPOTrainer"  # module:class, imported when a run starts
 
 
 #: VideoChat-M1's agent dropout rate in its method (the paper gives none: see the table entry)
@@ -120,12 +119,6 @@ def method(name: str) -> Method:
 def training_settings(name: str) -> dict:
     """A copy of a method's training settings (a GRPOConfig dict)."""
     return copy.deepcopy(method(name).training)
-
-
-def trainer_class(name: str) -> type:
-    """The trainer class a method runs with (imported here: the table names it by path)."""
-    module, _, attr = method(name).trainer.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def agent_config_for(cfg) -> AgentConfig:

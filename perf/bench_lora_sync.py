@@ -1,11 +1,11 @@
-"""Bytes and seconds a weight push costs, full weights against a LoRA adapter (``weight_sync: lora``), on a
+"""Bytes and seconds a weight push costs, full weights against a LoRA adapter (``sync.via: lora``), on a
 randomly initialised Qwen3-VL-architecture model built here (CPU), and what they imply at 8 B.
 
     .venv/bin/python perf/bench_lora_sync.py [--hidden 1024] [--layers 12] [--rank 16]
 
-* full: what ``weight_sync: disk`` writes for the server per push (``ServerExport``: every tensor in bf16, one
+* full: what ``sync.via: disk`` writes for the server per push (``ServerExport``: every tensor in bf16, one
   safetensors file per part of the model), then what a server reads back;
-* adapter: what ``weight_sync: lora`` writes (``save_adapter``: the peft adapter of rank ``--rank`` on the
+* adapter: what ``sync.via: lora`` writes (``save_adapter``: the peft adapter of rank ``--rank`` on the
   attention and MLP projections, the vision tower left out), then what the server reads back.
 
 Seconds are wall time on this machine (the page cache included; on a cluster the filesystem dominates the full
@@ -90,9 +90,9 @@ def main() -> None:
           f"{args.rank}: {adapter_n / 1e6:.2f} M ({100 * adapter_n / n:.2f} %)\n")
     print("| push | bytes | write (s) | read (s) | at 8 B |")
     print("|---|---|---|---|---|")
-    print(f"| full weights (bf16, weight_sync disk) | {full_bytes / 1e6:.1f} MB | {full_write:.2f} | "
+    print(f"| full weights (bf16, sync.via disk) | {full_bytes / 1e6:.1f} MB | {full_write:.2f} | "
           f"{full_read:.2f} | {at8b_full / 1e9:.1f} GB |")
-    print(f"| LoRA adapter (weight_sync lora) | {adapter_bytes / 1e6:.2f} MB | {adapter_write:.3f} | "
+    print(f"| LoRA adapter (sync.via lora) | {adapter_bytes / 1e6:.2f} MB | {adapter_write:.3f} | "
           f"{adapter_read:.3f} | {at8b_adapter / 1e6:.0f} MB |")
     print(f"\nbytes ratio {full_bytes / adapter_bytes:.0f}x here, {at8b_full / at8b_adapter:.0f}x at 8 B")
 

@@ -98,8 +98,8 @@ def main() -> None:
     from paravt_train.data import prompts_from_rl, write_parquet
     from paravt_train.rl.config import GRPOConfig
     from paravt_train.rl.objective import mismatch_sums
+    from paravt_train.rl.scoring import collate, token_logprobs
     from paravt_train.rl.trainer import GRPOTrainer
-    from paravt_train.rl.update import collate, token_logprobs
     from paravt_train.toy.quickstart import REPO_CHECKPOINT
     from paravt_train.toy.rows import rl_rows
     from paravt_train.toy.world import make_worlds
@@ -123,7 +123,7 @@ def main() -> None:
         worlds = make_worlds(range(930_000, 930_000 + args.worlds), tmp / "videos")
         data = write_parquet(rl_rows(worlds, tmp / "videos"), tmp / "rl.parquet")
         cfg = GRPOConfig(model=model, data=str(data), video_root=str(tmp / "videos"), output_dir=str(tmp / "run"),
-                         backend="sglang", endpoint=endpoint, weight_sync="tensor", group_size=args.group,
+                         backend="sglang", endpoint=endpoint, sync={"via": "tensor"}, group_size=args.group,
                          temperature=args.temperature, prompts_per_step=1, concurrency=4, gating=False,
                          bf16="true" if args.dtype == "bfloat16" else "false")
         tr = GRPOTrainer(cfg, progress=False, log=lambda *_: None)

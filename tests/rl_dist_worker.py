@@ -21,7 +21,7 @@ def main() -> None:
     tr.setup()
     with open(items_path, "rb") as f:
         items = pickle.load(f)
-    stats = tr.update(items[tr.rank :: tr.world])
+    stats = tr.policy_update(items[tr.rank :: tr.world])
     from paravt_train.sync.streamed import stream_parameters
 
     state = {k: v.cpu() for k, v in stream_parameters(tr.model)}

@@ -20,7 +20,7 @@ from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.serving.api import ApiSettings, create_app
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.types import Generation
-from tests.conftest import free_port
+from tests.conftest import engine_unavailable, free_port
 
 CALLS = "".join(
     f'<tool_call>{{"name": "crop_video", "arguments": {{"start_time": {a}, "end_time": {b}}}}}</tool_call>'
@@ -170,8 +170,7 @@ def test_failures_speak_openai(media, serve):
 
 
 def test_curl_plain_and_streaming(media, serve):
-    if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
+    engine_unavailable(None if shutil.which("curl") else "curl is not installed")
     srv = serve(Agent(policy=ScriptedPolicy(script)), video_root=str(media["dir"]))
     body = {"model": "paravt", "messages": user("colours.mp4", "What colour is it?"), "options": ["red", "green"]}
     out = subprocess.run(["curl", "-s", srv.url + "/v1/chat/completions", "-H", "Content-Type: application/json",

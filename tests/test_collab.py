@@ -12,7 +12,7 @@ from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_agent.graph.collab import memory_view
-from paravt_agent.graph.cpp import consensus, dropped_agents
+from paravt_agent.graph.collab.cpp import consensus, dropped_agents
 from paravt_agent.policy.base import text_of
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.trajectory import MemoryEntry, SubAgentRecord

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import engine_unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "checkpoints" / "toy"
 ARTIFACTS = ROOT / "artifacts"
@@ -125,8 +127,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)")
 def test_page_in_headless_chromium(tmp_path):
+    engine_unavailable(None if CHROMIUM else "Debian's chromium is not installed (make test installs it)")
     from playwright.sync_api import sync_playwright
 
     port = free_port()

@@ -50,8 +50,8 @@ def test_rollouts_of_an_older_version_are_corrected_not_trained_as_on_policy(rol
                          images=s.images, turn=s.turn, index=s.index, episode=s.episode,
                          image_grid_thw=s.image_grid_thw)
            for s in seqs]
-    stale = tr.update.plan([UpdateItem(sequence=s, advantage=1.0, stale=True) for s in old])[0]
-    fresh = tr.update.plan([UpdateItem(sequence=s, advantage=1.0) for s in old])[0]
+    stale = tr.policy_update.plan([UpdateItem(sequence=s, advantage=1.0, stale=True) for s in old])[0]
+    fresh = tr.policy_update.plan([UpdateItem(sequence=s, advantage=1.0) for s in old])[0]
     assert all(b.token_weights is not None and b.behaviour is not None for b in stale)
     w = torch.cat([b.token_weights[b.mask > 0] for b in stale])
     assert float(w.mean()) == pytest.approx(float(torch.exp(torch.tensor(0.3))), rel=0.05)  # ≈ e^0.3, not 1
@@ -59,13 +59,13 @@ def test_rollouts_of_an_older_version_are_corrected_not_trained_as_on_policy(rol
     assert all(b.behaviour is None for b in fresh)
     wf = torch.cat([b.token_weights[b.mask > 0] for b in fresh])
     assert float(wf.mean()) == pytest.approx(float(torch.exp(torch.tensor(0.3))), rel=0.05)
-    cfg = tr.update.cfg
-    tr.update.cfg = cfg.model_copy(update={"rollout_correction": "off"})
+    cfg = tr.policy_update.cfg
+    tr.policy_update.cfg = cfg.model_copy(update={"rollout_correction": "off"})
     try:
-        assert all(b.token_weights is None for b in tr.update.plan([UpdateItem(sequence=s, advantage=1.0)
+        assert all(b.token_weights is None for b in tr.policy_update.plan([UpdateItem(sequence=s, advantage=1.0)
                                                                     for s in old])[0])
     finally:
-        tr.update.cfg = cfg
+        tr.policy_update.cfg = cfg
     # the trainer marks them by the versions the server reported
     tr.step = 1
     for e in eps:
@@ -74,7 +74,7 @@ def test_rollouts_of_an_older_version_are_corrected_not_trained_as_on_policy(rol
                               stale=any(v != tr.step for v in e.versions)) for e in eps
                    for s in e.sequences]
     assert all(it.stale for it in items_stale)
-    stats = tr.update([UpdateItem(sequence=s, advantage=0.5, stale=True) for s in old])
+    stats = tr.policy_update([UpdateItem(sequence=s, advantage=0.5, stale=True) for s in old])
     assert stats["stale_tokens"] > 0 and stats["behaviour_weight"] > 1.0
     tr.step = 0
 
@@ -149,13 +149,13 @@ def test_a_method_preset_behaves_as_the_method(rolled):
     assert (GRPOConfig(model="m").ppo_epochs, GRPOConfig(model="m").mini_batches) == (1, 1)
     eps = [e for g in groups for e in g]
     items = [UpdateItem(sequence=s, advantage=1.0 if i % 2 else -1.0) for i, e in enumerate(eps) for s in e.sequences]
-    one = tr.update(items)
+    one = tr.policy_update(items)
     assert one["ratio_dev_max"] < 1e-5 and one["clip_fraction"] == 0.0
-    tr.update.cfg = tr.cfg.model_copy(update={"mini_batches": 2, "micro_batch_size": 1})
+    tr.policy_update.cfg = tr.cfg.model_copy(update={"mini_batches": 2, "micro_batch_size": 1})
     try:
-        two = tr.update(items)
+        two = tr.policy_update(items)
     finally:
-        tr.update.cfg = tr.cfg
+        tr.policy_update.cfg = tr.cfg
     assert two["ratio_dev_max"] > 1e-4  # from the second optimizer step on, the ratio moves and the clip can act
 
 

@@ -53,7 +53,7 @@ def test_para_grpo_raises_reward_and_heldout(world, tmp_path):
     from paravt_train.rl.trainer import GRPOTrainer
 
     d = world["dir"]
-    cfg = GRPOConfig(model=world["sft"], data=str(d / "rl.parquet"), eval_data=str(d / "held.parquet"),
+    cfg = GRPOConfig(model=world["sft"], data=str(d / "rl.parquet"), eval={"data": str(d / "held.parquet")},
                      video_root=str(d), output_dir=str(tmp_path / "rl"), steps=12, prompts_per_step=2, group_size=8,
                      max_new_tokens=24, temperature=1.0, lr=1e-3, save_every=100, concurrency=2, seed=0,
                      gating=False)
@@ -90,6 +90,6 @@ def test_online_feedback_improves_the_served_agent(world, tmp_path, own_sglang):
     # 32 updates at lr 6e-4 (12 at lr 1e-3 once collapsed): SGLang's samples are unseeded, and in 10 runs of 20
     # updates the sampled accuracy ended between 0.62 and 0.88 (greedy flips past 0.5); one CI run ended below
     assert learner.run(max_steps=32, once=True) == 32
-    assert len(learner.state["trained"]) == 64  # every feedback row, the page's included
+    assert len(learner.state.trained) == 64  # every feedback row, the page's included
     after = _heldout(served, d, "red")  # the same server, now holding the pushed weights
     assert sum(before) / len(before) <= 0.25 and sum(after) / len(after) >= 0.75, (before, after)

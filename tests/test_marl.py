@@ -130,7 +130,7 @@ def test_the_team_is_credited_by_what_it_decided(red_video):
 def test_the_videochat_m1_method_trains_with_agent_dropout(tmp_path):
     """The method turns agent dropout on in its rollouts (the supplement trains with it; the rate is ours), and a
     run's own agent settings turn it off."""
-    from paravt_agent.graph.cpp import dropped_agents
+    from paravt_agent.graph.collab.cpp import dropped_agents
     from paravt_train.methods import VIDEOCHAT_M1_DROPOUT
     from paravt_train.rl.config import GRPOConfig
     from paravt_train.rl.trainer import GRPOTrainer

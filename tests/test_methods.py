@@ -12,8 +12,9 @@ import yaml
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_agent.protocol.presets import PRESETS
-from paravt_train.methods import METHODS, agent_config_for, trainer_class
+from paravt_train.methods import METHODS, agent_config_for
 from paravt_train.rewards import RewardConfig
+from paravt_train.rl import trainer_class
 from paravt_train.rl.config import GRPOConfig
 
 
@@ -120,7 +121,7 @@ def test_bad_methods_and_agent_settings_are_refused_when_loaded(tmp_path):
 
 def test_old_keys_load_with_a_warning_naming_the_new_key(tmp_path):
     """0.4's GRPO YAML (`preset`, `think_prefix`, the `custom` preset) loads as the new keys say, until REMOVED_IN."""
-    from paravt_agent._moved import REMOVED_IN
+    from paravt_agent.compat import REMOVED_IN
 
     old = tmp_path / "old.yaml"
     old.write_text('model: m\npreset: weaver\nthink_prefix: "<think>\\n"\nreward: {lambda_fmt: 0.5}\n')

@@ -12,11 +12,11 @@ import torch
 
 from paravt_train.data import prompts_from_rl
 from paravt_train.rl.config import GRPOConfig
-from paravt_train.rl.metrics import merge_stats
+from paravt_train.rl.metrics import merge_shards, merge_stats, mismatch_means
 from paravt_train.rl.objective import batch_normalised, policy_loss, rollout_correction, token_scales
 from paravt_train.rl.rollout import TokenSequence
 from paravt_train.rl.trainer import GRPOTrainer
-from paravt_train.rl.update import UpdateItem, mini_batch_assignment
+from paravt_train.rl.update import UpdateItem, mini_batch_assignment, sampled_by_older
 
 LOG10 = math.log(10.0)
 
@@ -50,12 +50,12 @@ def _perturbed(seq: TokenSequence, up: list[int], down: list[int]) -> TokenSeque
 
 
 def _plan(tr, items, **settings):
-    cfg = tr.update.cfg
-    tr.update.cfg = cfg.model_copy(update=settings)
+    cfg = tr.policy_update.cfg
+    tr.policy_update.cfg = cfg.model_copy(update=settings)
     try:
-        return tr.update.plan(items)[0], tr.update
+        return tr.policy_update.plan(items)[0], tr.policy_update
     finally:
-        tr.update.cfg = cfg
+        tr.policy_update.cfg = cfg
 
 
 def test_perturbed_behaviour_logprobs_are_truncated_or_masked_and_measured(rolled):
@@ -131,11 +131,20 @@ def test_perturbed_behaviour_logprobs_are_truncated_or_masked_and_measured(rolle
     b, i = row_of(batches)
     assert float(b.scales[i]) == pytest.approx(1.0 / (n - 3))
 
-    # sequence modes: the row's weight Π w = 10³ · 0.1 = 100 > C: truncated to 2 whole, or rejected whole
+    # sequence modes, the geometric mean (ms-swift's): the row's weight exp(Σ log w / L) = 10^(2 / L), under C for a
+    # row of L > 6 tokens: nothing truncated, nothing rejected; every token weighted by it
     batches, _ = _plan(tr, items, rollout_correction="sequence-truncate")
     b, i = row_of(batches)
+    L = int(b.mask[i].sum())
+    assert L > 6 and b.token_weights[i][b.mask[i] > 0].tolist() == pytest.approx([10 ** (2 / L)] * L, rel=1e-3)
+    batches, _ = _plan(tr, items, rollout_correction="sequence-mask")
+    b, i = row_of(batches)
+    assert float(b.mask[i].sum()) == L
+    # the product (TRL's): Π w = 10³ · 0.1 = 100 > C: truncated to 2 whole, or rejected whole
+    batches, _ = _plan(tr, items, rollout_correction="sequence-product-truncate")
+    b, i = row_of(batches)
     assert b.token_weights[i][b.mask[i] > 0].tolist() == pytest.approx([2.0] * int(b.mask[i].sum()))
-    batches, upd = _plan(tr, items, rollout_correction="sequence-mask")
+    batches, upd = _plan(tr, items, rollout_correction="sequence-product-mask")
     b, i = row_of(batches)
     assert float(b.mask[i].sum()) == 0.0
     for b2 in batches:  # the other sequences keep all their tokens, at w ≈ 1
@@ -152,17 +161,23 @@ def test_perturbed_behaviour_logprobs_are_truncated_or_masked_and_measured(rolle
 
 
 def test_rollout_correction_by_hand():
-    """The five modes on two rows (log-ratios log 3, −log 3, 0.1; 0.2, 0.3, 0.4)."""
-    lr = torch.tensor([[0.0, math.log(3), -math.log(3), 0.1], [0.2, 0.3, 0.4, 0.0]])
+    """The seven modes on two rows (log-ratios 0, log 3, −log 3, 0.1; 0.2, 0.3, 0.4 and one token off the mask):
+    the sequence modes by the geometric mean (row means 0.025 and 0.3) and by the product (sums 0.1 and 0.9)."""
+    lr = torch.tensor([[0.0, math.log(3), -math.log(3), 0.1], [0.2, 0.3, 0.4, 5.0]])
     m = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0]])
     w, out = rollout_correction(lr, m, "token-truncate", 2.0)
     assert w[0].tolist() == pytest.approx([1.0, 2.0, 1 / 3, math.exp(0.1)]) and not out.any()
     w, out = rollout_correction(lr, m, "token-mask", 2.0)
     assert out.tolist() == [[False, True, False, False], [False] * 4] and float(w[0, 1]) == 0.0
-    w, out = rollout_correction(lr, m, "sequence-truncate", 2.0)  # rows: e^0.1 and e^0.9 = 2.46 → 2
+    w, out = rollout_correction(lr, m, "sequence-truncate", 2.0)  # geometric: e^0.025 and e^0.3 = 1.35 < 2
+    assert w[0].tolist() == pytest.approx([math.exp(0.025)] * 4) and w[1, :3].tolist() == pytest.approx(
+        [math.exp(0.3)] * 3) and not out.any()
+    assert float(w[1, 3]) == 1.0  # off the mask: neither weighted nor counted in the row's mean
+    w, out = rollout_correction(lr, m, "sequence-mask", 1.3)  # e^0.3 > 1.3: the second row whole
+    assert out.tolist() == [[False] * 4, [True, True, True, False]]
+    w, out = rollout_correction(lr, m, "sequence-product-truncate", 2.0)  # e^0.1 and e^0.9 = 2.46 → 2
     assert w[0].tolist() == pytest.approx([math.exp(0.1)] * 4) and w[1, :3].tolist() == pytest.approx([2.0] * 3)
-    assert float(w[1, 3]) == 1.0  # off the mask
-    w, out = rollout_correction(lr, m, "sequence-mask", 2.0)
+    w, out = rollout_correction(lr, m, "sequence-product-mask", 2.0)
     assert out.tolist() == [[False] * 4, [True, True, True, False]]
     w, out = rollout_correction(lr, m, "off", 2.0)
     assert bool((w == 1).all()) and not out.any()
@@ -177,11 +192,11 @@ def test_mini_batches_are_a_seeded_shuffle_not_cut_by_length(rolled):
     tr, seqs = rolled
     seqs = sorted(seqs, key=lambda s: -len(s.input_ids))[:8]
     items = [UpdateItem(sequence=s, advantage=1.0) for s in seqs]
-    cfg = tr.update.cfg
-    tr.update.cfg = cfg.model_copy(update={"mini_batches": 4, "micro_batch_size": 1})
+    cfg = tr.policy_update.cfg
+    tr.policy_update.cfg = cfg.model_copy(update={"mini_batches": 4, "micro_batch_size": 1})
     try:
         def composition(step):
-            batches = tr.update.plan(items, step)[0]
+            batches = tr.policy_update.plan(items, step)[0]
             minis: dict[int, list[int]] = {}
             for b in batches:
                 minis.setdefault(b.mini, []).append(int(b.tensors["attention_mask"][0].sum()))
@@ -189,7 +204,7 @@ def test_mini_batches_are_a_seeded_shuffle_not_cut_by_length(rolled):
 
         plans = {step: composition(step) for step in (0, 1, 2)}
     finally:
-        tr.update.cfg = cfg
+        tr.policy_update.cfg = cfg
     for plan in plans.values():
         assert len(plan) == 4 and sorted(x for m in plan for x in m) == sorted(len(s.input_ids) for s in seqs)
         assert all(m == sorted(m, reverse=True) for m in plan)  # longest first inside a mini-batch
@@ -202,7 +217,7 @@ def test_mini_batches_are_a_seeded_shuffle_not_cut_by_length(rolled):
     assert mini_batch_assignment(8, 4, 0, 1) != mini_batch_assignment(8, 4, 1, 1)
     assert sorted(mini_batch_assignment(10, 4, 0, 3)) == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]  # sizes differ by ≤ 1
     assert mini_batch_assignment(5, 1, 0, 3) == [0] * 5
-    one = tr.update.plan(items)[0]  # one mini-batch: longest first over the whole batch
+    one = tr.policy_update.plan(items)[0]  # one mini-batch: longest first over the whole batch
     lengths = [int(b.tensors["attention_mask"][i].sum()) for b in one for i in range(len(b.episodes))]
     assert lengths == sorted(lengths, reverse=True)
 
@@ -230,7 +245,7 @@ def test_grad_norm_is_the_mean_and_max_over_mini_batches(toy_policy_dir, toy_rl,
 
     upd.clip_grad_norm = spy
     try:
-        stats = tr.update(items, 0)
+        stats = tr.policy_update(items, 0)
     finally:
         upd.clip_grad_norm = clip
     assert len(norms) == 2 and norms[0] != pytest.approx(norms[1])
@@ -279,3 +294,105 @@ def test_batch_level_advantage_normalisation(rolled):
     by_len = sorted(range(len(items)), key=lambda k: (-len(items[k].sequence.input_ids), k))  # the plan's order
     assert torch.cat([b.advantages for b in normed]).tolist() == pytest.approx([want[k] for k in by_len], rel=1e-5)
     assert torch.cat([b.advantages for b in plain]).tolist() == pytest.approx([items[k].advantage for k in by_len])
+
+
+def test_with_eta_only_rows_of_an_older_version_take_the_behaviour_weight(rolled):
+    """η > 0: a row the current weights sampled keeps the configured rollout correction (token-truncate: its
+    perturbed tokens held at C = 2); a row of an older version takes decoupled PPO's cap (token-mask at 5: its w = 10
+    tokens rejected). Before, every row took the cap under η > 0, fresh ones included. The trainer's rule:
+    a reported version other than the step's is older; no version reported is older only under η > 0."""
+    tr, seqs = rolled
+    target = next(s for s in seqs if s.role == "planner" and s.n_trained >= 8)
+    pos = [i for i, m in enumerate(target.loss_mask) if m][1:4]
+    fresh, old = _perturbed(target, pos, []), _perturbed(target, pos, [])
+    items = [UpdateItem(sequence=fresh, advantage=1.0), UpdateItem(sequence=old, advantage=1.0, stale=True)]
+    batches, upd = _plan(tr, items, max_staleness=1, micro_batch_size=2)
+    (b,) = batches
+    at = [p - 1 for p in pos]  # token t is scored at position t - 1
+    w = b.token_weights
+    assert w[0][at].tolist() == pytest.approx([2.0] * 3)  # fresh: truncated at C, kept in the loss
+    assert float(b.mask[0][at].sum()) == 3.0
+    assert float(b.mask[1][at].sum()) == 0.0 and b.behaviour["capped"] == 3.0  # older: past the cap, left out
+    assert sampled_by_older([3], 3, 1) is False and sampled_by_older([2, 3], 3, 1) is True
+    assert sampled_by_older([], 3, 1) is True and sampled_by_older([], 3, 0) is False
+
+
+def test_mini_batches_capped_by_the_items_are_said_and_recorded(rolled):
+    """4 mini-batches configured, 3 items: 3 optimizer steps (a mini-batch needs an item); the stats record 3 and
+    the update says so once."""
+    tr, seqs = rolled
+    said: list[str] = []
+    upd = tr.policy_update
+    cfg, log, flag = upd.cfg, upd.log, upd._said_capped
+    upd.cfg, upd.log, upd._said_capped = cfg.model_copy(update={"mini_batches": 4, "lr": 1e-9}), said.append, False
+    try:
+        state = {k: v.clone() for k, v in tr.model.state_dict().items()}
+        stats = upd([UpdateItem(sequence=s, advantage=0.5) for s in seqs[:3]], 0)
+        upd([UpdateItem(sequence=s, advantage=0.5) for s in seqs[:3]], 1)
+        tr.model.load_state_dict(state)
+    finally:
+        upd.cfg, upd.log, upd._said_capped = cfg, log, flag
+    assert stats["mini_batches"] == 3
+    assert len(said) == 1 and "mini_batches 4 ran as 3" in said[0]
+
+
+def test_mismatch_metrics_merge_over_ranks_by_their_own_counts(rolled):
+    """Two ranks' shares: one with the perturbed tokens and few trained tokens, one clean with many replayed
+    (off-policy) tokens that count as trained but are not on-policy. The merged ``mismatch/kl_k3`` is Σ k3 over
+    every on-policy token / their count (closed form), ``ppl_ratio`` the mean over every sequence, not the ranks'
+    means weighted by trained tokens."""
+    tr, seqs = rolled
+    target = next(s for s in seqs if s.role == "planner" and s.n_trained >= 8)
+    pos = [i for i, m in enumerate(target.loss_mask) if m][1:4]
+    rank_a = [UpdateItem(sequence=_perturbed(target, pos, []), advantage=1.0)]
+    rank_b = [UpdateItem(sequence=s, advantage=1.0, off_policy=True) for s in seqs[:6]] + [
+        UpdateItem(sequence=seqs[6], advantage=1.0)]
+
+    def shard(items):
+        batches, upd = _plan(tr, items, rollout_correction="off")
+        sums = upd._mismatch_sums(batches)
+        stats = {**mismatch_means(sums), "trained_tokens": sum(it.sequence.n_trained for it in items)}
+        return {"zero": 0, "groups": 1, "prompts": [], "stats": stats, "sketches": [], "sums": [sums]}, sums
+
+    (a, sa), (b, sb) = shard(rank_a), shard(rank_b)
+    merged = merge_shards([a, b])["stats"]
+    n = sa["n"] + sb["n"]
+    assert sb["n"] == seqs[6].n_trained  # the replayed rows are not on-policy tokens
+    k3 = 3 * (10 - 1 - LOG10)  # the three w = 10 tokens; the clean ones ~0
+    assert merged["mismatch/kl_k3"] == pytest.approx((k3 + sb["k3"]) / n, rel=1e-3)
+    assert merged["mismatch/ppl_ratio"] == pytest.approx((sa["ppl_ratio"] + sb["ppl_ratio"]) / 2, rel=1e-6)
+    weighted = (a["stats"]["mismatch/kl_k3"] * a["stats"]["trained_tokens"] + b["stats"]["mismatch/kl_k3"]
+                * b["stats"]["trained_tokens"]) / (a["stats"]["trained_tokens"] + b["stats"]["trained_tokens"])
+    assert merged["mismatch/kl_k3"] > 2 * weighted  # the old merge diluted it by the replayed rows' tokens
+
+
+#: the CPU bf16 run of perf/bench_parity.py (SGLang's CPU engine against the trainer, τ = 1; docs/training.md): per
+#: token KL k1 = −E[log w] 1.8e-4 and k3 5.3e-4 (≈ σ²/2 of log w), the largest |log w| 1.25, 0.010 % of tokens past C
+BF16_K1, BF16_K3, BF16_MAX, BF16_TAIL = 1.8e-4, 5.3e-4, 1.25, 1 / 5000
+
+
+def test_sequence_corrections_at_the_bf16_noise_of_the_cpu_engine():
+    """1,000 turns each of 500 and 2,000 tokens whose log w are the CPU bf16 run's noise (normal, mean −k1, σ² =
+    2·k3; one token in 5,000 a heavy-tail draw of up to ±1.25, which puts ~0.01 % past C as measured): the geometric
+    mean (``sequence-mask``) rejects < 1 % of them; the product (``sequence-product-mask``) rejects what the closed
+    form P(N(L·μ, L·σ²) > log C) says (~14 % and ~24 %): a product over a long turn is rounding noise compounded."""
+    from statistics import NormalDist
+
+    gen = torch.Generator().manual_seed(61)
+    sigma = math.sqrt(2 * BF16_K3)
+    for length in (500, 2000):
+        lr = torch.randn(1000, length, generator=gen) * sigma - BF16_K1
+        tail = torch.rand(1000, length, generator=gen) < BF16_TAIL
+        lr = torch.where(tail, (torch.rand(1000, length, generator=gen) * 2 - 1) * BF16_MAX, lr)
+        mask = torch.ones_like(lr)
+        _, geo = rollout_correction(lr, mask, "sequence-mask", 2.0)
+        _, prod = rollout_correction(lr, mask, "sequence-product-mask", 2.0)
+        geo_rate, prod_rate = float(geo[:, 0].float().mean()), float(prod[:, 0].float().mean())
+        assert geo_rate < 0.01, (length, geo_rate)
+        # the row's log w is a sum of L terms: its mean and variance, the tail's share included
+        mean = length * (1 - BF16_TAIL) * -BF16_K1
+        var = length * ((1 - BF16_TAIL) * (sigma ** 2 + BF16_K1 ** 2) + BF16_TAIL * BF16_MAX ** 2 / 3) - (
+            mean ** 2 / length)
+        want = 1 - NormalDist(mean, math.sqrt(var)).cdf(math.log(2.0))
+        assert prod_rate == pytest.approx(want, abs=0.04), (length, prod_rate, want)
+        assert prod_rate > 0.1

@@ -17,10 +17,9 @@ from paravt_agent.errors import FeedbackError, ParaVTError
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.trajectory import Trace
-from paravt_train.online.config import GateSettings
+from paravt_train.online.config import GateSettings, OnlineConfig
 from paravt_train.online.gate import decide
 from paravt_train.online.learner import OnlineLearner
-from paravt_train.rl.config import GRPOConfig
 from tests.learnable import QUESTION, TRAIN, build
 
 BIN = Path(sys.executable).parent
@@ -94,15 +93,15 @@ def test_the_learner_skips_what_it_cannot_train_on_and_limits_each_user(tmp_path
     conn.execute("PRAGMA foreign_keys=OFF")
     for i, (tid, answer, user) in enumerate(rows):
         conn.execute(raw, (tid, 1000.0 + i, answer, None, None if answer else 1, None, user, f"k{i}"))
-    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(tmp_path / "o"), video_root=toy_rl["video_root"],
+    cfg = OnlineConfig(model=toy_policy_dir, output_dir=str(tmp_path / "o"), video_root=toy_rl["video_root"],
                      prompts_per_step=4, online={"max_rows_per_user": 4, "max_user_share": 0.5})
     learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
     learner.trainer.setup()
     learner.poll()
     st = learner.state
-    assert st["skipped_by"] == {"invalid answer": 2, "trace not found": 1, "conflicts with earlier feedback": 1,
+    assert st.skipped_by == {"invalid answer": 2, "trace not found": 1, "conflicts with earlier feedback": 1,
                                 "no answer": 1, "user over max_rows_per_user": 2}
-    users = [d["user"] for d in st["queue"]]
+    users = [d["user"] for d in st.queue]
     assert users.count("mallory") == 4 and users.count("alice") == 1
     batch = learner.take_batch()
     assert [d["user"] for d in batch].count("mallory") == 2 and len(batch) == 3  # half of 4 at most; alice's too
@@ -185,16 +184,16 @@ def test_losses_cannot_creep_past_the_starting_version():
 
 
 def _stub_promotion(tmp_path, online=None):
-    """A Promotion over a real registry, without a trainer (its state is a dict)."""
-    from types import SimpleNamespace
-
-    from paravt_train.online.promotion import Promotion
+    """A Promotion over a real registry, without a trainer: a port whose weights calls do nothing."""
+    from paravt_agent.config import AgentConfig
+    from paravt_train.online.promotion import Promotion, TrainerPort
+    from paravt_train.online.state import OnlineState
     from paravt_train.online.versions import VersionRegistry
 
-    cfg = GRPOConfig(model="m", output_dir=str(tmp_path), online=online or {})
-    trainer = SimpleNamespace(extra_state={}, rank=0, world=1, out=tmp_path, step=0,
-                              metrics=SimpleNamespace(log_event=lambda *_: None))
-    return Promotion(trainer, VersionRegistry(tmp_path / "versions"), cfg, log=lambda *_: None)
+    cfg = OnlineConfig(model="m", output_dir=str(tmp_path), online=online or {})
+    port = TrainerPort(step=lambda: 0, rank=0, world=1, out=tmp_path, export=lambda p: p, load_weights=lambda p: None,
+                       push=lambda: None, eval_agent_config=AgentConfig, log_metrics=lambda *_: None)
+    return Promotion(port, VersionRegistry(tmp_path / "versions"), cfg, OnlineState(), log=lambda *_: None)
 
 
 def test_missing_or_stale_served_scores_are_taken_again(tmp_path):
@@ -289,7 +288,7 @@ def test_after_a_rollback_the_next_version_is_compared_with_the_one_served_befor
         reg.set_serving(vid, reason=why)
         _time.sleep(0.01)
     assert reg.served_before("v3")["id"] == "v1" and reg.served_before("v1") is None
-    live = p.state["live"]
+    live = p.state.live
     live["v1"] = _labels(a=(8, 10), b=(8, 10), c=(8, 10), d=(8, 10))
     live["v2"] = _labels(a=(6, 10), b=(6, 10), c=(6, 10), d=(6, 10))
     live["v3"] = _labels(a=(5, 10), b=(5, 10), c=(5, 10), d=(5, 10), e=(6, 10), f=(6, 10))
@@ -310,8 +309,8 @@ def test_a_version_that_cannot_be_rolled_back_says_so_once(tmp_path):
         p.registry.add(vid, 0, tmp_path / vid, "candidate")
         p.registry.set_serving(vid, reason=why)
         _time.sleep(0.01)
-    p.state["live"]["v0"] = _labels(a=(3, 4))
-    p.state["live"]["v1"] = _labels(a=(2, 10), b=(2, 10), c=(2, 10))
+    p.state.live["v0"] = _labels(a=(3, 4))
+    p.state.live["v1"] = _labels(a=(2, 10), b=(2, 10), c=(2, 10))
     assert p.check_rollback() is None and p.check_rollback() is None
     events = [_json.loads(x) for x in (tmp_path / "online_events.jsonl").read_text().splitlines()]
     said = [e for e in events if e["event"] == "rollback-untestable"]
@@ -322,7 +321,7 @@ def test_live_labels_count_after_the_per_user_limits_in_the_gates_units(tmp_path
     """A user's rows over ``max_rows_per_user`` are no labels either, one user's labels per version are capped, and
     a label scores the answer with the gate's metric (F1 for an open-ended answer, not ≥ 0.5 → 1)."""
     store = TrajectoryStore(tmp_path / "t.db")
-    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(tmp_path / "o"), video_root=toy_rl["video_root"],
+    cfg = OnlineConfig(model=toy_policy_dir, output_dir=str(tmp_path / "o"), video_root=toy_rl["video_root"],
                      online={"max_rows_per_user": 12, "rollback": {"max_labels_per_user": 10}})
     learner = OnlineLearner(cfg, store.path, progress=False, log=lambda *_: None)
     learner.trainer.setup()
@@ -337,7 +336,7 @@ def test_live_labels_count_after_the_per_user_limits_in_the_gates_units(tmp_path
             first = t
     store.feedback(first.id, answer="blue car", user="alice")  # the same label again: one answer, one label
     learner.poll()
-    live = learner.state["live"]["v0"]
+    live = learner.state.live["v0"]
     assert live["mallory"][2] == 10 and live["alice"] == [1.0, 1.0, 1]
     assert live["mallory"][0] == pytest.approx(10 * 2 / 3)  # token F1 of "blue car" against "blue"
 
@@ -378,7 +377,7 @@ def _served(learnable, tmp_path, model, feedback: list[tuple[str, str]]) -> Path
 def _learn(learnable, tmp_path, start, feedback, steps, **online) -> OnlineLearner:
     d = learnable["dir"]
     # lr 6e-4 with the KL term: at 1e-3 without it the tiny policy can collapse (format lost) whatever the labels
-    cfg = GRPOConfig(model=start, output_dir=str(tmp_path / "learner"), video_root=str(d), prompts_per_step=3,
+    cfg = OnlineConfig(model=start, output_dir=str(tmp_path / "learner"), video_root=str(d), prompts_per_step=3,
                      group_size=8, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=100, concurrency=3, seed=0,
                      gating=False, resume=False, online=online)
     learner = OnlineLearner(cfg, _served(learnable, tmp_path, start, feedback), progress=False, log=lambda *_: None)
@@ -447,7 +446,7 @@ def test_automatic_rollback_on_live_feedback(learnable, tmp_path):
     learner = _learn(learnable, tmp_path / "live", start, [("alice", "red")] * 3, 1)
     reg = learner.registry
     assert reg.serving()["id"] == "v1"
-    live = learner.state["live"]
+    live = learner.state.live
     # the labels of each version's own answers, by user (four users, ten labels each)
     live["v0"] = _labels(a=(9, 10), b=(9, 10), c=(9, 10), d=(9, 10))
     live["v1"] = _labels(a=(2, 10), b=(3, 10), c=(2, 10), d=(3, 10))
@@ -492,14 +491,15 @@ def test_lora_online_versions_are_adapters(learnable, tmp_path, json_server):
                                           else {"success": True}))
     stream = [(f"u{i % 3}", "red") for i in range(6)]
     gate = {"enabled": True, "eval_set": _gate_set(learnable), "video_root": str(d), "margin": 0.5}
-    cfg = GRPOConfig(model=learnable["blue"], output_dir=str(tmp_path / "learner"), video_root=str(d),
+    cfg = OnlineConfig(model=learnable["blue"], output_dir=str(tmp_path / "learner"), video_root=str(d),
                      prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=100,
                      concurrency=3, seed=0, gating=False, resume=False, lora={"enabled": True, "r": 4, "alpha": 8},
-                     backend="sglang", endpoint=srv.url, weight_sync="lora", online={"gate": gate})
+                     backend="sglang", endpoint=srv.url, sync={"via": "lora"}, online={"gate": gate})
     from paravt_train.online.versions import VersionRegistry, push_version
 
     # the learner itself rolls out in this process here (the recording server generates nothing): local backend
-    local = cfg.model_copy(update={"backend": "local", "endpoint": None, "weight_sync": "disk"})
+    disk = cfg.sync.model_copy(update={"via": "disk"})
+    local = cfg.model_copy(update={"backend": "local", "endpoint": None, "sync": disk})
     learner = OnlineLearner(local, _served(learnable, tmp_path, local.model, stream), progress=False,
                             log=lambda *_: None)
     assert learner.run(max_steps=2, once=True) == 2
@@ -550,10 +550,10 @@ def test_a_lora_learner_serves_and_rolls_out_its_adapters_on_sglang_itself(learn
 
     d = learnable["dir"]
     [srv] = own_sglang(learnable["blue"], lora_rank=4)
-    cfg = GRPOConfig(model=learnable["blue"], output_dir=str(tmp_path / "learner"), video_root=str(d),
+    cfg = OnlineConfig(model=learnable["blue"], output_dir=str(tmp_path / "learner"), video_root=str(d),
                      prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=5e-3, save_every=100,
                      concurrency=3, seed=0, gating=False, resume=False, lora={"enabled": True, "r": 4, "alpha": 8},
-                     backend="sglang", endpoint=srv.url, weight_sync="lora")
+                     backend="sglang", endpoint=srv.url, sync={"via": "lora"})
     store = _served(learnable, tmp_path, cfg.model, [(f"u{i % 3}", "red") for i in range(9)])
     learner = OnlineLearner(cfg, store, progress=False, log=lambda *_: None)
     assert learner.run(max_steps=3, once=True) == 3
@@ -570,9 +570,9 @@ def test_a_lora_learner_serves_and_rolls_out_its_adapters_on_sglang_itself(learn
     ref_base = _text_logprobs(ids, model=base)
     ref_lora = _text_logprobs(ids, model=PeftModel.from_pretrained(base, serving["path"]).eval())
     assert max(abs(a - b) for a, b in zip(ref_lora, ref_base, strict=True)) > 1e-3  # the adapter learned something
-    assert _text_logprobs(ids, srv, lora=cfg.lora_name) == pytest.approx(ref_lora, abs=1e-4)
+    assert _text_logprobs(ids, srv, lora=cfg.sync.lora_name) == pytest.approx(ref_lora, abs=1e-4)
     assert _text_logprobs(ids, srv) == pytest.approx(ref_base, abs=1e-4)
-    _push_an_adapter_while_requests_run(srv, cfg.lora_name, learnable["blue"], VersionRegistry(
+    _push_an_adapter_while_requests_run(srv, cfg.sync.lora_name, learnable["blue"], VersionRegistry(
         tmp_path / "learner" / "versions").versions()[1]["path"], tmp_path, ids, base)
 
 
@@ -634,7 +634,7 @@ def test_a_learner_killed_during_a_promotion_restarts_on_a_promoted_version(lear
     server taking it): the restarted learner puts the version the registry says serves back on the server first,
     and trains no feedback twice."""
     d = learnable["dir"]
-    cfg = GRPOConfig(model=learnable["red"], output_dir=str(tmp_path / "learner"), video_root=str(d),
+    cfg = OnlineConfig(model=learnable["red"], output_dir=str(tmp_path / "learner"), video_root=str(d),
                      prompts_per_step=3, group_size=4, max_new_tokens=24, temperature=1.0, lr=6e-4, save_every=1,
                      concurrency=3, seed=0, gating=False)
     store = _served(learnable, tmp_path, cfg.model, [(f"u{i % 3}", "red") for i in range(9)])
@@ -646,21 +646,21 @@ def test_a_learner_killed_during_a_promotion_restarts_on_a_promoted_version(lear
     first.trainer.setup()
     pushed = []
 
-    def push(cfg_, version, log=print):  # the server as the registry sees it: what was pushed last
+    def push(cfg_, version, log=print, journal=None):  # the server as the registry sees it: what was pushed last
         pushed.append(version["id"])
 
     import paravt_train.online.promotion as promotion
 
     real = promotion.push_version
     promotion.push_version = push
-    real_sync = first.trainer.sync
+    real_push = first.trainer.push_weights
 
-    def sync():  # the learner's own push of a candidate: killed at the second promotion
+    def push_weights():  # the learner's own push of a candidate: killed at the second promotion
         if first.trainer.step == 2:
             raise Killed
-        return real_sync()
+        return real_push()
 
-    first.trainer.sync = sync
+    first.trainer.push_weights = push_weights
     try:
         with pytest.raises(Killed):
             first.run(max_steps=3, once=True)
@@ -670,5 +670,5 @@ def test_a_learner_killed_during_a_promotion_restarts_on_a_promoted_version(lear
     finally:
         promotion.push_version = real
     assert pushed[:2] == ["v0", "v1"]  # each start puts the serving version (v0, then v1 after the kill) back
-    trained = second.state["trained"]
+    trained = second.state.trained
     assert sorted(trained) == sorted(set(trained)) and len(trained) == 9  # nothing twice, nothing lost

@@ -21,7 +21,7 @@ import pytest
 from paravt_agent.errors import ConfigError, PolicyError
 from paravt_agent.serving.supervisor import PauseSupervisor, supervise, supervised_urls
 from paravt_train.sync.disk import SGLangWeightSync
-from paravt_train.sync.lease import journal_push, journal_to, unfinished_push
+from paravt_train.sync.lease import journal_push, unfinished_push
 from paravt_train.sync.lora import SGLangLoraSync
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,14 +74,14 @@ def test_lora_pushes_change_the_version_rollouts_report_and_a_run_with_eta_train
                      output_dir=str(tmp_path / "run"), steps=3, prompts_per_step=1, group_size=2, max_new_tokens=32,
                      subagent_max_new_tokens=16, temperature=0.7, lr=1e-3, save_every=100, concurrency=2,
                      gating_choices=[4], kl_coef=0.0, lora={"enabled": True, "r": 4, "alpha": 8},
-                     backend="sglang", endpoint=srv.url, weight_sync="lora", max_staleness=1)
+                     backend="sglang", endpoint=srv.url, sync={"via": "lora"}, max_staleness=1)
     GRPOTrainer(cfg, progress=False, log=lambda *_: None).run()
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert [r["dropped_stale"] for r in recs] == [0, 0, 0], [(r["step"], r.get("staleness")) for r in recs]
     assert all(r["episodes"] > 0 for r in recs)
     out = httpx.post(srv.url + "/generate", timeout=120, json={
-        "input_ids": [20, 21, 22], "lora_path": cfg.lora_name,
+        "input_ids": [20, 21, 22], "lora_path": cfg.sync.lora_name,
         "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}).json()
     assert out["meta_info"]["weight_version"] == "3"
     print(f"server start {srv.start_seconds:.0f}s; per step rollout/update/sync s: "
@@ -109,21 +109,18 @@ def test_a_push_journals_itself_renews_its_lease_while_it_runs_and_clears_it(tmp
         return 200, {"success": True}
 
     srv = json_server(reply)
-    journal_to(journal)
-    try:
-        SGLangWeightSync(srv.url).serve(tmp_path, "8")
-        rec = seen["at_pause"]
-        assert (rec["version"], rec["sync"], rec["urls"], rec["pid"]) == ("8", "disk", [srv.url], os.getpid())
-        assert seen["renewed"] - rec["renewed"] >= 1.5  # renewed while the server loaded
-        assert not journal.exists()
-        with pytest.raises(PolicyError, match="broken"):
-            SGLangWeightSync(srv.url).serve(tmp_path, "9")
-        assert not journal.exists() and srv.paths[-1] == "/continue_generation"
-        with journal_push([srv.url], "1", "disk"), journal_push([srv.url], "2", "disk"):  # one push inside another
-            assert unfinished_push(journal)["version"] == "1"
-    finally:
-        journal_to(None)
-    SGLangWeightSync(srv.url).serve(tmp_path, "10")
+    SGLangWeightSync(srv.url, journal=journal).serve(tmp_path, "8")
+    rec = seen["at_pause"]
+    assert (rec["version"], rec["sync"], rec["urls"], rec["pid"]) == ("8", "disk", [srv.url], os.getpid())
+    assert seen["renewed"] - rec["renewed"] >= 1.5  # renewed while the server loaded
+    assert not journal.exists()
+    with pytest.raises(PolicyError, match="broken"):
+        SGLangWeightSync(srv.url, journal=journal).serve(tmp_path, "9")
+    assert not journal.exists() and srv.paths[-1] == "/continue_generation"
+    with journal_push(journal, [srv.url], "1", "disk"):  # the journal is the sync's: what it was made with
+        assert unfinished_push(journal)["version"] == "1"
+    assert not journal.exists()
+    SGLangWeightSync(srv.url).serve(tmp_path, "10")  # a sync made without one (a shadow server's) writes none
     assert not journal.exists()
 
 
@@ -185,7 +182,6 @@ HANG = textwrap.dedent("""
     import sys, time
     import httpx
     from paravt_train.sync.disk import SGLangWeightSync
-    from paravt_train.sync.lease import journal_to
 
     real = httpx.Client.post
 
@@ -197,8 +193,7 @@ HANG = textwrap.dedent("""
         return resp
 
     httpx.Client.post = post
-    journal_to(sys.argv[3])
-    SGLangWeightSync(sys.argv[1]).serve(sys.argv[2], "7")
+    SGLangWeightSync(sys.argv[1], journal=sys.argv[3]).serve(sys.argv[2], "7")
 """)
 
 

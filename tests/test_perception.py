@@ -582,7 +582,7 @@ def test_frozen_tools_on_a_server_ask_the_starting_weights_or_a_named_server(tin
         agent = Agent(policy=served, config=AgentConfig(preset="weaver", **cfg.agent))
         return SimpleNamespace(cfg=cfg, model=object(), ref=None, syncer=SimpleNamespace(adapter_name=adapter)), agent
 
-    tr, agent = trainer("policy", lora={"enabled": True}, weight_sync="lora")
+    tr, agent = trainer("policy", lora={"enabled": True}, sync={"via": "lora"})
     tools = unnamed_model_tools(agent)
     assert {"temporal_grounding", "frame_selection", "spatial_grounding"} <= set(tools)
     frozen = frozen_tool_policy(tr, agent)

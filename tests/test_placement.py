@@ -118,3 +118,33 @@ def test_a_second_rank_without_a_gpu_of_its_own_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"local rank 1 has no GPU of its own.*CUDA_VISIBLE_DEVICES"):
         init_distributed()
+
+
+@pytest.mark.gpu
+def test_the_trainers_place_by_size_as_the_local_backend_does(toy_policy_dir, toy_rl, tmp_path, monkeypatch):
+    """SFT and GRPO take the same rule (``device: auto``): on a machine with a GPU the toy trains on the CPU (before:
+    any visible GPU), a 64 MiB model on the GPU, ``device: cuda`` asks for it; ``cuda`` without one is refused. The
+    GRPO trainer built on a GPU machine with the toy puts its model on the CPU and trains in float32."""
+    from paravt_agent.errors import ConfigError
+    from paravt_train.infra.distributed import train_device
+    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.rl.trainer import GRPOTrainer
+    from paravt_train.sft.config import SFTConfig
+
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "model.safetensors", "wb") as f:
+        f.truncate(GPU_MIN_WEIGHT_BYTES)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert train_device("auto", toy_policy_dir) is False and train_device("auto", big) is True
+    assert train_device("cuda", toy_policy_dir) is True and train_device("cpu", big) is False
+    assert SFTConfig(model=toy_policy_dir, data="x.parquet").device == "auto"
+    cfg = GRPOConfig(model=toy_policy_dir, data=toy_rl["data"], video_root=toy_rl["video_root"],
+                     output_dir=str(tmp_path / "run"), steps=1, prompts_per_step=1, group_size=2)
+    tr = GRPOTrainer(cfg, progress=False)
+    tr.setup()  # with "a GPU" present: the toy stays on the CPU, and bf16 auto stays off there
+    assert tr.device.type == "cpu" and next(tr.model.parameters()).device.type == "cpu"
+    assert tr.autocast_dtype is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no GPU"):
+        train_device("cuda", toy_policy_dir)

@@ -45,7 +45,7 @@ def overview_messages(media, n=4):
 
 
 @pytest.mark.dtype
-def test_local_generation_is_token_in_token_out(local, media, tol, record_property):
+def test_local_generation_is_token_in_token_out(local, media, tiny_model, numeric_bound, record_property):
     msgs = overview_messages(media)
     gen = local.generate_sync(msgs, Sampling(max_new_tokens=16), prefix="<think>\n")
     tok = local.processor.tokenizer
@@ -74,8 +74,11 @@ def test_local_generation_is_token_in_token_out(local, media, tol, record_proper
     # (with the vision placeholders banned, as the sampler bans them: the random model gives them ~0.5 %)
     lp = torch.log_softmax(ban(logits[0, -n_out - 1 : -1].float(), local.chat.placeholder_ids), -1)
     lp = lp.gather(1, ids[0, -n_out:, None].to(dev))[:, 0]
-    record_property("max_abs_logprob_diff", max(abs(a - b) for a, b in zip(lp.tolist(), gen.logprobs, strict=True)))
-    assert lp.tolist() == pytest.approx(gen.logprobs, abs=tol["rescore"])
+    bound = numeric_bound("rescore", tiny_model)  # the same tokens by construction: each logprob within its bound
+    limits = [bound.at(x) for x in gen.logprobs]
+    diffs = [abs(a - b) for a, b in zip(lp.tolist(), gen.logprobs, strict=True)]
+    bound.check(record_property, max(diffs), max(limits))
+    assert all(d <= b for d, b in zip(diffs, limits, strict=True)), (diffs, limits, bound.formula())
 
 
 def test_local_sampling_seed_and_concurrency(local, media):
@@ -93,7 +96,7 @@ def test_local_sampling_seed_and_concurrency(local, media):
 
 
 @pytest.mark.dtype
-def test_local_batches_concurrent_calls_and_each_row_is_its_own(tiny_model, media, device, dtype, tol,
+def test_local_batches_concurrent_calls_and_each_row_is_its_own(tiny_model, media, device, dtype, numeric_bound,
                                                                   record_property):
     """Concurrent calls run as one left-padded batch; every row equals the same request run alone
     (tokens and logprobs), greedy or sampled with its own seed; other limits wait for their own batch."""
@@ -108,16 +111,17 @@ def test_local_batches_concurrent_calls_and_each_row_is_its_own(tiny_model, medi
 
     outs = asyncio.run(together())
     assert [o.batch_size for o in outs] == [4, 4, 4, 4, 1]
-    worst = 0.0
+    bound = numeric_bound("batch", tiny_model)
+    worst = held = 0.0
     for (msgs, s, p), got in zip(reqs + [other], outs, strict=True):
         alone = policy.generate_sync(msgs, s, p)
         assert alone.batch_size == 1
         assert got.prompt_ids == alone.prompt_ids and got.prefix_ids == alone.prefix_ids
         # float32: the same tokens and text, logprobs within 1e-4; bf16: the same up to a near-tie (conftest)
-        worst = max(worst, assert_same_tokens(got.output_ids, got.logprobs, alone.output_ids, alone.logprobs,
-                                              tol["batch"], exact=dtype == "float32"))
+        d, h = assert_same_tokens(got.output_ids, got.logprobs, alone.output_ids, alone.logprobs, bound)
+        worst, held = max(worst, d), max(held, h)
         assert got.text == alone.text or (dtype != "float32" and got.output_ids != alone.output_ids)
-    record_property("max_abs_logprob_diff", worst)
+    bound.check(record_property, worst, held)
     assert outs[4].completion_tokens <= 6
     # the two seeded rows differ from greedy decoding of the same prompt (they really sampled)
     greedy = policy.generate_sync(reqs[2][0], Sampling(max_new_tokens=14), "<think>\n")
@@ -192,7 +196,7 @@ def test_local_cancelled_rows_leave_the_batch_and_free_it(tiny_model):
     assert alone.completion_tokens == 400
 
     async def running():  # once the batcher has taken every request (none pending), a few tokens in
-        while policy._pending:
+        while policy.batcher.waiting:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2 + 10 * per_token)
 
@@ -217,7 +221,7 @@ def test_local_cancelled_rows_leave_the_batch_and_free_it(tiny_model):
         nxt = await policy.generate(msgs, short)
         return nxt, time.perf_counter() - t_cancel
 
-    policy.batch_wait = 0.05
+    policy.batcher.batch_wait = 0.05
     nxt, waited = asyncio.run(all_cancelled_then_next())
     assert nxt.completion_tokens == 4
     assert waited < 0.25 * 2000 * per_token, (waited, per_token)  # it did not wait out the cancelled generation
@@ -231,7 +235,7 @@ def test_local_long_prompt_is_batched_apart_and_short_ones_go_first(tiny_model):
     long_msgs = [{"role": "user", "content": "red green blue yellow " * 150}]
     n_long = policy.count_tokens(long_msgs)
     assert n_long > 300
-    policy.max_batch_tokens = n_long + 100  # the long prompt fits, with no short one beside it
+    policy.batcher.max_batch_tokens = n_long + 100  # the long prompt fits, with no short one beside it
     shorts = [[{"role": "user", "content": f"question {i}: red or green?"}] for i in range(8)]
     done: list[str] = []
 
@@ -250,7 +254,7 @@ def test_local_long_prompt_is_batched_apart_and_short_ones_go_first(tiny_model):
     assert long_out.batch_size == 1 and [o.batch_size for o in short_outs] == [8] * 8
     assert done[-1] == "long"  # the short ones finished first
     # patience: a long prompt passed over long_patience times runs, even with short ones waiting
-    policy.long_patience = 0
+    policy.batcher.long_patience = 0
 
     async def run_impatient():
         first = asyncio.ensure_future(timed("long", long_msgs))
@@ -695,7 +699,7 @@ def test_sglang_itself_never_samples_a_banned_token_and_reports_the_banned_distr
 
     from paravt_agent.video import VideoReader
     from paravt_train.rl.rollout import TokenSequence
-    from paravt_train.rl.update import collate, token_logprobs
+    from paravt_train.rl.scoring import collate, token_logprobs
     from paravt_train.toy.render import write_segments
 
     write_segments(tmp_path / "v.mp4", [((230, 25, 75), 2.0), ((0, 130, 200), 2.0)], fps=4, width=64, height=64)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import engine_unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(?:<!-- readme-test: skip \((?P<why>[^)]*(?:\([^)]*\)[^)]*)*)\) -->\n)?```(?P<lang>bash|python)\n"
                    r"(?P<code>.*?)\n```", re.S)
@@ -60,4 +62,4 @@ def test_page_blocks_run_as_pasted(page, tmp_path):
             run.stdout[-3000:] + run.stderr[-3000:]
         ran += 1
     if not ran:
-        pytest.skip(f"{page}'s blocks need .venv-lmms (make lmms-eval)")
+        engine_unavailable(f"{page}'s blocks need .venv-lmms (make lmms-eval)")

@@ -29,7 +29,7 @@ def test_deprecated_paths_name_their_removal_and_go_when_it_comes():
     they are)."""
     import paravt_agent
     import paravt_train
-    from paravt_agent._moved import REMOVED_IN
+    from paravt_agent.compat import REMOVED_IN
 
     assert Version(paravt_agent.__version__) < Version(REMOVED_IN), (
         f"{paravt_agent.__version__} reached {REMOVED_IN}: delete the MOVED aliases (paravt_agent, paravt_train) and "

@@ -9,7 +9,9 @@ from paravt_agent.policy.local import LocalPolicy
 from paravt_agent.policy.reuse import weights_version
 from paravt_agent.prompts import planner_messages
 from paravt_agent.types import Continuation, Sampling
-from tests.conftest import assert_same_tokens
+from tests.conftest import NumericBound, assert_same_tokens
+
+FLOAT32_REUSE = NumericBound("reuse", "float32")
 
 
 def overview(media, n):
@@ -19,15 +21,20 @@ def overview(media, n):
     return planner_messages("You are a video understanding agent.", clip.frames, clip.timestamps, 40.0, "Which colour?")
 
 
-def same_outputs(a, b, abs_tol=1e-5, exact=True) -> float:
-    """Asserts the same prompt, tokens and logprobs within ``abs_tol`` (1e-5 in float32; not ``exact``: bf16, the
-    same tokens up to a near-tie, conftest's ``assert_same_tokens``); returns the largest difference."""
+def same_outputs(a, b, bound: NumericBound = FLOAT32_REUSE) -> tuple[float, float]:
+    """Asserts the same prompt, tokens and logprobs within ``bound`` (float32: 1e-5; bf16: the same tokens up to a
+    near-tie, conftest's ``assert_same_tokens``); returns the largest difference and the largest bound held to."""
     assert len(a) == len(b)
-    worst = 0.0
+    worst = held = 0.0
     for x, y in zip(a, b, strict=True):
         assert x.prompt_ids == y.prompt_ids
-        worst = max(worst, assert_same_tokens(x.output_ids, x.logprobs, y.output_ids, y.logprobs, abs_tol, exact))
-    return worst
+        d, h = assert_same_tokens(x.output_ids, x.logprobs, y.output_ids, y.logprobs, bound)
+        worst, held = max(worst, d), max(held, h)
+    return worst, held
+
+
+def worse(*pairs) -> tuple[float, float]:
+    return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
 
 @pytest.fixture(scope="module")
@@ -37,31 +44,33 @@ def pair(tiny_model, device, dtype):
 
 
 @pytest.mark.dtype
-def test_repeated_prompt_and_mixed_batch_equal_plain_generation(pair, media, tol, dtype, record_property):
+def test_repeated_prompt_and_mixed_batch_equal_plain_generation(pair, media, tiny_model, numeric_bound,
+                                                               record_property):
     plain, shared = pair
+    bound = numeric_bound("reuse", tiny_model)
     g = [(overview(media, 8), Sampling(temperature=1.0, max_new_tokens=12, seed=s), "<think>\n") for s in range(4)]
     other = [(overview(media, 4), Sampling(temperature=0.0, max_new_tokens=12), ""),
              (overview(media, 6), Sampling(temperature=1.0, max_new_tokens=12, seed=9), "<think>\n")]
     # the G rollouts of one prompt: one prefill, the tower once per distinct frame
     before = shared.vision_cache.misses
-    worst = same_outputs(plain.generate_batch(g), shared.generate_batch(g), tol["reuse"], dtype == "float32")
+    worst = same_outputs(plain.generate_batch(g), shared.generate_batch(g), bound)
     assert 0 < shared.vision_cache.misses - before <= 8
     # rows of different lengths, two of them the same prompt: left-padded shared KV
     mixed = [g[0], other[0], g[1], other[1]]
-    worst = max(worst, same_outputs(plain.generate_batch(mixed), shared.generate_batch(mixed), tol["reuse"],
-                                    dtype == "float32"))
+    worst = worse(worst, same_outputs(plain.generate_batch(mixed), shared.generate_batch(mixed), bound))
     assert shared.vision_cache.hits > 0  # these frames were seen before
-    record_property("max_abs_logprob_diff", worst)
+    bound.check(record_property, *worst)
 
 
 @pytest.mark.dtype
-def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pair, media, tol, dtype,
+def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pair, media, tiny_model, numeric_bound,
                                                                               record_property):
     plain, shared = pair
+    bound = numeric_bound("reuse", tiny_model)
     msgs = overview(media, 8)
     s = Sampling(temperature=0.0, max_new_tokens=10)
     first = [p.generate_sync(msgs, s, "<think>\n") for p in pair]
-    worst = same_outputs([first[0]], [first[1]], tol["reuse"], dtype == "float32")
+    worst = same_outputs([first[0]], [first[1]], bound)
 
     def turn2(gen):
         return [*msgs, {"role": "assistant", "content": gen.text},
@@ -70,7 +79,7 @@ def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pai
     hits, reused = shared.prefix_cache.hits, shared.prefix_cache.reused_tokens
     second = [p.generate_sync(turn2(f), s, "<think>\n", Continuation(len(msgs), f)) for p, f in zip(pair, first,
                                                                                                   strict=True)]
-    worst = max(worst, same_outputs([second[0]], [second[1]], tol["reuse"], dtype == "float32"))
+    worst = worse(worst, same_outputs([second[0]], [second[1]], bound))
     assert shared.prefix_cache.hits == hits + 1
     # the whole first turn (prompt, think prefix and its own tokens) came from the cache
     assert shared.prefix_cache.reused_tokens - reused >= len(first[1].prompt_ids) + len(first[1].output_ids) - 1
@@ -79,10 +88,9 @@ def test_a_turn_that_continues_its_own_sequence_prefills_only_the_new_tokens(pai
           for k in range(3)]
     reqs = [(turn2(x), s, "<think>\n", Continuation(len(msgs), x)) for x in gs]
     hits = shared.prefix_cache.hits
-    worst = max(worst, same_outputs(plain.generate_batch(reqs), shared.generate_batch(reqs), tol["reuse"],
-                                    dtype == "float32"))
+    worst = worse(worst, same_outputs(plain.generate_batch(reqs), shared.generate_batch(reqs), bound))
     assert shared.prefix_cache.hits == hits + 3
-    record_property("max_abs_logprob_diff", worst)
+    bound.check(record_property, *worst)
 
 
 def test_caches_follow_the_weights(tiny_model, media):

@@ -142,7 +142,7 @@ def _grpo_cfg(toy_policy_dir, toy_rl, data: Path, out: Path, endpoint: str, **kw
 
     paper = Path(__file__).resolve().parents[1] / "examples" / "configs" / "paragrpo_qwen3vl_8b.yaml"
     cfg = GRPOConfig.from_yaml(paper).model_dump(mode="json")
-    cfg.update(model=toy_policy_dir, data=str(data), video_root=toy_rl["video_root"], eval_data=None,
+    cfg.update(model=toy_policy_dir, data=str(data), video_root=toy_rl["video_root"], eval={"data": None},
                output_dir=str(out), endpoint=endpoint, steps=2, prompts_per_step=4, group_size=2, max_new_tokens=96,
                subagent_max_new_tokens=40, lr=1e-3, save_every=1, concurrency=1, gating_choices=[4, 8],
                replay={**cfg["replay"], "enabled": True, "per_step": 1})

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from tests.conftest import free_port
+from tests.conftest import engine_unavailable, free_port
 from tests.sglang_cpu import sgl_kernel
 from tests.sglang_cpu.server import PYTHON, unavailable
 from tests.sglang_cpu.sgl_kernel import _names
@@ -155,9 +155,7 @@ TRITON = textwrap.dedent("""
 def test_the_cpu_kernel_agrees_with_sglangs_triton_kernel():
     """The same random cases through SGLang 0.5.23's own triton kernel (``assign_req_to_token_pool``, run in
     triton's CPU interpreter, in the SGLang venv) and through the project's torch version: identical tables."""
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
+    engine_unavailable(unavailable())
     cases, inputs = [], []
     for seed in range(12):
         gen = torch.Generator().manual_seed(1000 + seed)
@@ -183,9 +181,7 @@ def test_paravt_serve_device_cpu_serves_the_toy_policy(toy_policy_dir, tmp_path)
     """`paravt serve MODEL --device cpu` (the launcher users run on GPUs, with SGLang's CPU flags) starts SGLang,
     says when it is healthy, answers /generate with the model, and a SIGTERM to the command stops the server's
     processes (its scheduler and detokenizer included)."""
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
+    engine_unavailable(unavailable())
     port = free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as f:

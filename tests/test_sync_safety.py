@@ -385,19 +385,19 @@ def test_a_server_started_with_api_keys_is_reached(tiny_model, stand_in, monkeyp
 
     monkeypatch.setenv("SRV_KEY", "user-key")
     monkeypatch.setenv("SRV_ADMIN_KEY", "admin-key")
-    cfg = GRPOConfig(model=tiny_model, sglang_api_key_env="SRV_KEY", sync_admin_api_key_env="SRV_ADMIN_KEY")
+    cfg = GRPOConfig(model=tiny_model, sync={"api_key_env": "SRV_KEY", "admin_api_key_env": "SRV_ADMIN_KEY"})
     keys = server_keys(cfg)
-    assert (keys.api_key, keys.admin_api_key, cfg.sglang_api_key()) == ("user-key", "admin-key", "user-key")
+    assert (keys.api_key, keys.admin_api_key, cfg.sync.api_key()) == ("user-key", "admin-key", "user-key")
     SGLangWeightSync(srv.url, tmp_path, keys=keys).serve(tiny_model, version="k1")
     SGLangTensorSync(srv.url, keys=keys, bucket_bytes=64 << 20).push(_model(tiny_model), version="k2")
     assert srv.info("user-key")["tp_size"] == 1
     assert httpx.get(srv.url + "/model_info", headers=keys.normal, timeout=30).json()["weight_version"] == "k2"
     for wrong in (ServerKeys(), ServerKeys("user-key")):  # no key; the API key where the admin key is required
-        with pytest.raises(ConfigError, match="401.*sglang_api_key_env"):
+        with pytest.raises(ConfigError, match="401.*sync.api_key_env"):
             SGLangWeightSync(srv.url, tmp_path, keys=wrong).serve(tiny_model, version="x")
     monkeypatch.delenv("SRV_KEY")
     with pytest.raises(ConfigError, match="SRV_KEY, which is not set"):
-        cfg.sglang_api_key()
+        cfg.sync.api_key()
     assert srv.alive()
 
 

@@ -3,9 +3,10 @@ run's config names (``paravt_train/sync/``: ``push(model, version)`` after an up
 saved model or adapter, ``adapter_name`` for the rollout requests), made by one registry with the servers' keys.
 
 The rule "nothing branches on how weights move" is checked on the code itself: outside ``paravt_train/sync/`` no
-module of ``paravt_train`` or ``paravt_agent`` compares ``weight_sync`` with a sync's name, or asks whether an object
-is one of the sync classes. The rest shows the paths: a kept version (promotion, rollback, the operator's
-commands), the shadow gate's candidate and the trainer's own pushes, against servers that check keys."""
+module of ``paravt_train`` or ``paravt_agent`` compares ``sync.via`` (0.5.1's ``weight_sync``) with a sync's
+name, or asks whether an object is one of the sync classes. The rest shows the paths: a kept version (promotion,
+rollback, the operator's commands), the shadow gate's candidate and the trainer's own pushes, against servers that
+check keys."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 from paravt_agent.errors import ConfigError, PolicyError
 from paravt_train.rl.config import GRPOConfig
-from paravt_train.sync import SYNCS, WeightSync, make_weight_sync
+from paravt_train.sync import SYNCS, SyncSettings, WeightSync, make_weight_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNC_DIR = ROOT / "paravt_train" / "sync"
@@ -42,15 +43,19 @@ def sync_classes() -> set[str]:
         found |= more
 
 
+#: what holds the name of a sync: ``sync.via`` (and 0.5.1's flat ``weight_sync``)
+SYNC_NAME_KEYS = ("via", "weight_sync")
+
+
 def _is_weight_sync(node: ast.AST) -> bool:
-    """``x.weight_sync``, ``x["weight_sync"]``, ``x.get("weight_sync")``, a variable named ``weight_sync``."""
+    """``x.via``, ``x["via"]``, ``x.get("via")``, a variable named ``via`` (and the same of ``weight_sync``)."""
     if isinstance(node, ast.Attribute):
-        return node.attr == "weight_sync"
+        return node.attr in SYNC_NAME_KEYS
     if isinstance(node, ast.Subscript):
-        return isinstance(node.slice, ast.Constant) and node.slice.value == "weight_sync"
+        return isinstance(node.slice, ast.Constant) and node.slice.value in SYNC_NAME_KEYS
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-        return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "weight_sync"
-    return isinstance(node, ast.Name) and node.id == "weight_sync"
+        return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value in SYNC_NAME_KEYS
+    return isinstance(node, ast.Name) and node.id in SYNC_NAME_KEYS
 
 
 def _names_a_sync(node: ast.AST, names: set[str]) -> bool:
@@ -73,7 +78,7 @@ def _is_sync_class(node: ast.AST, classes: set[str]) -> bool:
 
 
 def backend_branches(source: str, names: set[str], classes: set[str]) -> list[tuple[int, str]]:
-    """``(line, what)`` for every place ``source`` branches on how weights move: ``weight_sync`` compared with a
+    """``(line, what)`` for every place ``source`` branches on how weights move: ``sync.via`` compared with a
     sync's name (``==``, ``!=``, ``in``, ``is``, or a ``match`` on it), ``isinstance`` / ``issubclass`` with a sync
     class, ``type(x)`` compared with one."""
     found = []
@@ -81,12 +86,12 @@ def backend_branches(source: str, names: set[str], classes: set[str]) -> list[tu
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_is_weight_sync(s) for s in sides) and any(_names_a_sync(s, names) for s in sides):
-                found.append((node.lineno, "weight_sync compared with a sync's name"))
+                found.append((node.lineno, "sync.via compared with a sync's name"))
             if any(isinstance(s, ast.Call) and isinstance(s.func, ast.Name) and s.func.id == "type" for s in sides) \
                     and any(_is_sync_class(s, classes) for s in sides):
                 found.append((node.lineno, "type() compared with a sync class"))
         elif isinstance(node, ast.Match) and _is_weight_sync(node.subject):
-            found.append((node.lineno, "match on weight_sync"))
+            found.append((node.lineno, "match on sync.via"))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2
               and _is_sync_class(node.args[1], classes)):
@@ -96,12 +101,12 @@ def backend_branches(source: str, names: set[str], classes: set[str]) -> list[tu
 
 def test_the_sync_names_are_the_configs():
     """The registry is the one list of syncs: the config offers exactly its names."""
-    assert set(SYNCS) == set(GRPOConfig.model_fields["weight_sync"].annotation.__args__) == {
+    assert set(SYNCS) == set(SyncSettings.model_fields["via"].annotation.__args__) == {
         "disk", "tensor", "distributed", "lora"}
 
 
 def test_no_backend_branch_outside_sync():
-    """Outside ``paravt_train/sync/`` nothing compares ``weight_sync`` with a sync's name or checks a sync's
+    """Outside ``paravt_train/sync/`` nothing compares ``sync.via`` with a sync's name or checks a sync's
     class: the trainer, the online learner, versions, promotion, rollback and the gate ask the sync the registry
     makes (``push``, ``serve``, ``adapter_name``)."""
     names, classes = set(SYNCS), sync_classes()
@@ -121,10 +126,10 @@ def test_the_scan_finds_every_kind_of_branch():
     """The scan above on the branches it forbids (each found, at its line) and on code that only passes the name
     along or asks the sync (none found)."""
     bad = """\
-lora = cfg.lora_name if cfg.weight_sync == "lora" else None
+lora = cfg.sync.lora_name if cfg.sync.via == "lora" else None
 if cfg["weight_sync"] in ("disk", "tensor"):
     pass
-if cfg.get("weight_sync") != "distributed":
+if cfg.sync.get("via") != "distributed":
     pass
 if isinstance(tr.syncer, SGLangLoraSync):
     pass
@@ -132,10 +137,10 @@ if isinstance(s, (int, sync.SGLangWeightSync)):
     pass
 if issubclass(kind, StreamedSync) or type(s) is SGLangTensorSync:
     pass
-match cfg.weight_sync:
+match cfg.sync.via:
     case "lora":
         pass
-if weight_sync == "disk":
+if via == "disk":
     pass
 """
     got = backend_branches(bad, set(SYNCS), sync_classes())
@@ -143,8 +148,8 @@ if weight_sync == "disk":
     good = """\
 sync = make_weight_sync(cfg, folder=out)
 policy = make_rollout_policy(backend, model, lora=sync.adapter_name)
-if cfg.weight_sync not in SYNCS or isinstance(x, dict) or cfg.backend == "lora":
-    raise ConfigError(f"weight_sync {cfg.weight_sync!r}")
+if cfg.sync.via not in SYNCS or isinstance(x, dict) or cfg.backend == "lora":
+    raise ConfigError(f"sync.via {cfg.sync.via!r}")
 sync.serve(path, version)
 """
     assert backend_branches(good, set(SYNCS), sync_classes()) == []
@@ -155,7 +160,7 @@ def test_every_sync_has_both_verbs_and_says_its_adapter(name, tmp_path):
     """Each sync the registry makes implements the interface's two verbs (an abstract one would refuse to be made)
     and names the adapter rollouts must name: the served adapter for lora, none for the full-weight syncs. A sync
     made from the config alone serves; it cannot push (nothing to export with)."""
-    cfg = GRPOConfig(model="m", weight_sync=name, lora_name="mine", lora={"enabled": name == "lora"})
+    cfg = GRPOConfig(model="m", sync={"via": name, "lora_name": "mine"}, lora={"enabled": name == "lora"})
     sync = make_weight_sync(cfg, "http://127.0.0.1:9/v1")
     assert isinstance(sync, WeightSync) and sync.urls == ["http://127.0.0.1:9"]
     assert type(sync).serve is not WeightSync.serve and type(sync).push is not WeightSync.push
@@ -195,17 +200,16 @@ def _adapter(root: Path, base: str) -> Path:
 
 def test_a_kept_version_reaches_the_server_through_the_runs_sync_with_its_keys(tiny_model, keyed, tmp_path):
     """``push_version`` (the learner's start, promotion's rollback, ``paravt-train online promote|rollback``) serves
-    a version with the sync ``weight_sync`` names, made with the keys the config names: a model directory from disk
+    a version with the sync ``sync.via`` names, made with the keys the config names: a model directory from disk
     for every full-weight sync (before, a disk sync made without keys: the keyed server answered 401); a LoRA
     version by its adapter name (the stand-in has no adapter routes: it answers 404 once the key is accepted).
     A version of the wrong kind for the sync, or whose weights were pruned, is a ConfigError that says so."""
     from paravt_train.online.versions import push_version
 
     def cfg(sync: str, keys: bool = True) -> GRPOConfig:
-        return GRPOConfig(model=tiny_model, backend="sglang", endpoint=keyed.url, weight_sync=sync,
-                          lora={"enabled": sync == "lora"},
-                          **({"sglang_api_key_env": "SRV_KEY", "sync_admin_api_key_env": "SRV_ADMIN_KEY"} if keys
-                             else {}))
+        keyed_env = {"api_key_env": "SRV_KEY", "admin_api_key_env": "SRV_ADMIN_KEY"} if keys else {}
+        return GRPOConfig(model=tiny_model, backend="sglang", endpoint=keyed.url, sync={"via": sync, **keyed_env},
+                          lora={"enabled": sync == "lora"})
 
     full = {"id": "v3", "path": tiny_model, "weight_version": "3"}
     for i, sync in enumerate(("disk", "tensor", "distributed")):
@@ -218,7 +222,7 @@ def test_a_kept_version_reaches_the_server_through_the_runs_sync_with_its_keys(t
         push_version(cfg("lora"), adapter)
     with pytest.raises(ConfigError, match="401"):
         push_version(cfg("lora", keys=False), adapter)
-    with pytest.raises(ConfigError, match="LoRA adapter.*weight_sync lora"):
+    with pytest.raises(ConfigError, match="LoRA adapter.*sync.via lora"):
         push_version(cfg("disk"), adapter)
     with pytest.raises(ConfigError, match="not a LoRA adapter"):
         push_version(cfg("lora"), full)
@@ -231,10 +235,11 @@ def _posted(srv) -> list[str]:
     return [p for m, p, _ in srv.seen if m == "POST"]
 
 
-def _shadow(monkeypatch, cfg: GRPOConfig, path: Path) -> dict:
+def _shadow(monkeypatch, cfg, path: Path) -> dict:
     """The shadow gate's scores of ``path`` (:meth:`Promotion._scores`), the evaluation itself recorded instead."""
     from paravt_agent.config import AgentConfig
     from paravt_train.online import promotion
+    from paravt_train.online.state import OnlineState
     from paravt_train.online.versions import VersionRegistry
 
     seen: dict = {}
@@ -244,8 +249,9 @@ def _shadow(monkeypatch, cfg: GRPOConfig, path: Path) -> dict:
         return []
 
     monkeypatch.setattr(promotion, "evaluate_dir", evaluate)
-    trainer = SimpleNamespace(eval_agent_config=AgentConfig)
-    assert promotion.Promotion(trainer, VersionRegistry(path.parent / "versions"), cfg)._scores(path) == []
+    port = SimpleNamespace(eval_agent_config=AgentConfig)
+    made = promotion.Promotion(port, VersionRegistry(path.parent / "versions"), cfg, OnlineState())
+    assert made._scores(path) == []
     return seen
 
 
@@ -254,17 +260,21 @@ def test_the_shadow_gate_serves_its_candidate_with_the_runs_sync(tiny_model, key
     """The shadow gate puts the candidate on its server with the run's own sync, keys included (before, a disk
     sync without keys, whatever the run's sync: a LoRA candidate was sent to /update_weights_from_disk), then
     evaluates it there naming the adapter the sync served it under, with the server's key."""
-    keys = {"sglang_api_key_env": "SRV_KEY", "sync_admin_api_key_env": "SRV_ADMIN_KEY"}
-    cfg = GRPOConfig(model=tiny_model, backend="sglang", endpoint="http://127.0.0.1:9", weight_sync="tensor",
-                     online={"gate": {"mode": "shadow", "shadow_endpoint": keyed.url}}, **keys)
+    from paravt_train.online.config import OnlineConfig
+
+    keys = {"api_key_env": "SRV_KEY", "admin_api_key_env": "SRV_ADMIN_KEY"}
+    cfg = OnlineConfig(model=tiny_model, backend="sglang", endpoint="http://127.0.0.1:9",
+                       sync={"via": "tensor", **keys}, online={"gate": {"mode": "shadow",
+                                                                        "shadow_endpoint": keyed.url}})
     seen = _shadow(monkeypatch, cfg, Path(tiny_model))
     assert _version_of(keyed) == f"candidate-{Path(tiny_model).name}"
     assert seen == {"model_dir": Path(tiny_model), "endpoint": keyed.url, "adapter": None, "api_key": "user-key"}
 
     srv = json_server(lambda path, body: (200, {"success": True}))
-    lora = cfg.model_copy(update={"weight_sync": "lora", "lora_name": "mine", "lora": cfg.lora.model_copy(
-        update={"enabled": True}), "online": cfg.online.model_copy(update={"gate": cfg.online.gate.model_copy(
-            update={"shadow_endpoint": srv.url})})})
+    lora = cfg.model_copy(update={"sync": cfg.sync.model_copy(update={"via": "lora", "lora_name": "mine"}),
+                                  "lora": cfg.lora.model_copy(update={"enabled": True}),
+                                  "online": cfg.online.model_copy(update={"gate": cfg.online.gate.model_copy(
+                                      update={"shadow_endpoint": srv.url})})})
     candidate = _adapter(tmp_path / "versions" / "v5", tiny_model)
     seen = _shadow(monkeypatch, lora, candidate)
     assert _posted(srv) == ["/unload_lora_adapter", "/load_lora_adapter", "/update_weight_version"]  # its version too
@@ -280,7 +290,7 @@ def test_the_trainer_pushes_on_update_only_when_made_to_and_rolls_out_through_th
         toy_policy_dir, json_server, tmp_path):
     """``push_updates`` is the trainer's own argument: made with False (as the online learner makes its trainer),
     setup pushes nothing to a server that takes pushes; by default it pushes its starting weights. The rollout
-    policy names the adapter the sync serves the weights under (a LoRA run's ``lora_name``), and none for a
+    policy names the adapter the sync serves the weights under (a LoRA run's ``sync.lora_name``), and none for a
     full-weight sync."""
     from paravt_train.online.learner import OnlineLearner
     from paravt_train.rl.trainer import GRPOTrainer
@@ -292,7 +302,7 @@ def test_the_trainer_pushes_on_update_only_when_made_to_and_rolls_out_through_th
     quiet.setup()
     assert quiet.syncer is not None and quiet.agent.policy.lora is None
     assert not srv.bodies  # nothing pushed
-    cfg = GRPOConfig(**base, output_dir=str(tmp_path / "b"), weight_sync="lora", lora_name="mine",
+    cfg = GRPOConfig(**base, output_dir=str(tmp_path / "b"), sync={"via": "lora", "lora_name": "mine"},
                      lora={"enabled": True, "r": 4, "alpha": 8})
     tr = GRPOTrainer(cfg, progress=False, log=lambda *_: None)
     tr.setup()
@@ -305,7 +315,7 @@ def test_the_trainer_pushes_on_update_only_when_made_to_and_rolls_out_through_th
 def test_the_old_names_work_until_their_release(json_server, tmp_path):
     """``load`` (now ``serve``) and ``GRPOTrainer.auto_sync`` (now the ``push_updates`` argument) keep working,
     with a DeprecationWarning naming the release they go in."""
-    from paravt_agent._moved import REMOVED_IN
+    from paravt_agent.compat import REMOVED_IN
     from paravt_train.rl.trainer import GRPOTrainer
     from paravt_train.sync import SGLangLoraSync, SGLangWeightSync
 
@@ -329,8 +339,8 @@ def test_a_lora_run_on_a_server_is_refused_a_full_weight_sync():
     from paravt_train.rl.config import GRPOConfig
 
     for sync in ("disk", "tensor", "distributed"):
-        with pytest.raises(ValueError, match="a LoRA run pushes adapters.*set weight_sync lora"):
-            GRPOConfig(model="m", backend="sglang", endpoint="http://127.0.0.1:9", weight_sync=sync,
+        with pytest.raises(ValueError, match="a LoRA run pushes adapters.*set sync.via lora"):
+            GRPOConfig(model="m", backend="sglang", endpoint="http://127.0.0.1:9", sync={"via": sync},
                        lora={"enabled": True})
-    GRPOConfig(model="m", backend="sglang", endpoint="http://127.0.0.1:9", weight_sync="lora", lora={"enabled": True})
-    GRPOConfig(model="m", weight_sync="disk", lora={"enabled": True})  # in-process rollouts push nothing
+    GRPOConfig(model="m", backend="sglang", endpoint="http://127.0.0.1:9", sync={"via": "lora"}, lora={"enabled": True})
+    GRPOConfig(model="m", sync={"via": "disk"}, lora={"enabled": True})  # in-process rollouts push nothing

@@ -40,8 +40,9 @@ def build_graph(retries: int = 2, planner_timeout: float | None = None, subagent
     g.add_node("overview", overview)
     g.add_node("planner", planner, retry_policy=retry, timeout=node_timeout(planner_timeout))
     g.add_node("review", review)
+    # its input is a CallTask (a Send's payload), never the state's channels: no channels of its own to infer
     g.add_node("subagent", subagent, retry_policy=retry, timeout=node_timeout(subagent_timeout),
-               error_handler=subagent_failed)
+               error_handler=subagent_failed, input_schema=AgentState)
     g.add_node("aggregate", aggregate)
     g.add_node("finish", finish)
     g.add_node("collab_agent", collab_agent, retry_policy=retry, timeout=node_timeout(planner_timeout),

@@ -26,7 +26,7 @@ from paravt_agent.graph.runtime import (
     tool_context,
     within_work_budget,
 )
-from paravt_agent.graph.state import slot_key
+from paravt_agent.graph.state import CallTask, slot_key
 from paravt_agent.prompts import SUBAGENT_SYSTEM_PROMPT, layout_subagent_messages
 from paravt_agent.protocol import subagent_report
 from paravt_agent.trajectory import SubAgentRecord
@@ -76,8 +76,8 @@ class ToolCallError(Exception):
         self.error, self.records = error, records
 
 
-async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall, summarise: bool = False) -> dict:
-    """Run one valid call (``payload``: ``turn``, ``video``, ``question``, ``seed``, and ``agent``: the collaborating
+async def run_call(ctx: AgentContext, payload: CallTask, call: PlannedCall, summarise: bool = False) -> dict:
+    """Run one valid call (``payload``: its :class:`~paravt_agent.graph.state.CallTask`; ``agent``: the collaborating
     agent that made it): the tool, its model session (a model-backed tool), and a sub-agent's summary of visual
     evidence, or the frames themselves for the planner (the layout's ``evidence: frames`` or a frames tool, unless
     ``summarise``: a reader of text only, the collaborative mode's memory); the state update: ``results`` (the
@@ -142,7 +142,7 @@ async def run_call(ctx: AgentContext, payload: dict, call: PlannedCall, summaris
     return {**update, "results": {slot_key(turn, call.index): rec}, "phases": phases}
 
 
-async def run_agent_call(ctx: AgentContext, payload: dict, call: PlannedCall) -> dict:
+async def run_agent_call(ctx: AgentContext, payload: CallTask, call: PlannedCall) -> dict:
     """One of an agent's calls, as a planner's sub-agent runs it: an invalid call is its error slot; the
     runtime's failures are retried (``retries``, transient ones only) within ``subagent_timeout`` per attempt;
     a tool refusing the call is the model's error, anything else the runtime's. The round goes on either way."""

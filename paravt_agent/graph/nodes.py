@@ -70,6 +70,7 @@ from paravt_agent.graph.runtime import (
 )
 from paravt_agent.graph.state import (
     AgentState,
+    CallTask,
     initial_state,
     slot_key,
     slot_order,
@@ -237,9 +238,8 @@ def _call_json(c: PlannedCall) -> dict:
             "window": list(c.window) if c.window else None}
 
 
-async def subagent(payload: dict, runtime: Runtime) -> dict:
-    """One tool call (``payload``: ``turn``, ``call``, ``video``, ``question``, ``seed``, ``span``: the
-    dispatching turn's span); an ``execute_tool`` span when tracing is on."""
+async def subagent(payload: CallTask, runtime: Runtime) -> dict:
+    """One tool call (:class:`~paravt_agent.graph.state.CallTask`); an ``execute_tool`` span when tracing is on."""
     ctx = await actx(runtime)
     call: PlannedCall = payload["call"]
     attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name, "gen_ai.tool.type": "function",
@@ -259,7 +259,7 @@ def failure_text(exc: BaseException) -> str:
     return str(exc) or exc.__class__.__name__
 
 
-def subagent_failed(payload: dict, error: NodeError) -> Command:
+def subagent_failed(payload: CallTask, error: NodeError) -> Command:
     """The last attempt failed: the slot gets the error (the runtime's, unless a tool refused the call) and the
     run goes on to ``aggregate`` (the handler is its own node: without a destination a turn whose every call
     failed would never be aggregated)."""
@@ -333,8 +333,8 @@ def route_after_planner(state: AgentState, runtime: Runtime):
 def route_calls(state: AgentState, runtime: Runtime):
     """One ``Send`` per valid call (plain payloads); a turn with none goes straight to ``aggregate``."""
     json_events = ctx_of(runtime).json_events
-    sends = [Send("subagent", {"turn": state.get("turn", 0), "call": c, "video": state["video"],
-                               "question": state["question"], "seed": state.get("seed"), "json_events": json_events,
-                               "span": state.get("turn_span")})
+    sends = [Send("subagent", CallTask(turn=state.get("turn", 0), call=c, video=state["video"],
+                                       question=state["question"], seed=state.get("seed"), json_events=json_events,
+                                       span=state.get("turn_span")))
              for c in state["calls"] if c.ok]
     return sends or "aggregate"

@@ -26,7 +26,7 @@ from paravt_agent.types import (
     RolloutInput,
 )
 
-__all__ = ["STATE_TYPES", "AgentState", "final_answer", "initial_state", "slot_key", "slot_order",
+__all__ = ["STATE_TYPES", "AgentState", "CallTask", "final_answer", "initial_state", "slot_key", "slot_order",
            "trace_of"]
 
 
@@ -80,6 +80,20 @@ class AgentState(TypedDict, total=False):
 #: the classes a checkpoint of :class:`AgentState` holds (what a strict serializer may rebuild)
 STATE_TYPES = (PlannedCall, Generation, Continuation, GenerationRecord, PlannerTurn, SubAgentRecord, Phase,
                MemoryEntry)
+
+
+class CallTask(TypedDict, total=False):
+    """What the fan-out's ``Send`` gives one call's node (a planner's sub-agent, or a collaborating agent's call): plain
+    data, which a checkpointer saves with the pending sends; the live resources come from the run context."""
+
+    turn: int  # the dispatching planner turn (a collaborating agent's: its round)
+    call: PlannedCall  # the validated call
+    video: str  # the question's video: the only file a tool may open
+    question: str
+    seed: int | None  # the run's seed (each call's sampling derives its own from it)
+    json_events: bool  # stream events as JSON (LangGraph Server) rather than objects
+    span: object | None  # the dispatching turn's tracing span
+    agent: str | None  # a collaborating agent's call: the agent's name
 
 
 def slot_key(turn: int, index: int) -> str:

@@ -20,12 +20,33 @@ __all__ = ["QueuedBatcher", "RowSampler", "batch_key", "cancelled_rows", "scored
 
 
 class QueuedBatcher:
-    """The queue in front of :meth:`LocalPolicy._run_rows`: concurrent ``generate`` calls that arrive together run
-    as one batch (the fairness rules are in :meth:`_take_batch`). The class using it provides ``encode``,
-    ``_run_rows`` and the batching settings, and sets up ``_cv`` (a Condition), ``_pending`` and ``_worker``."""
+    """The queue in front of a batch runner: concurrent ``generate`` calls that arrive together run as one batch
+    (the fairness rules are in :meth:`_take_batch`). A backend holds one (``LocalPolicy.batcher``), made with what it
+    needs of the backend: ``encode(messages, prefix, continuation)`` → an encoded prompt, and ``run_rows(rows,
+    cancel_events)`` → one Generation (or exception) per row; and the batching settings, which stay adjustable
+    (``batcher.max_batch = 4``)."""
+
+    def __init__(self, encode, run_rows, max_batch: int = 8, batch_wait: float = 0.005, max_batch_tokens: int = 32768,
+                 length_ratio: float = 4.0, long_prompt_tokens: int = 2048, long_patience: int = 4):
+        self.encode, self.run_rows = encode, run_rows
+        self.max_batch = max_batch
+        self.batch_wait = batch_wait
+        self.max_batch_tokens = max_batch_tokens
+        self.length_ratio = length_ratio
+        self.long_prompt_tokens = long_prompt_tokens
+        self.long_patience = long_patience
+        self._cv = threading.Condition()
+        self._pending: list[_Request] = []
+        self._worker: threading.Thread | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued or being encoded (not yet in a batch)."""
+        with self._cv:
+            return len(self._pending)
 
     async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
-                       continuation: Continuation | None = None, role: str = "planner") -> Generation:
+                       continuation: Continuation | None = None) -> Generation:
         """Queued: concurrent calls that arrive together run as one batch (up to ``max_batch`` rows and
         ``max_batch_tokens`` padded prompt tokens). Cancelling the call stops its row at the next step."""
         req = _Request(messages, sampling, prefix, continuation, concurrent.futures.Future(), clock=SERVE_CLOCK.get())
@@ -119,7 +140,7 @@ class QueuedBatcher:
             if r.clock is not None:
                 r.clock.start()
         try:
-            gens = self._run_rows([(r.encoded, r.sampling, r.prefix) for r in live], [r.cancelled for r in live])
+            gens = self.run_rows([(r.encoded, r.sampling, r.prefix) for r in live], [r.cancelled for r in live])
         except BaseException as exc:  # the model call itself failed: every waiting caller gets the error
             for r in live:
                 r.future.set_exception(exc)

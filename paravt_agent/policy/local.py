@@ -54,7 +54,7 @@ from paravt_agent.types import Continuation, Generation, Sampling
 __all__ = ["LocalPolicy", "RowSampler", "cache_argument", "cache_of"]
 
 
-class LocalPolicy(QueuedBatcher, Policy):
+class LocalPolicy(Policy):
     """A model directory loaded with ``AutoModelForImageTextToText`` + ``AutoProcessor``."""
 
     name = "local"
@@ -73,15 +73,11 @@ class LocalPolicy(QueuedBatcher, Policy):
         self.reuse = reuse
         self.vision_cache = VisionCache(vision_cache_mb << 20)
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20)
-        self.max_batch = max_batch
-        self.batch_wait = batch_wait
-        self.max_batch_tokens = max_batch_tokens
-        self.length_ratio = length_ratio
-        self.long_prompt_tokens = long_prompt_tokens
-        self.long_patience = long_patience
-        self._cv = threading.Condition()
-        self._pending: list = []  # QueuedBatcher requests
-        self._worker: threading.Thread | None = None
+        # the queue that turns concurrent calls into batches: an object this backend holds, given its encoder and
+        # its batch runner (settings adjustable on it: ``policy.batcher.max_batch``)
+        self.batcher = QueuedBatcher(self.encode, self._run_rows, max_batch=max_batch, batch_wait=batch_wait,
+                                     max_batch_tokens=max_batch_tokens, length_ratio=length_ratio,
+                                     long_prompt_tokens=long_prompt_tokens, long_patience=long_patience)
         if model_obj is None and not Path(self.path).is_dir():
             raise PolicyError(
                 f"model directory {self.path} does not exist; build the toy policy with `paravt-train toy` "
@@ -187,6 +183,13 @@ class LocalPolicy(QueuedBatcher, Policy):
         return getattr(getattr(cfg, "text_config", None) or cfg, "max_position_embeddings", None)
 
     # ------------------------------------------------------------------ generation
+
+    async def generate(self, messages: list[dict], sampling: Sampling, prefix: str = "",
+                       continuation: Continuation | None = None, role: str = "planner") -> Generation:
+        """Queued (:class:`~paravt_agent.policy.batcher.QueuedBatcher`): concurrent calls that arrive together run
+        as one batch (up to ``max_batch`` rows and ``max_batch_tokens`` padded prompt tokens). Cancelling the call
+        stops its row at the next step."""
+        return await self.batcher.generate(messages, sampling, prefix, continuation)
 
     def generate_sync(self, messages: list[dict], sampling: Sampling, prefix: str = "",
                       continuation: Continuation | None = None) -> Generation:

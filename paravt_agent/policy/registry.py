@@ -95,7 +95,7 @@ def make_rollout_policy(backend: str, model: str, endpoint: str | None = None, *
     model itself (``model_obj``: an in-process backend then generates with the trained parameters and
     nothing needs syncing), the trainer's ``processor``, the ``max_batch`` of concurrent calls it may
     batch, ``lora``: the name of the LoRA adapter the server holds the trained weights under (a LoRA run's
-    ``weight_sync: lora``), which a server backend names in every request, ``api_key``: the server's key, and
+    ``sync.via: lora``), which a server backend names in every request, ``api_key``: the server's key, and
     ``autocast``: the trainer's autocast dtype, which an in-process backend generating with the trained model
     generates under (the rollouts then come from the numerics the update scores them with)."""
     import inspect

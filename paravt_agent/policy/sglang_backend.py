@@ -306,7 +306,7 @@ class SGLangPolicy(Policy):
                     elif resp.status_code in (401, 403):
                         raise PolicyError(f"{self.url}/generate answered HTTP {resp.status_code}: the server was "
                                           "started with --api-key; give the sglang backend that key (api_key, "
-                                          "`--api-key`, or sglang_api_key_env in a training config)")
+                                          "`--api-key`, or sync.api_key_env in a training config)")
                     elif resp.status_code < 500 and resp.status_code != 429:
                         raise PolicyError(f"{self.url}/generate answered HTTP {resp.status_code}: {resp.text[:300]}")
                     else:

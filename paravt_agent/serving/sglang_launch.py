@@ -199,7 +199,7 @@ def sglang_command(
     ``SGLANG_EXPOSE_OWN_ENV_VARS=1``, so its ``/server_info`` lists the variables it was given (none: SGLang's
     default cache) and the trainer's syncs can warn about a server that keeps the cache.
 
-    ``lora_rank`` serves LoRA adapters up to that rank (``weight_sync: lora`` loads them by name) on
+    ``lora_rank`` serves LoRA adapters up to that rank (``sync.via: lora`` loads them by name) on
     ``lora_target_modules`` (default :data:`LORA_TARGET_MODULES`, the trainer's: never SGLang's ``all``, which
     adds ``embed_tokens`` and ``lm_head`` the trainer never adapts); ``lora_from`` (a training config or an adapter
     directory, :func:`lora_of_run`) derives both from the run. Three adapters per batch (the served adapter, a

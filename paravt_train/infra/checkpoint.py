@@ -30,7 +30,8 @@ from paravt_agent.errors import ConfigError
 from paravt_train.infra.distributed import all_reduce_max, barrier, on_rank0, rank_world
 
 __all__ = ["CheckpointError", "ServerExport", "atomic_directory", "complete_checkpoints", "export_model",
-           "latest_checkpoint", "load_blobs", "load_checkpoint", "load_rank_blobs", "prune_checkpoints",
+           "latest_checkpoint", "load_blobs", "load_checkpoint", "load_model_weights", "load_rank_blobs",
+           "prune_checkpoints",
            "resume_latest", "save_checkpoint", "write_model_dir"]
 
 STATE_FILE = "trainer_state.json"
@@ -162,6 +163,20 @@ def load_rank_blobs(path: Path, rank: int) -> dict | None:
     return torch.load(f, weights_only=False)["blobs"] if f.is_file() else None
 
 
+def load_model_weights(model, path: str | Path, rank: int = 0, world: int = 1) -> None:
+    """A saved model directory's weights into ``model`` (every rank calls it): one process loads the state dict;
+    under FSDP2 rank 0 reads the directory and the shards are filled from it (a broadcast)."""
+    from transformers import AutoModelForImageTextToText
+
+    if world > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        sd = AutoModelForImageTextToText.from_pretrained(str(path)).state_dict() if rank == 0 else {}
+        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    else:
+        model.load_state_dict(AutoModelForImageTextToText.from_pretrained(str(path)).state_dict())
+
+
 def export_model(model, processor, path: Path, agent_config_yaml: str | None = None) -> Path:
     """A plain model directory that ``from_pretrained``, SGLang and the agent load (every rank calls it).
 
@@ -215,7 +230,7 @@ def write_model_dir(model, processor, path: str | Path, agent_config_yaml: str |
 
 
 class ServerExport:
-    """The model directory a rollout server loads (``weight_sync: disk``), kept up to date across updates.
+    """The model directory a rollout server loads (``sync.via: disk``), kept up to date across updates.
 
     Unlike :func:`export_model` (a model to keep), this writes what the server serves: every tensor in the serving
     ``dtype`` (bfloat16 on GPUs: half the bytes of the fp32 the trainer holds), tied weights once, as one

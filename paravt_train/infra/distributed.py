@@ -27,6 +27,7 @@ __all__ = [
     "data_order",
     "device",
     "init_distributed",
+    "train_device",
     "rank_world",
     "shard_model",
     "with_dummy_image",
@@ -41,25 +42,28 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def init_distributed(timeout_minutes: float = 60.0) -> None:
+def init_distributed(timeout_minutes: float = 60.0, cuda: bool | None = None) -> None:
     """Join the process group when started by ``torchrun`` (``WORLD_SIZE`` > 1); no-op otherwise.
 
     ``timeout_minutes`` bounds any collective: other ranks wait in one while rank 0 alone evaluates the
-    held-out set or pushes weights (NCCL's own default, 10 minutes, would kill a long evaluation)."""
+    held-out set or pushes weights (NCCL's own default, 10 minutes, would kill a long evaluation). ``cuda``: whether
+    the model trains on GPUs (NCCL beside gloo) or on the CPU (gloo alone, a GPU or not: :func:`train_device`);
+    None = whether CUDA is present."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         import datetime
 
         # NCCL takes CUDA tensors only: the small CPU collectives (counts, object gathers) go over gloo
-        if torch.cuda.is_available():
+        if cuda:
             local, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
             if local >= gpus:  # NCCL puts one rank on one GPU; two ranks cannot share one
                 raise ConfigError(
                     f"local rank {local} has no GPU of its own: this machine shows {gpus} GPU(s). Start at most "
                     f"{gpus} processes per node (torchrun --nproc_per_node {gpus}), or train on the CPU over gloo "
                     "with CUDA_VISIBLE_DEVICES=\"\"")
-        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
@@ -86,8 +90,22 @@ def end_process(code: int = 0) -> None:
     os._exit(code)
 
 
-def device() -> torch.device:
-    return torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+def device(cuda: bool | None = None) -> torch.device:
+    """This rank's device: its GPU when training on GPUs (``cuda``; None = whether CUDA is present), else the CPU."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    return torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
+
+
+def train_device(requested: str, model_dir) -> bool:
+    """Whether a trainer puts ``model_dir``'s model on GPUs: ``cuda`` (asked), ``cpu`` (asked) or ``auto``, the local
+    backend's rule (:func:`paravt_agent.policy.placement.resolve_device`): a GPU when one is present and the model
+    holds 64 MiB of weights or more. A 1.2 M-parameter toy trains faster on the CPU than one kernel launch at a time
+    on a GPU (docs/gpu.md), so on a GPU machine it stays there unless asked."""
+    from paravt_agent.policy.placement import resolve_device  # torch is loaded already: no cost
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda: no GPU is visible to this process (torch.cuda.is_available() is False)")
+    return resolve_device(requested, model_dir) == "cuda"
 
 
 def barrier() -> None:

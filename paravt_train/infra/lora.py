@@ -22,7 +22,20 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LoraSettings", "adapter_state", "export_merged", "is_lora", "lora_config", "save_adapter", "wrap"]
+__all__ = ["LoraSettings", "adapter_base", "adapter_state", "export_merged", "is_adapter_dir", "is_lora",
+           "load_adapter", "lora_config", "save_adapter", "wrap"]
+
+
+def is_adapter_dir(path) -> bool:
+    """Whether ``path`` is a LoRA adapter directory (peft's ``adapter_config.json``, no model ``config.json``): the one
+    answer the syncs, the versions and the gate share."""
+    path = Path(path)
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def adapter_base(path) -> str:
+    """The base model an adapter directory was trained on (peft's ``base_model_name_or_path``)."""
+    return json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
 
 
 class LoraSettings(BaseModel):
@@ -96,6 +109,14 @@ def save_adapter(model, path: str | Path, settings: LoraSettings, base: str) -> 
             (tmp / "adapter_config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
     barrier()
     return path
+
+
+def load_adapter(model, path: str | Path) -> None:
+    """A saved adapter directory's tensors into the peft ``model`` (a kept LoRA version)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(model, load_file(str(Path(path) / "adapter_model.safetensors")))
 
 
 def export_merged(model, processor, base: str, path: str | Path, settings: LoraSettings,

@@ -2,9 +2,11 @@
 
 The loop, top to bottom (:meth:`~paravt_train.online.learner.OnlineLearner.run`)::
 
-    config.py     the run's GRPOConfig and its ``online:`` settings (the gate, rollback, per-user limits)
-    learner.py    OnlineLearner: a GRPOTrainer (its own pushes off: only promoted versions reach the server) and
-                  a Promotion, sharing the trainer's checkpointed extra_state
+    config.py     OnlineConfig: the run's GRPOConfig and its ``online:`` settings (gate, rollback, per-user limits)
+    state.py      OnlineState: where the learner is (cursor, queue, live counts, ...), typed and versioned, saved
+                  with the weights in every checkpoint
+    learner.py    OnlineLearner: a GRPOTrainer (its own pushes off: only promoted versions reach the server), its
+                  OnlineState and a Promotion (given a TrainerPort to the trainer and that state, never the trainer)
     promotion.py  at start: the registry's first version is the starting weights; the serving version goes (back)
                   on the server
     loop:
@@ -23,7 +25,7 @@ The loop, top to bottom (:meth:`~paravt_train.online.learner.OnlineLearner.run`)
         versions.py promoted (pushed: pause → update → continue; recorded as a version) or kept aside (refused;
                     the learner reverts to the served weights or goes on, ``on_refuse``)
       promotion.py  live score: at planned label counts, when the served version's score on the feedback about its
-                    own answers (per-user capped, several users, robust to any one) is significantly below the
+        rollback.py own answers (per-user capped, several users, robust to any one) is significantly below the
                     version served before it, that version goes back
       learner.py    every ``save_every`` updates: one atomic checkpoint of the weights, the optimizer, the cursor,
                     the queue and the live counts; ``online_state.json`` after every update
@@ -45,6 +47,9 @@ _LAZY = {
     "check_row": "paravt_train.online.learner",
     "prompt_from_feedback": "paravt_train.online.learner",
     "Promotion": "paravt_train.online.promotion",
+    "TrainerPort": "paravt_train.online.promotion",
+    "OnlineState": "paravt_train.online.state",
+    "OnlineConfig": "paravt_train.online.config",
     "VersionRegistry": "paravt_train.online.versions",
     "push_version": "paravt_train.online.versions",
     "GateSettings": "paravt_train.online.config",

@@ -8,6 +8,9 @@
     paravt-train online rollback [V] --config C       put back V (default: the version served before this one)
 
 A running learner follows a promote or rollback (it continues from the version that serves).
+
+Lazy imports: each command imports the modules it runs inside its own body, so `paravt-train online --help` and
+every other command stay instant (torch, transformers and the servers load only for the command that needs them).
 """
 
 from __future__ import annotations
@@ -27,18 +30,16 @@ def _fail(msg: str) -> None:
 
 
 def _config(config: Path, set_: list[str] | None):
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError
-    from paravt_train.rl.config import GRPOConfig
+    from paravt_train.online.config import OnlineConfig
 
     try:
-        return GRPOConfig.from_yaml(config, list(set_ or []))
+        return OnlineConfig.from_yaml(config, list(set_ or []))
     except ConfigError as exc:
         _fail(str(exc))
 
 
 def _registry(cfg):
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.online.versions import VersionRegistry
 
     return VersionRegistry(Path(cfg.output_dir) / "versions")
@@ -49,7 +50,8 @@ def run(
     ctx: typer.Context,
     store: str = typer.Option(None, help="Trajectory store the serving agent writes to: a SQLite path "
                                          "(sqlite:///PATH) or postgresql://user:pass@host/db."),
-    config: Path = typer.Option(None, "--config", help="GRPOConfig YAML (model, output_dir, backend, online, ...)."),
+    config: Path = typer.Option(None, "--config", help="The learner's config YAML: a GRPO config and `online:` "
+                                                       "(model, output_dir, backend, online, ...)."),
     endpoint: str = typer.Option(None, help="SGLang server to push promoted versions to (sets backend sglang)."),
     set_: list[str] = typer.Option(None, "--set", help="Override key=value of the GRPO config."),
     poll: float = typer.Option(30.0, help="Seconds between looks at the store when there is nothing to train."),
@@ -65,7 +67,6 @@ def run(
         return
     if store is None or config is None:
         _fail("the learner needs --store and --config (or a subcommand: status, versions, promote, rollback)")
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ConfigError
     from paravt_train.infra.distributed import end_process, shutdown_distributed
     from paravt_train.infra.interrupt import EXIT_CODE
@@ -91,15 +92,14 @@ def run(
 def _opts(ctx: typer.Context, config: Path | None):
     config = config or ctx.obj.get("config")
     if config is None:
-        _fail("give --config (the learner's GRPOConfig YAML: its output_dir holds the versions)")
+        _fail("give --config (the learner's config YAML: its output_dir holds the versions)")
     return _config(config, ctx.obj.get("set_"))
 
 
 @app.command("status")
-def status(ctx: typer.Context, config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML."),
+def status(ctx: typer.Context, config: Path = typer.Option(None, "--config", help="The learner's config YAML."),
            as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
     """The served version, the newest candidate, the last gate, the queue, rows skipped and why, per-user counts."""
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_train.online.promotion import live_counts
 
     cfg = _opts(ctx, config)
@@ -128,7 +128,7 @@ def status(ctx: typer.Context, config: Path = typer.Option(None, "--config", hel
 
 
 @app.command("versions")
-def versions(ctx: typer.Context, config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML."),
+def versions(ctx: typer.Context, config: Path = typer.Option(None, "--config", help="The learner's config YAML."),
              as_json: bool = typer.Option(False, "--json", help="Print them as JSON.")) -> None:
     """Every version: its status (serving, promoted, refused, rolled-back), gate scores and the feedback in it."""
     cfg = _opts(ctx, config)
@@ -144,14 +144,13 @@ def versions(ctx: typer.Context, config: Path = typer.Option(None, "--config", h
 
 
 def _push(cfg, vid: str, why: str) -> None:
-    # lazy: a command's modules load when it runs (`paravt-train --help` stays instant)
     from paravt_agent.errors import ParaVTError
     from paravt_train.online.versions import push_version
 
     reg = _registry(cfg)
     try:
         version = reg.get(vid)
-        push_version(cfg, version)
+        push_version(cfg, version, journal=Path(cfg.output_dir) / "push.json")  # journaled, as the learner's are
         reg.set_serving(vid, reason=why)
     except ParaVTError as exc:
         _fail(str(exc))
@@ -160,7 +159,7 @@ def _push(cfg, vid: str, why: str) -> None:
 
 @app.command("promote")
 def promote(ctx: typer.Context, version: str = typer.Argument(..., help="The version to serve (e.g. v12)."),
-            config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML.")) -> None:
+            config: Path = typer.Option(None, "--config", help="The learner's config YAML.")) -> None:
     """Serve a kept version (a refused candidate too, by the operator's decision)."""
     cfg = _opts(ctx, config)
     _push(cfg, version, "promoted by the operator")
@@ -169,7 +168,7 @@ def promote(ctx: typer.Context, version: str = typer.Argument(..., help="The ver
 @app.command("rollback")
 def rollback(ctx: typer.Context, version: str = typer.Argument(None, help="The version to go back to (default: "
                                                                           "the one served before the current)."),
-             config: Path = typer.Option(None, "--config", help="The learner's GRPOConfig YAML.")) -> None:
+             config: Path = typer.Option(None, "--config", help="The learner's config YAML.")) -> None:
     """Put an earlier version back on the server in one command."""
     cfg = _opts(ctx, config)
     reg = _registry(cfg)

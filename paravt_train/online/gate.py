@@ -28,11 +28,11 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from statistics import NormalDist
 
 from paravt_agent.errors import ConfigError
 from paravt_train.eval import heldout_scores
+from paravt_train.infra.lora import adapter_base, is_adapter_dir
 from paravt_train.online.config import GateSettings
 
 __all__ = ["MIN_QUESTIONS", "Comparison", "GateResult", "GateSizeError", "compare", "decide", "detectable_margin",
@@ -242,11 +242,11 @@ def evaluate_dir(model_dir, agent_config, prompts, concurrency: int = 8, endpoin
     # the policy registry imports the backends it names (torch, transformers) on use: a gate run pays for them
     from paravt_agent.policy.registry import make_policy
 
-    config = Path(model_dir) / "adapter_config.json"
-    base = json.loads(config.read_text())["base_model_name_or_path"] if config.is_file() else str(model_dir)
+    adapter_version = is_adapter_dir(model_dir)
+    base = adapter_base(model_dir) if adapter_version else str(model_dir)
     if endpoint is not None:  # the processor is the base model's (an adapter directory has none)
         policy = make_policy("sglang", base, endpoint, api_key=api_key, lora=adapter)
-    elif config.is_file():  # a LoRA version: its adapter merged into the base, in this process
+    elif adapter_version:  # a LoRA version: its adapter merged into the base, in this process
         from peft import PeftModel
         from transformers import AutoModelForImageTextToText, AutoProcessor
 

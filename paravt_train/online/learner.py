@@ -1,7 +1,8 @@
 """The online learner (``paravt-train online``): :class:`OnlineLearner` polls the trajectory store's feedback,
 queues the rows it can train on, runs PARA-GRPO updates on them with the trainer it holds and hands each candidate
-to the promotion it holds (:class:`~paravt_train.online.promotion.Promotion`). The loop reads top to bottom in
-:mod:`paravt_train.online` and in :meth:`OnlineLearner.run`.
+to the promotion it holds (:class:`~paravt_train.online.promotion.Promotion`, given a port to the trainer and the
+learner's :class:`~paravt_train.online.state.OnlineState`). The loop reads top to bottom in :mod:`paravt_train.online`
+and in :meth:`OnlineLearner.run`.
 """
 
 from __future__ import annotations
@@ -14,42 +15,49 @@ from dataclasses import asdict
 from pathlib import Path
 
 from paravt_agent.errors import ConfigError, FeedbackError, ParaVTError
-from paravt_agent.feedback import check_answer, task_of
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
+from paravt_agent.store.feedback import check_answer, task_of
 from paravt_agent.video.fetch import local_video
 from paravt_train.data.records import PromptItem
 from paravt_train.infra.interrupt import GracefulStop
-from paravt_train.online.promotion import OPERATOR, Promotion, live_counts, online_state
+from paravt_train.online.config import OnlineConfig
+from paravt_train.online.promotion import Promotion, TrainerPort
+from paravt_train.online.state import OPERATOR, OnlineState, live_counts
 from paravt_train.online.versions import VersionRegistry
 from paravt_train.rewards import accuracy_reward
 from paravt_train.rl.async_loop import require_served_policy
 from paravt_train.rl.config import GRPOConfig
 from paravt_train.rl.trainer import GRPOTrainer
-from paravt_train.sync import expand_routers, server_keys
-from paravt_train.sync.lease import RENEW_SECONDS, journal_to, unfinished_push
+from paravt_train.sync import release_servers, server_keys
+from paravt_train.sync.lease import RENEW_SECONDS, unfinished_push
 
 __all__ = ["OnlineLearner", "check_row", "prompt_from_feedback"]
 
 
 def check_row(row: dict, trace) -> str | None:
     """Why a feedback row cannot be trained on (None: it can): no answer, or an answer the trace's question cannot
-    have (:func:`paravt_agent.feedback.check_answer`)."""
+    have (:func:`paravt_agent.store.feedback.check_answer`)."""
+    return _checked(row, trace)[1]
+
+
+def _checked(row: dict, trace) -> tuple[str | None, str | None]:
+    """The row's answer as the trace's question takes it, and why it cannot be trained on (one check, one fetch)."""
     if row.get("answer") is None:
-        return "no answer (a reward or thumbs only)"
+        return None, "no answer (a reward or thumbs only)"
     try:
-        check_answer(trace, row["answer"])
+        return check_answer(trace, row["answer"]), None
     except FeedbackError as exc:
-        return f"invalid answer ({str(exc).split(';')[0][:80]})"
-    return None
+        return None, f"invalid answer ({str(exc).split(';')[0][:80]})"
 
 
-def prompt_from_feedback(row: dict, store: TrajectoryStore) -> PromptItem | None:
-    """An RL prompt from one feedback row, or None when the row cannot be trained on."""
-    trace = store.get(row["trace_id"])
-    if check_row(row, trace) is not None:
-        return None
-    answer = check_answer(trace, row["answer"])
+def prompt_from_feedback(row: dict, trace, answer: str | None = None) -> PromptItem | None:
+    """An RL prompt from one feedback row and its trace (``answer``: the row's answer, checked already), or None
+    when the row cannot be trained on."""
+    if answer is None:
+        answer, why = _checked(row, trace)
+        if why is not None:
+            return None
     task = task_of(trace)
     value = list(parse_span(answer)) if task == "tvg" else answer
     return PromptItem(id=f"feedback-{row['seq']}", video=trace.video, question=trace.question, options=trace.options,
@@ -58,10 +66,13 @@ def prompt_from_feedback(row: dict, store: TrajectoryStore) -> PromptItem | None
 
 class OnlineLearner:
     """Feedback → updates → gated versions. It holds the :class:`~paravt_train.rl.trainer.GRPOTrainer` that updates
-    (``trainer``, its own pushes off) and the :class:`~paravt_train.online.promotion.Promotion` that decides what
-    serves (``promotion``); the state both keep is the trainer's checkpointed ``extra_state`` (:attr:`state`)."""
+    (``trainer``, its own pushes off), the :class:`~paravt_train.online.state.OnlineState` it keeps (``state``, saved
+    with the weights) and the :class:`~paravt_train.online.promotion.Promotion` that decides what serves
+    (``promotion``, given a port to the trainer and that state)."""
 
-    def __init__(self, cfg: GRPOConfig, store: str | Path | TrajectoryStore, progress: bool = True, log=print):
+    def __init__(self, cfg: OnlineConfig | GRPOConfig, store: str | Path | TrajectoryStore, progress: bool = True,
+                 log=print):
+        cfg = OnlineConfig.of(cfg)
         self.trainer = GRPOTrainer(cfg, progress=progress, log=log, push_updates=False)  # promoted versions only
         self.cfg, self.online = cfg, cfg.online
         self.store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
@@ -70,52 +81,68 @@ class OnlineLearner:
         self.consumed = 0
         self.saved_step: int | None = None  # the newest checkpoint this run wrote
         self.stopped: str | None = None  # the signal that ended run() early
-        self.promotion = Promotion(self.trainer, self.registry, cfg, log)
+        self.state = OnlineState()  # replaced by the checkpoint's at setup (resume)
+        self.promotion: Promotion | None = None  # made at setup: the port needs the trainer set up
 
     @property
-    def state(self) -> dict:
-        """Where the learner is (:func:`~paravt_train.online.promotion.online_state`), saved with the weights."""
-        return online_state(self.trainer)
+    def journal(self) -> Path:
+        """The push journal and lease (:mod:`paravt_train.sync.lease`): ``OUTPUT_DIR/push.json`` while a push runs
+        (``paravt serve --sync-lease`` reads it), left behind by a learner killed during one."""
+        return Path(self.cfg.output_dir) / "push.json"
+
+    def setup(self) -> None:
+        """The trainer (resumed from its newest checkpoint), the state that checkpoint kept, the promotion."""
+        tr = self.trainer
+        tr.setup()
+        if self.promotion is None:
+            if tr.extra_state:  # resumed: the checkpoint's state (else the one made here, polled or not)
+                self.state = OnlineState.from_dict(tr.extra_state)
+            self.promotion = Promotion(TrainerPort.of(tr), self.registry, self.cfg, self.state, self.log,
+                                       journal=self.journal if tr.rank == 0 else None)
+
+    def save(self) -> None:
+        """A checkpoint: the weights, the optimizer and the state together (atomic)."""
+        self.trainer.save(extra_state=self.state.to_dict())
+        self.saved_step = self.trainer.step
 
     # ------------------------------------------------------------------ feedback
 
     def _skip(self, row: dict, reason: str) -> None:
-        st = self.state
-        st["skipped"] += 1
-        st["skipped_by"][reason.split(" (")[0]] = st["skipped_by"].get(reason.split(" (")[0], 0) + 1
+        st, key = self.state, reason.split(" (")[0]
+        st.skipped += 1
+        st.skipped_by[key] = st.skipped_by.get(key, 0) + 1
         self.log(f"feedback {row['seq']}: {reason}; skipped")
 
     def _within_limit(self, user: str, created: float) -> bool:
         """Counts the row against its user's window; False when the user is over ``max_rows_per_user``."""
         cap, window = self.online.max_rows_per_user, self.online.user_window_hours * 3600
-        times = [t for t in self.state["users"].get(user, []) if t > created - window]
+        times = [t for t in self.state.users.get(user, []) if t > created - window]
         if cap is not None and len(times) >= cap:
-            self.state["users"][user] = times
+            self.state.users[user] = times
             return False
-        self.state["users"][user] = [*times, created]
+        self.state.users[user] = [*times, created]
         return True
 
     def poll(self) -> int:
-        """Queue the prompts of feedback newer than the cursor (each row checked, its skip reason counted);
-        count each labelled row within its user's limits for the live score of the version that served its trace
-        (:meth:`_count_live`). Returns how many prompts were queued."""
+        """Queue the prompts of feedback newer than the cursor (each row fetched once and checked once, its skip
+        reason counted); count each labelled row within its user's limits for the live score of the version that
+        served its trace (:meth:`_count_live`). Returns how many prompts were queued."""
         st = self.state
         added = 0
-        for row in self.store.feedback_since(st["cursor"]):
-            st["cursor"] = row["seq"]
+        for row in self.store.feedback_since(st.cursor):
+            st.cursor = row["seq"]
             self.consumed += 1
             try:
                 trace = self.store.get(row["trace_id"])
             except ParaVTError as exc:
                 self._skip(row, f"trace not found ({exc})")
                 continue
-            why = check_row(row, trace)
+            answer, why = _checked(row, trace)
             if why is not None:
                 self._skip(row, why)
                 continue
-            answer = check_answer(trace, row["answer"])
-            repeat = row["trace_id"] in st["answers"]  # the same label again: one answer is one live label
-            first = st["answers"].setdefault(row["trace_id"], answer)
+            repeat = row["trace_id"] in st.answers  # the same label again: one answer is one live label
+            first = st.answers.setdefault(row["trace_id"], answer)
             if first != answer:
                 self._skip(row, f"conflicts with earlier feedback ({first!r} vs {answer!r})")
                 continue
@@ -125,9 +152,9 @@ class OnlineLearner:
             if user is not None and not self._within_limit(user, row.get("created") or time.time()):
                 self._skip(row, f"user over max_rows_per_user ({user})")
                 continue
+            item = prompt_from_feedback(row, trace, answer)
             if not repeat:
-                self._count_live(trace, answer, user)  # after the limit: a row over it is no label either
-            item = prompt_from_feedback(row, self.store)
+                self._count_live(trace, item.answer, user)  # after the limit: a row over it is no label either
             try:  # a trace of a URL: its download (cached) is the video
                 item.video = local_video(item.video)
             except ParaVTError as exc:
@@ -136,21 +163,20 @@ class OnlineLearner:
             if not Path(item.video).is_file():
                 self._skip(row, f"video unreadable (not at {item.video})")
                 continue
-            st["queue"].append({**asdict(item), "user": user, "seq": row["seq"]})
+            st.queue.append({**asdict(item), "user": user, "seq": row["seq"]})
             added += 1
         return added
 
-    def _count_live(self, trace, answer: str, user: str | None = None) -> None:
-        """A label of the answer the trace's user got, scored with the gate's metric (accuracy, F1 or IoU), for the
-        version that served it: counted per user, at most ``rollback.max_labels_per_user`` of one user's labels
-        per version (the operator's own rows, without a user, count as one user, not limited)."""
+    def _count_live(self, trace, value, user: str | None = None) -> None:
+        """A label of the answer the trace's user got (``value``: the label as the reward takes it), scored with the
+        gate's metric (accuracy, F1 or IoU), for the version that served it: counted per user, at most
+        ``rollback.max_labels_per_user`` of one user's labels per version (the operator's own rows, without a user,
+        count as one user, not limited)."""
         vid = self.registry.served_at(trace.created)
         if vid is None:
             return
-        task = task_of(trace)
-        value = list(parse_span(answer)) if task == "tvg" else answer
-        score = accuracy_reward(trace.response, value, task, trace.options)
-        live = self.state["live"]
+        score = accuracy_reward(trace.response, value, task_of(trace), trace.options)
+        live = self.state.live
         counts = live[vid] = live_counts(live.get(vid))
         who = counts.setdefault(user or OPERATOR, [0.0, 0.0, 0])
         if user is not None and who[2] >= self.online.rollback.max_labels_per_user:
@@ -165,7 +191,7 @@ class OnlineLearner:
         P = self.cfg.prompts_per_step
         cap = max(1, math.ceil(self.online.max_user_share * P))
         batch, per_user = [], {}
-        for d in self.state["queue"]:
+        for d in self.state.queue:
             if len(batch) == P:
                 break
             user = d.get("user")
@@ -184,10 +210,9 @@ class OnlineLearner:
 
         if tr.rank == 0:
             self.poll()
-        keys = ("cursor", "queue", "skipped", "skipped_by", "users", "answers", "live")
-        box = [{k: self.state[k] for k in keys}]
+        box = [self.state.polled()]
         dist.broadcast_object_list(box, src=0)
-        self.state.update(box[0])
+        self.state.take_polled(box[0])
 
     def _stale_everywhere(self) -> set[str]:
         tr = self.trainer
@@ -210,29 +235,25 @@ class OnlineLearner:
             return
         st = self.state
         per_user: dict[str, int] = {}
-        for d in st["queue"]:
+        for d in st.queue:
             who = d.get("user") or "operator"
             per_user[who] = per_user.get(who, 0) + 1
         path = tr.out / "online_state.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({
-            "step": tr.step, "cursor": st["cursor"], "queued": len(st["queue"]), "queued_by_user": per_user,
-            "skipped": st["skipped"], "skipped_by": st["skipped_by"], "trained": st["trained"],
-            "serving": st["serving"], "pending": [d["seq"] for d in st["pending"]], "live": st["live"],
-            "users": {u: len(t) for u, t in st["users"].items()}, "checkpoint_step": self.saved_step}, indent=1))
+            "step": tr.step, "cursor": st.cursor, "queued": len(st.queue), "queued_by_user": per_user,
+            "skipped": st.skipped, "skipped_by": st.skipped_by, "trained": st.trained, "serving": st.serving,
+            "pending": [d["seq"] for d in st.pending], "live": st.live,
+            "users": {u: len(t) for u, t in st.users.items()}, "checkpoint_step": self.saved_step}, indent=1))
         tmp.replace(path)
-
-    @property
-    def journal(self) -> Path:
-        """The push journal and lease (:mod:`paravt_train.sync.lease`): ``OUTPUT_DIR/push.json`` while a push runs
-        (``paravt serve --sync-lease`` reads it), left behind by a learner killed during one."""
-        return Path(self.cfg.output_dir) / "push.json"
 
     def repair_push(self) -> dict | None:
         """A push the journal says never ended (the last learner died during it): continue generation on the
         servers it names (the supervisor of ``paravt serve`` may have done so already) and close a weight-update
-        session it left open; :meth:`Promotion.start_versions` then puts the version the registry says serves
-        back on them, whatever the half-applied push left there. Returns what was found (None: nothing)."""
+        session it left open (:func:`~paravt_train.sync.release_servers`); :meth:`Promotion.start_versions` then
+        puts the version the registry says serves back on them, whatever the half-applied push left there. Returns
+        what was found (None: nothing)."""
+        self.setup()  # the events it records, and the servers it names, are the set-up run's
         if self.trainer.rank != 0:
             return None
         left = unfinished_push(self.journal)
@@ -252,22 +273,7 @@ class OnlineLearner:
                         f"{self.journal}: a push of version {left['version']} by pid {left.get('pid')} on "
                         f"{left.get('host')} is renewing its lease: another learner is pushing from this output "
                         "directory; stop it first")
-        keys, done, errors = server_keys(self.cfg), [], []
-        with keys.client(60) as client:
-            try:
-                urls = expand_routers(client, left["urls"], keys) if left["urls"] else []
-            except Exception as exc:  # noqa: BLE001 (a router that is down: its servers are unknown, the push below says)
-                errors.append(f"{left['urls']}: {exc}")
-                urls = []
-            for url in urls:
-                try:
-                    resp = client.post(f"{url}/continue_generation", json={})
-                    client.post(f"{url}/end_weight_update", json={})  # 400 when none is open, 404 before 0.5.21
-                except Exception as exc:  # noqa: BLE001 (the push of the serving version below reports a dead server)
-                    errors.append(f"{url}: {exc}")
-                    continue
-                (done if resp.status_code == 200 else errors).append(
-                    url if resp.status_code == 200 else f"{url}: HTTP {resp.status_code}")
+        done, errors = release_servers(left["urls"], server_keys(self.cfg))
         self.journal.unlink(missing_ok=True)
         serving = self.registry.serving()
         why = (f"a push of version {left['version']} ({left['sync']}, pid {left.get('pid')}) started "
@@ -276,8 +282,8 @@ class OnlineLearner:
                + (f" (failed: {'; '.join(errors)})" if errors else "")
                + (f"; {serving['id']}, the version that serves, goes back on the servers" if serving else ""))
         self.log(why)
-        self.promotion._event({"event": "push-repaired", "version": left["version"], "servers": done,
-                               "errors": errors, "reason": why})
+        self.promotion.record_event({"event": "push-repaired", "version": left["version"], "servers": done,
+                                     "errors": errors, "reason": why})
         return {**left, "continued": done, "errors": errors}
 
     def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
@@ -285,16 +291,8 @@ class OnlineLearner:
         learner left half-applied is repaired first (:meth:`repair_push`); every push journals itself
         (:attr:`journal`) until it ends."""
         tr = self.trainer
-        tr.setup()
+        self.setup()
         self.repair_push()
-        if tr.rank == 0:
-            journal_to(self.journal)
-        try:
-            return self._run(tr, poll, max_steps, once)
-        finally:
-            journal_to(None)
-
-    def _run(self, tr, poll: float, max_steps: int | None, once: bool) -> int:
         if tr.cfg.max_staleness > 0:  # refused now, not at the first feedback (which may come hours later)
             require_served_policy(tr)
         if self.saved_step is None and tr.step:  # resumed: that checkpoint is the newest
@@ -319,25 +317,22 @@ class OnlineLearner:
                 rec = tr.train_step(batch[tr.rank:: tr.world])
                 stale = self._stale_everywhere()  # η > 0: too stale to train; queued again, first
                 taken = {id(d) for d in batch_rows}
-                st["queue"] = [d for d in batch_rows if d["id"] in stale] + [d for d in st["queue"]
-                                                                             if id(d) not in taken]
-                st["trained"].extend(d["id"] for d in batch_rows if d["id"] not in stale)
-                st["pending"].extend(d for d in batch_rows if d["id"] not in stale)
-                st["since_promotion"] += 1
-                if st["since_promotion"] >= self.online.promote_every:
+                st.queue = [d for d in batch_rows if d["id"] in stale] + [d for d in st.queue if id(d) not in taken]
+                st.trained.extend(d["id"] for d in batch_rows if d["id"] not in stale)
+                st.pending.extend(d for d in batch_rows if d["id"] not in stale)
+                st.since_promotion += 1
+                if st.since_promotion >= self.online.promote_every:
                     promotion.promote_candidate()
                 promotion.check_rollback()
                 if tr.step % tr.cfg.save_every == 0:
-                    tr.save()  # weights, optimizer, cursor, queue, live counts together
-                    self.saved_step = tr.step
+                    self.save()  # weights, optimizer, cursor, queue, live counts together
                 self.write_progress()
                 steps += 1
                 self.log(f"update {tr.step}: {len(batch)} prompts, reward {rec['reward']:.3f}, "
                          f"f_tau {rec['f_tau']:.2f}, kappa {rec['kappa']:.2f}"
                          + (f"; {len(stale)} too stale, queued again" if stale else ""))
         if steps and tr.step % tr.cfg.save_every:  # a clean stop keeps every update
-            tr.save()
-            self.saved_step = tr.step
+            self.save()
             self.write_progress()
         tr.close()
         self.stopped = stop.signal_name

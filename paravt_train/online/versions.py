@@ -130,10 +130,11 @@ class VersionRegistry:
                 shutil.rmtree(v["path"], ignore_errors=True)
 
 
-def push_version(cfg, version: dict, log=print) -> dict | None:
+def push_version(cfg, version: dict, log=print, journal: Path | None = None) -> dict | None:
     """Put a kept version on the config's servers as its weight version, with the run's own sync
-    (:func:`~paravt_train.sync.make_weight_sync`: the sync ``weight_sync`` names, the servers' keys;
-    :meth:`~paravt_train.sync.WeightSync.serve`: a model directory from disk, a LoRA run's adapter by name). A config
+    (:func:`~paravt_train.sync.make_weight_sync`: the sync ``sync.via`` names, the servers' keys;
+    :meth:`~paravt_train.sync.WeightSync.serve`: a model directory from disk, a LoRA run's adapter by name), the push
+    journaled with a lease at ``journal`` (the learner's and the operator's ``OUTPUT_DIR/push.json``). A config
     without a server (backend local) has nothing to push."""
     if not cfg.endpoint or cfg.backend != "sglang":
         log(f"no server to push {version['id']} to (backend {cfg.backend}); recorded as serving")
@@ -144,4 +145,4 @@ def push_version(cfg, version: dict, log=print) -> dict | None:
     # lazy: a command that only lists versions needs no HTTP client
     from paravt_train.sync import make_weight_sync
 
-    return make_weight_sync(cfg).serve(path, version["weight_version"])
+    return make_weight_sync(cfg, journal=journal).serve(path, version["weight_version"])

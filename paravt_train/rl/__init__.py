@@ -13,7 +13,7 @@
       step.py      replay_batch: AVATAR's replayed rollouts (replay.py: the stratified buffer) join the batch
       update.py    PolicyUpdate: items → padded micro-batches (every rank the same number of passes) → the loss →
                    ppo_epochs × mini_batches optimizer steps; behaviour-policy correction when rollouts are stale
-      trainer.py   sync: the new weights onto the rollout servers (paravt_train.sync), every sync_every steps
+      trainer.py   sync: the new weights onto the rollout servers (paravt_train.sync), every sync.every steps
       metrics.py   one line of metrics.jsonl over the ranks (f_τ, κ, closure rates, failures apart)
       checkpoints.py  atomic save every save_every steps, exact resume (replay buffers, frames by content):
                    TrainerCheckpoints, an object the trainer holds; the exported model and LoRA: paravt_train.infra
@@ -38,7 +38,18 @@ _LAZY = {
 }
 #: names that moved out of this folder: still given (with a DeprecationWarning naming the new place) for one release
 _MOVED = {"OnlineLearner": "paravt_train.online"}
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "trainer_class"])
+
+
+def trainer_class(method: str) -> type:
+    """The trainer a method (:mod:`paravt_train.methods`, which names none) runs with: every one trains with
+    :class:`~paravt_train.rl.trainer.GRPOTrainer`; the name is checked (a typo is refused with the methods)."""
+    # lazy: importing the package (the config, the CLI's --help) does not import the trainer (torch)
+    from paravt_train.methods import method as method_of
+    from paravt_train.rl.trainer import GRPOTrainer
+
+    method_of(method)
+    return GRPOTrainer
 
 
 def __getattr__(name: str):  # lazy: importing the config (the CLI's --help) does not import torch
@@ -49,7 +60,7 @@ def __getattr__(name: str):  # lazy: importing the config (the CLI's --help) doe
     if name in _MOVED:
         import warnings
 
-        from paravt_agent._moved import REMOVED_IN  # only a deprecated name pays for it
+        from paravt_agent.compat import REMOVED_IN  # only a deprecated name pays for it
 
         warnings.warn(f"paravt_train.rl.{name} moved to {_MOVED[name]}.{name}; the old name goes away in {REMOVED_IN}",
                       DeprecationWarning, stacklevel=2)

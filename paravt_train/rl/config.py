@@ -25,13 +25,12 @@ Keys of earlier releases (``preset``, ``think_prefix``) still load, with a warni
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from paravt_agent._moved import REMOVED_IN
+from paravt_agent.compat import REMOVED_IN
 from paravt_agent.config import AgentConfig, load_yaml_model, merge_settings, upgrade_keys
 from paravt_agent.errors import ConfigError
 from paravt_agent.types import Sampling
@@ -39,8 +38,8 @@ from paravt_train.infra.lora import LoraSettings
 from paravt_train.infra.tracking import ReportTo
 from paravt_train.methods import DEFAULT_METHOD, MethodName, training_settings
 from paravt_train.rewards import RewardConfig
-from paravt_train.rl.online_config import OnlineSettings
 from paravt_train.sync import check_weight_sync
+from paravt_train.sync.config import FLAT_KEYS, SyncSettings
 
 __all__ = ["GRPOConfig", "ReplaySettings", "check_served_sampling", "sampling_settings"]
 
@@ -68,6 +67,18 @@ class ReplaySettings(BaseModel):
                                         "group of G gives under group normalisation: 2.65 for G = 8).")
 
 
+class EvalSettings(BaseModel):
+    """The held-out evaluation of a GRPO run: scored greedily before and after (``paravt-train eval``'s protocol)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str | None = Field(None, description="Held-out RL Parquet scored greedily before and after, with "
+                                               "`paravt-train eval`'s protocol and scorer.")
+    n_frames: int | None = Field(None, ge=1, description="Overview frames of the held-out evaluation; None = the "
+                                 "agent config's protocol (64 at 1 fps), as `paravt-train eval` uses.")
+    limit: int | None = Field(None, ge=1, description="At most this many held-out prompts.")
+
+
 class GRPOConfig(BaseModel):
     """PARA-GRPO settings. Defaults follow the paper's Table 4 where it gives a value."""
 
@@ -77,14 +88,16 @@ class GRPOConfig(BaseModel):
     #: advanced: the paper's or the method's value)
     user_settings: ClassVar[dict[str, tuple[str, ...]]] = {
         "model": ("model", "backend", "endpoint", "agent_config"),
-        "data": ("data", "video_root", "eval_data", "eval_limit"),
+        "data": ("data", "video_root", "eval"),
         "method": ("method", "agent"),
         "budget": ("steps", "prompts_per_step", "group_size", "max_new_tokens", "subagent_max_new_tokens",
                    "micro_batch_size", "gradient_checkpointing"),
         "output": ("output_dir", "save_every", "report_to"),
     }
     #: keys of earlier releases: old -> new (None: gone), read with a FutureWarning until REMOVED_IN
-    deprecated_keys: ClassVar[dict[str, str | None]] = {"preset": "method", "think_prefix": "agent.think_prefix"}
+    deprecated_keys: ClassVar[dict[str, str | None]] = {
+        "preset": "method", "think_prefix": "agent.think_prefix", **FLAT_KEYS,
+        "eval_data": "eval.data", "eval_n_frames": "eval.n_frames", "eval_limit": "eval.limit"}
 
     method: MethodName = Field(
         DEFAULT_METHOD, description="The training method (paravt_train/methods.py): para-grpo, vanilla-grpo, dapo, "
@@ -97,11 +110,8 @@ class GRPOConfig(BaseModel):
     model: str = Field(description="Initial policy: a model directory (e.g. the SFT cold start).")
     data: str | None = Field(None, description="RL Parquet file or dataset directory (None for `online`).")
     video_root: str | None = Field(None, description="Relative video paths in the data are resolved against this.")
-    eval_data: str | None = Field(None, description="Held-out RL Parquet scored greedily before and after, with "
-                                                    "`paravt-train eval`'s protocol and scorer.")
-    eval_n_frames: int | None = Field(None, ge=1, description="Overview frames of the held-out evaluation; None = "
-                                      "the agent config's protocol (64 at 1 fps), as `paravt-train eval` uses.")
-    eval_limit: int | None = Field(None, ge=1, description="At most this many held-out prompts.")
+    eval: EvalSettings = Field(default_factory=EvalSettings, description="The held-out evaluation before and after "
+                               "the run (`paravt-train eval`'s protocol and scorer).")
     output_dir: str = Field("runs/grpo", description="Checkpoints, metrics.jsonl, summary.json and the final model.")
     report_to: ReportTo = Field(default_factory=list, description="Experiment trackers that also receive every "
                                  "metric of metrics.jsonl and the run's config (rank 0): tensorboard, mlflow, wandb, "
@@ -112,52 +122,15 @@ class GRPOConfig(BaseModel):
                                               "the trained parameters: one process, CPU or one GPU) or sglang (an "
                                               "SGLang server; torchrun + FSDP2 for the actor), or a plugin.")
     endpoint: str | None = Field(None, description="Rollout server URL (backend sglang; weight syncs go there).")
-    weight_sync: Literal["disk", "tensor", "distributed", "lora"] = Field(
-        "disk", description="How updated weights reach the SGLang server: disk = /update_weights_from_disk (the "
-                            "server reads a directory rank 0 writes); tensor = /update_weights_from_tensor "
-                            "(a server on this machine that sees the trainer's rank-0 GPU: CUDA tensors pass as "
-                            "IPC handles, refused before the first push otherwise; nothing is written); distributed "
-                            "= /init_weights_update_group + "
-                            "/update_weights_from_distributed (a server on another node: tensors broadcast over "
-                            "a process group, no shared disk); lora = the adapter alone (`lora.enabled`): "
-                            "/load_lora_adapter under `lora_name`, the previous adapter of that name unloaded.")
+    sync: SyncSettings = Field(default_factory=SyncSettings, description="How the weights reach the rollout "
+                               "servers (paravt_train/sync/): via disk, tensor, distributed or lora, every N steps, "
+                               "the pause mode, the servers' keys.")
     lora: LoraSettings = Field(default_factory=LoraSettings, description="Train LoRA adapters (peft) instead of every "
                                "weight; the KL reference is the base (the adapter disabled). With backend sglang the "
-                               "adapter is what is pushed (`weight_sync: lora`) and what an online version keeps.")
-    lora_name: str = Field("paravt", description="weight_sync lora: the adapter's name on the server (the served "
-                           "agents name it per request: SGLang's `lora_path`).")
-    sync_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        "auto", description="dtype the tensor and distributed syncs send (the serving dtype): auto = bfloat16 on "
-                            "GPUs, float32 on CPU.")
-    sync_bucket_mb: int = Field(512, ge=1, description="Bucket size of the tensor and distributed syncs (MB): the "
-                                                       "sending rank holds at most two buckets.")
-    sync_master_address: str = Field("127.0.0.1", description="weight_sync distributed: this trainer node's "
-                                                              "address, as the servers reach it.")
-    sync_master_port: int = Field(29600, ge=1, le=65535, description="weight_sync distributed: the rendezvous "
-                                                                      "port on that address.")
-    sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight_sync distributed: the process "
-                                                                     "group's backend (gloo for CPU tests).")
+                               "adapter is what is pushed (`sync.via: lora`) and what an online version keeps.")
     collective_timeout_minutes: float = Field(60.0, gt=0, description="Under torchrun: how long a rank waits in a "
                                               "collective (e.g. while rank 0 alone evaluates or pushes weights) "
                                               "before the job fails.")
-    sync_pause_mode: Literal["retract", "in_place", "abort"] = Field(
-        "retract", description="/pause_generation mode around a weight swap: retract (running requests go back "
-                               "to the queue keeping their tokens and continue on the new weights; the cache is "
-                               "flushed) is safe while serving; in_place holds them where they are and skips the "
-                               "flush SGLang refuses then (old-weight prefixes stay cached until a flush once idle); "
-                               "abort ends them (the client retries). A LoRA swap (weight_sync: lora) never "
-                               "pauses: SGLang drains the adapter's running requests on the old version.")
-    sglang_tp_size: int | None = Field(None, ge=1, description="Tensor-parallel size assumed for an SGLang server "
-                                       "that does not report its own: the tensor and distributed syncs read each "
-                                       "server's tp_size (and dp_size) from GET /server_info before the first "
-                                       "push (a wrong count of tensor payloads kills the server).")
-    sglang_api_key_env: str | None = Field(None, description="Environment variable holding the rollout servers' "
-                                           "--api-key (SGLang then answers 401 without it): sent as Authorization: "
-                                           "Bearer on generation and by the weight syncs. Never the key itself in "
-                                           "a config file.")
-    sync_admin_api_key_env: str | None = Field(None, description="Environment variable holding the servers' "
-                                               "--admin-api-key, which SGLang requires on its admin routes (pause, "
-                                               "weight updates, flush, LoRA loads) when set; None = the API key.")
     agent_config: str | None = Field(None, description="The run's agent protocol, as an agent YAML; default: the "
                                      "model's agent_config.yaml if it is the protocol wanted (agent.preset, else "
                                      "the method's), else that protocol's preset.")
@@ -232,20 +205,24 @@ class GRPOConfig(BaseModel):
     max_staleness: int = Field(0, ge=0, description="η, AReaL's max_head_offpolicyness: rollouts run ahead of the "
                                                     "update on the served policy, at most η versions old when they "
                                                     "train (asynchronous PARA-GRPO, the paper's AReaL setup; needs "
-                                                    "backend sglang, sync_every 1 and sync_pause_mode retract; "
+                                                    "backend sglang, sync.every 1 and sync.pause_mode retract; "
                                                     "`online` takes the same bound and objective). 0 = the "
                                                     "synchronous loop, exactly.")
     behaviour_weight_cap: float = Field(5.0, gt=1, description="Decoupled PPO (η > 0): each token is weighted by "
                                                                "π_prox / π_behav; tokens above this cap are left "
                                                                "out of the loss (AReaL's behav_imp_weight_cap).")
-    rollout_correction: Literal["off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = Field(
+    rollout_correction: Literal["off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask",
+                                "sequence-product-truncate", "sequence-product-mask"] = Field(
         "token-truncate", description="The train–inference mismatch on rollouts of the current weights (Yao et al. "
         "2025, 'Your efficient RL framework secretly brings you off-policy RL training'): each sampled token's "
         "weight w = π_train / π_rollout (the trainer's logprob before the update over the engine's reported one). "
         "token-truncate (TIS): min(w, threshold); token-mask: tokens with w > threshold leave the loss and its "
-        "denominator; sequence-truncate / sequence-mask: the same on each sequence's Π w (ms-swift's "
-        "rollout_importance_sampling_mode; verl's rollout_corr, slime's masked IS). Rollouts of an older version "
-        "take decoupled PPO's behaviour_weight_cap instead. The mismatch is logged either way (mismatch/*).")
+        "denominator; sequence-truncate / sequence-mask: the same on each sequence's geometric mean exp(mean log w) "
+        "(ms-swift's rollout_importance_sampling_mode; length-independent); sequence-product-truncate / "
+        "sequence-product-mask: on the product Π w (TRL's sequence modes: its spread grows with √length, so long "
+        "turns are rejected for bf16 rounding alone). Rows sampled by an older version (sync.every > 1, or a "
+        "version behind the update with max_staleness > 0) take decoupled PPO's behaviour_weight_cap instead; "
+        "rows of the current version keep this correction. The mismatch is logged either way (mismatch/*).")
     rollout_correction_threshold: float = Field(2.0, gt=1, description="The rollout correction's C: the cap of "
                                                 "truncation, the bound past which a mask rejects (ms-swift: 2.0).")
     stale_queue_on_resume: Literal["drop", "keep"] = Field(
@@ -254,19 +231,17 @@ class GRPOConfig(BaseModel):
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
     tas_lambda: float = Field(0.0, ge=0, description="AVATAR Temporal Advantage Shaping λ (0 = off).")
     replay: ReplaySettings = Field(default_factory=ReplaySettings, description="AVATAR's stratified replay.")
-    online: OnlineSettings = Field(default_factory=OnlineSettings, description="`paravt-train online` only: the "
-                                   "gate before a candidate is served, versions and rollback, per-user limits.")
     # bookkeeping
     save_every: int = Field(10, ge=1, description="Steps between checkpoints (paper, Table 4: 5).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept.")
-    sync_every: int = Field(1, ge=1, description="Steps between weight syncs to the rollout server. Rollouts sampled "
-                            "between syncs come from an older version than the one being updated (the server "
-                            "reports which): their tokens are weighted by decoupled PPO's π_prox / π_behav "
-                            "(behaviour_weight_cap), never trained as on-policy.")
     seed: int = Field(0, description="Prompt order, gating and rollout seeds.")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
     bf16: Literal["auto", "true", "false"] = Field("auto", description="Actor and reference in bf16: auto = on GPUs.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the actor trains: auto = a GPU when one is present and the model has 64 MiB of "
+        "weights or more (the local backend's rule: a tiny model such as the toy trains faster on the CPU), cpu, or "
+        "cuda.")
 
     @model_validator(mode="before")
     @classmethod
@@ -275,6 +250,9 @@ class GRPOConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         data = upgrade_keys(data, cls.deprecated_keys, cls.__name__)
+        if "online" in data and "online" not in cls.model_fields:
+            raise ValueError("online: is read by `paravt-train online` (paravt_train.online.OnlineConfig); a GRPO run "
+                             "has no online settings: remove the section, or run `paravt-train online`")
         if data.get("method") == "custom":  # 0.4's preset of no defaults: the field defaults, para-grpo's
             warnings.warn(f"GRPOConfig: method `custom` is renamed `para-grpo` (the same settings); `custom` is "
                           f"refused from {REMOVED_IN}", FutureWarning, stacklevel=2)
@@ -293,22 +271,22 @@ class GRPOConfig(BaseModel):
     def _asynchronous(self):
         """η > 0 assumes the server holds the trainer's weights after every update, and that a push lets the
         requests in flight go on (``retract``); the other combinations are refused here, not hours into a run."""
-        if self.max_staleness > 0 and self.sync_every > 1:
+        if self.max_staleness > 0 and self.sync.every > 1:
             raise ValueError(
-                f"max_staleness {self.max_staleness} needs sync_every 1 (got {self.sync_every}): the asynchronous "
+                f"max_staleness {self.max_staleness} needs sync.every 1 (got {self.sync.every}): the asynchronous "
                 "loop bounds staleness by the trainer's version, assuming every update reaches the server; with "
                 "fewer pushes the server lags, the producer does not throttle to the version it actually serves, "
                 "and whole steps are rolled out only to be dropped as too stale")
-        if self.max_staleness > 0 and self.sync_pause_mode != "retract":
+        if self.max_staleness > 0 and self.sync.pause_mode != "retract":
             why = ("in_place keeps the old weights' prefixes in the server's cache until it is idle, which it never "
                    "is while rollouts run ahead: tokens tagged with a version would be computed partly with older "
                    "weights, and each push waits (up to a minute) for an idle server that does not come"
-                   if self.sync_pause_mode == "in_place" else
+                   if self.sync.pause_mode == "in_place" else
                    "abort ends every request in flight at every push (rollouts are always in flight) and the "
                    "policy retries them from scratch: the work is thrown away, and a turn aborted more often than "
                    "the policy retries fails its episode")
-            raise ValueError(f"max_staleness {self.max_staleness} needs sync_pause_mode retract (got "
-                             f"{self.sync_pause_mode}): {why}")
+            raise ValueError(f"max_staleness {self.max_staleness} needs sync.pause_mode retract (got "
+                             f"{self.sync.pause_mode}): {why}")
         return self
 
     @model_validator(mode="after")
@@ -316,26 +294,9 @@ class GRPOConfig(BaseModel):
         check_weight_sync(self)  # an adapter sync needs a LoRA run (the sync registry says which syncs are)
         return self
 
-    def sglang_api_key(self) -> str | None:
-        """The rollout servers' API key, from ``sglang_api_key_env``."""
-        return _key_from_env(self.sglang_api_key_env, "sglang_api_key_env")
-
-    def sync_admin_api_key(self) -> str | None:
-        """The rollout servers' admin API key, from ``sync_admin_api_key_env``."""
-        return _key_from_env(self.sync_admin_api_key_env, "sync_admin_api_key_env")
-
     @classmethod
     def from_yaml(cls, path, overrides=None) -> GRPOConfig:
         return load_yaml_model(cls, path, overrides)
-
-
-def _key_from_env(name: str | None, field: str) -> str | None:
-    if not name:
-        return None
-    value = os.environ.get(name)
-    if not value:
-        raise ConfigError(f"{field} names the environment variable {name}, which is not set: export the key there")
-    return value
 
 
 def sampling_settings(agent_config) -> dict[str, object]:

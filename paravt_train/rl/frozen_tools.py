@@ -9,7 +9,7 @@ through the back door. The trainer therefore gives the agent a tool model servin
 * the policy generates in this process (``local``): a frozen in-process copy the optimizer never sees. The KL
   reference is one already (the starting weights, ``requires_grad`` off, bf16 on GPUs) and is reused at no cost;
   without one (``kl_coef: 0``, or LoRA, whose reference is the adapter switched off) a copy is loaded once.
-* the policy is served (``sglang``) and the run trains LoRA adapters (``weight_sync: lora``): the server's base
+* the policy is served (``sglang``) and the run trains LoRA adapters (``sync.via: lora``): the server's base
   model IS the starting weights; the tools ask the same server without naming the adapter (no second engine).
 * served, full fine-tuning: every push overwrites the served weights, so the starting weights need a second
   server. A second SGLang engine costs a share of a GPU but generates fast; a frozen copy here would put a whole
@@ -59,7 +59,7 @@ def frozen_tool_policy(trainer, agent):
     adapter = getattr(trainer.syncer, "adapter_name", None) if trainer.syncer is not None else None
     if cfg.lora.enabled and adapter:  # the server's base model is the starting weights: ask it without the adapter
         return make_rollout_policy(cfg.backend, cfg.model, cfg.endpoint, max_batch=cfg.rollout_batch,
-                                   api_key=cfg.sglang_api_key())
+                                   api_key=cfg.sync.api_key())
     raise ConfigError(
         f"tool_model_calls: freeze on a served policy whose weights this run updates: the tools {', '.join(tools)} "
         f"would ask the live policy. Serve the starting weights ({cfg.model}) on a second server and name it for them "

@@ -4,9 +4,11 @@ Rewards and their terms, f_τ (format reward / its maximum), κ (tool calls per 
 rates and accuracy per task (paper, Tables 2 and 5), nFrames, zero-variance and failed counts, the update's
 statistics (KL, clip fraction, dual-clip fraction, entropy, ``grad_norm`` as the mean over the optimizer steps and
 ``grad_norm_max``, tokens) and the train–inference mismatch on every on-policy token (``logprob_mismatch``, and
-``mismatch/kl_k1``, ``kl_k3``, ``chi2``, ``past_threshold``, ``ppl_ratio``, ``log_ratio_max``, with what the
-rollout correction did: ``mismatch/truncated``, ``mismatch/rejected``; token-weighted over the ranks, maxima by
-their maximum). Episodes that failed for
+``mismatch/kl_k1``, ``kl_k3``, ``chi2``, ``past_threshold``, ``ppl_ratio``, ``log_ratio_max``, ``uncertainty`` (the
+sampled tokens' mean 1 − p: how far logit rounding can move their logprobs), with what the
+rollout correction did: ``mismatch/truncated``, ``mismatch/rejected``: each the sum over every rank's tokens over
+every rank's count of what it is a mean of (the on-policy tokens, the sequences, the corrected tokens), maxima by
+their maximum) and ``mini_batches``, the optimizer steps a pass took. Episodes that failed for
 the infrastructure's reasons (an endpoint down, a lost tool slot, an unreadable video) are counted in
 ``failed_episodes`` and kept out of the model-behaviour metrics (reward, f_τ, κ, closure, accuracy): an outage
 must not read as format drift.
@@ -18,7 +20,8 @@ import torch
 
 from paravt_train.rewards import rollout_metrics
 
-__all__ = ["episode_record", "merge_stats", "staleness", "step_metrics", "weight_quantiles", "weight_sketch"]
+__all__ = ["episode_record", "merge_mismatch_sums", "merge_shards", "merge_stats", "mismatch_means", "staleness",
+           "step_metrics", "weight_quantiles", "weight_sketch"]
 
 SKETCH_POINTS = 2048  # order statistics a rank keeps of its behaviour weights: quantiles within 1/2048 in rank
 QUANTILES = (0.1, 0.5, 0.9)
@@ -48,19 +51,16 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
     eps = mine
     stats = dict(stats)
     sketch = stats.pop("behaviour_weight_sketch", None)  # decoupled PPO: the weights' distribution
+    sums = stats.pop("mismatch_sums", None)  # the mismatch's sums: means over every rank's own counts
     shared = {"zero": zero, "groups": len(all_groups), "stats": stats, "prompts": [p.id for p in prompts],
-              "sketches": [sketch] if sketch is not None else []}
+              "sketches": [sketch] if sketch is not None else [], "sums": [sums] if sums is not None else []}
     if world > 1:
         import torch.distributed as dist
 
         gathered: list = [None] * world
         dist.all_gather_object(gathered, (mine, shared))
         eps = [e for m, _ in gathered for e in m]
-        shards = [s for _, s in gathered]
-        shared = {"zero": sum(s["zero"] for s in shards), "groups": sum(s["groups"] for s in shards),
-                  "prompts": [p for s in shards for p in s["prompts"]],
-                  "stats": merge_stats([s["stats"] for s in shards]),
-                  "sketches": [k for s in shards for k in s["sketches"]]}
+        shared = merge_shards([s for _, s in gathered])
     ok = [e for e in eps if not e["failed"]]  # what the model did; the infrastructure's failures apart
     n = max(len(ok), 1)
     m = rollout_metrics([e["text"] for e in ok], [e["task"] for e in ok], [e["terms"]["acc"] for e in ok], cfg.reward,
@@ -94,14 +94,30 @@ def step_metrics(step: int, groups, all_groups, prompts, stats: dict, replayed: 
     }
 
 
+def merge_shards(shards: list[dict]) -> dict:
+    """What every rank shares of its step (group counts, prompts, update statistics, sketches, mismatch sums) as one:
+    the update statistics by :func:`merge_stats`, then the mismatch's means from the summed sums (each over its own
+    count: on-policy tokens, sequences, corrected tokens — not over the ranks' trained tokens)."""
+    out = {"zero": sum(s["zero"] for s in shards), "groups": sum(s["groups"] for s in shards),
+           "prompts": [p for s in shards for p in s["prompts"]], "stats": merge_stats([s["stats"] for s in shards]),
+           "sketches": [k for s in shards for k in s["sketches"]], "sums": [k for s in shards for k in s["sums"]]}
+    if out["sums"]:
+        out["stats"].update(mismatch_means(merge_mismatch_sums(out["sums"])))
+    return out
+
+
 def merge_stats(stats: list[dict]) -> dict:
     """Update statistics of every rank: sums of counts, token-weighted means of the rest."""
     out = {}
     keys = list(dict.fromkeys(k for s in stats for k in s))  # a rank without stale rows has no behaviour keys
     for key in keys:
         have = [s for s in stats if key in s]
+        if isinstance(have[0][key], dict):  # sketches and sums: merged by their own rule (merge_shards)
+            continue
         if key in ("sequences", "trained_tokens", "stale_tokens"):
             out[key] = sum(s[key] for s in have)
+        elif key == "mini_batches":  # the same on every rank (planned from the busiest rank's items)
+            out[key] = max(s[key] for s in have)
         elif key in ("grad_norm", "loss"):
             out[key] = have[0][key] if key == "grad_norm" else sum(s[key] for s in have)
         elif key.endswith("_max"):
@@ -154,4 +170,32 @@ def weight_quantiles(sketches: list[dict], qs: tuple[float, ...] = QUANTILES) ->
                 pick = x
                 break
         out[f"behaviour_weight_p{round(100 * q):02d}"] = pick
+    return out
+
+
+def merge_mismatch_sums(parts: list[dict]) -> dict:
+    """Every rank's mismatch sums (``PolicyUpdate._mismatch_sums``) as one: sums added, the maximum kept."""
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = max(out.get(key, 0.0), value) if key == "abs_max" else out.get(key, 0.0) + value
+    return out
+
+
+def mismatch_means(sums: dict) -> dict:
+    """``logprob_mismatch`` (mean |Δ logprob| over the on-policy tokens) and ``mismatch/*`` from their sums: KL k1,
+    k3, χ² and the share past the threshold over the on-policy tokens, the PPL ratio over the sequences, what the
+    rollout correction did over the tokens it applied to. Empty of ``mismatch/*`` when no token was on-policy."""
+    out = {"logprob_mismatch": sums.get("abs_diff", 0.0) / max(sums.get("on_n", 0.0), 1.0)}
+    n = sums.get("n", 0.0)
+    if not n:
+        return out
+    out.update({"mismatch/kl_k1": sums["k1"] / n, "mismatch/kl_k3": sums["k3"] / n, "mismatch/chi2": sums["chi2"] / n,
+                "mismatch/past_threshold": sums["past"] / n,
+                "mismatch/ppl_ratio": sums["ppl_ratio"] / max(sums["rows"], 1.0),
+                "mismatch/log_ratio_max": sums["abs_max"], "mismatch/uncertainty": sums.get("uncertainty", 0.0) / n})
+    if sums.get("corrections"):  # the rollout correction acted on some rows of the current version
+        m = max(sums["corrected_n"], 1.0)
+        out["mismatch/rejected"] = sums["rejected"] / m
+        out["mismatch/truncated"] = sums["truncated"] / m
     return out

@@ -35,8 +35,13 @@ Simplifications and choices, stated up front (nanochat style):
   brings you off-policy RL training", 2025): the rollout engine's logprobs are not the trainer's (kernels, bf16,
   batch composition), so each sampled token carries the importance weight ``w = π_train / π_rollout`` (the
   trainer's logprob before the update over the engine's reported one). Truncated (TIS: ``min(w, C)``) or masked
-  (tokens, or whole sequences by ``Π_t w_t``, above ``C`` leave the loss and its denominator) as ms-swift's
-  ``rollout_importance_sampling_mode`` does; :func:`mismatch_sums` measures it (KL k1 and k3, χ², PPL ratio).
+  (tokens above ``C`` leave the loss and its denominator) as ms-swift's ``rollout_importance_sampling_mode`` does.
+  The sequence modes weigh a whole sequence by its **geometric mean** ``exp(mean_t log w_t)`` (ms-swift's
+  ``_compute_sequence_level_ratios``, GSPO's sequence ratio): a length-independent ratio, so bf16 noise of
+  ~0.03 per token leaves it near 1 at any length. The product ``Π_t w_t`` (TRL's ``vllm_importance_sampling_mode``
+  sequence modes) is the explicit ``sequence-product-*``: its log is a sum of T noisy terms, so it spreads as √T
+  and rejects long turns for rounding alone (a third of 2,000-token turns at C = 2). :func:`mismatch_sums`
+  measures the mismatch (KL k1 and k3, χ², PPL ratio).
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ __all__ = [
 #: rewards closer than this are alike (a group of them has no advantage)
 ALIKE = 1e-9
 #: how a token's π_train / π_rollout weight enters the loss (:func:`rollout_correction`)
-ROLLOUT_CORRECTIONS = ("off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+ROLLOUT_CORRECTIONS = ("off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask",
+                       "sequence-product-truncate", "sequence-product-mask")
 #: log-ratios are clamped here before exp (a token the engine gave ~0 probability must not overflow)
 LOG_RATIO_CAP = 30.0
 
@@ -212,11 +218,12 @@ def rollout_correction(log_ratio: torch.Tensor, mask: torch.Tensor, mode: str, t
     multiplied by (1 off ``mask``; 0 where rejected), and the tokens that leave the loss (and its denominator).
 
     ``token-truncate`` (TIS): ``min(w, C)``. ``token-mask``: ``w``, tokens with ``w > C`` rejected.
-    ``sequence-truncate``: every token of a sequence (a row) weighted by ``min(W, C)`` with ``W = Π_t w_t`` (the
-    sequence's importance ratio); ``sequence-mask``: by ``W``, rows with ``W > C`` rejected whole (ms-swift's
-    ``rollout_importance_sampling_mode``, threshold C = 2 there). Masks reject above C only, as AReaL's
-    ``behav_imp_weight_cap`` does: a token kept with ``w < 1/C`` already enters at its small weight. ``off``:
-    weights 1, nothing rejected."""
+    ``sequence-truncate``: every token of a sequence (a row) weighted by ``min(W, C)`` with ``W = exp(mean_t log
+    w_t)``, the geometric mean of its token ratios over ``mask`` (ms-swift's ``rollout_importance_sampling_mode``,
+    threshold C = 2 there); ``sequence-mask``: by ``W``, rows with ``W > C`` rejected whole.
+    ``sequence-product-truncate`` / ``sequence-product-mask``: the same with ``W = Π_t w_t`` (TRL's sequence
+    modes). Masks reject above C only, as AReaL's ``behav_imp_weight_cap`` does: a token kept with ``w < 1/C``
+    already enters at its small weight. ``off``: weights 1, nothing rejected."""
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(f"unknown rollout correction {mode!r}; use one of {', '.join(ROLLOUT_CORRECTIONS)}")
     with torch.no_grad():
@@ -227,8 +234,10 @@ def rollout_correction(log_ratio: torch.Tensor, mask: torch.Tensor, mode: str, t
         if mode == "off":
             return ones, torch.zeros_like(valid)
         if mode.startswith("sequence"):
-            seq = lr.sum(dim=1, keepdim=True).clamp(-LOG_RATIO_CAP, LOG_RATIO_CAP).expand_as(lr)
-            w = torch.exp(seq)
+            seq = lr.sum(dim=1, keepdim=True)
+            if not mode.startswith("sequence-product"):  # the geometric mean: the mean log-ratio of the row
+                seq = seq / valid.sum(dim=1, keepdim=True).clamp(min=1)
+            w = torch.exp(seq.clamp(-LOG_RATIO_CAP, LOG_RATIO_CAP).expand_as(lr))
         else:
             w = torch.exp(lr)
         if mode.endswith("truncate"):
@@ -239,12 +248,15 @@ def rollout_correction(log_ratio: torch.Tensor, mask: torch.Tensor, mode: str, t
         return torch.where(valid, w, ones), rejected
 
 
-def mismatch_sums(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float) -> dict:
+def mismatch_sums(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float,
+                  rollout_logp: torch.Tensor | None = None) -> dict:
     """Sums (over ``mask``) that measure how far the rollout engine's distribution is from the trainer's on the
     sampled tokens, with ``r = log π_train − log π_rollout`` and ``w = e^r`` (tokens drawn from π_rollout):
     KL(π_rollout ‖ π_train) by ``k1 = −r`` and ``k3 = w − 1 − r`` (Schulman's estimators), χ²(π_train ‖ π_rollout)
-    by ``w² − 1``, the tokens with ``w`` past ``threshold`` or below its inverse, and per sequence (row) the PPL
-    ratio ``PPL_train / PPL_rollout = exp(mean_t −r)``. Means are the sums over ``n`` (tokens) or ``rows``."""
+    by ``w² − 1``, the tokens with ``w`` past ``threshold`` or below its inverse, per sequence (row) the PPL
+    ratio ``PPL_train / PPL_rollout = exp(mean_t −r)``, and with ``rollout_logp`` the tokens' ``1 − p`` (how far
+    from certain: logit rounding moves a logprob by at most 2·max|Δz|·(1 − p), so a bf16 mismatch scales with it).
+    Means are the sums over ``n`` (tokens) or ``rows``."""
     with torch.no_grad():  # float64 and expm1: in float32, e^r − 1 − r of an r ~ 1e-7 is rounding noise
         valid = mask > 0
         m = valid.double()
@@ -257,6 +269,8 @@ def mismatch_sums(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float)
                 "chi2": float((torch.expm1(2 * r) * m).sum()),
                 "past": float((((r > log_c) | (r < -log_c)) & valid).sum()),
                 "rows": float(rows.sum()), "ppl_ratio": float(torch.exp(row_log_ppl_ratio).sum()),
+                "uncertainty": 0.0 if rollout_logp is None else float(
+                    (-torch.expm1(rollout_logp.double().clamp(max=0.0)) * m).sum()),
                 "abs_max": float(r[valid].abs().max()) if bool(valid.any()) else 0.0}
 
 

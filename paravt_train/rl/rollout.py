@@ -45,7 +45,7 @@ from paravt_agent.types import Answer, RolloutInput
 from paravt_agent.video import file_identity
 from paravt_train.data.records import PromptItem, episode_transcript
 from paravt_train.rewards import RewardBreakdown, RewardConfig, score
-from paravt_train.rl.marl.rewards import SYNTHESIZER, agent_reward, agent_transcript, team_role
+from paravt_train.rewards.multi_agent import SYNTHESIZER, agent_reward, agent_transcript, team_role
 
 __all__ = [
     "Episode",
@@ -357,8 +357,8 @@ async def run_group(agent: Agent, cache: PromptCache, prompt: PromptItem, settin
 
 def agent_episodes(team: Episode, collab, prompt: PromptItem, settings: RolloutSettings) -> list[Episode]:
     """Multi-agent RL (the collaborative mode's cpp protocol): one episode per collaborating agent, its own calls as
-    sequences and its own reward (:func:`~paravt_train.rl.marl.rewards.agent_reward`: R_res + R_format + R_col +
-    R_tool), and the team's, scored as usual, under its role (:func:`~paravt_train.rl.marl.rewards.team_role`):
+    sequences and its own reward (:func:`~paravt_train.rewards.multi_agent.agent_reward`: R_res + R_format + R_col +
+    R_tool), and the team's, scored as usual, under its role (:func:`~paravt_train.rewards.multi_agent.team_role`):
 
     * ``synthesizer`` (no consensus): its answer is the team's, so its calls train with the team's reward,
       normalised over the group's synthesizer episodes only (the rollouts without a consensus, the harder ones);

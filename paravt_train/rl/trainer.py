@@ -43,7 +43,7 @@ from paravt_agent.policy.registry import make_rollout_policy
 from paravt_train.data import PromptItem, prompts_from_rl
 from paravt_train.eval import heldout_scores
 from paravt_train.infra import lora
-from paravt_train.infra.checkpoint import ServerExport, export_model
+from paravt_train.infra.checkpoint import ServerExport, export_model, load_model_weights
 from paravt_train.infra.distributed import (
     all_reduce_sum,
     barrier,
@@ -53,11 +53,13 @@ from paravt_train.infra.distributed import (
     raise_everywhere,
     rank_world,
     shard_model,
+    train_device,
 )
 from paravt_train.infra.interrupt import GracefulStop
 from paravt_train.infra.tracking import MetricsLog
 from paravt_train.judge import LLMJudge
 from paravt_train.methods import agent_config_for
+from paravt_train.rl.agents import eval_agent_config, rollout_agent_config
 from paravt_train.rl.async_loop import AsyncRollouts, require_served_policy, within_staleness
 from paravt_train.rl.checkpoints import TrainerCheckpoints
 from paravt_train.rl.config import GRPOConfig, check_served_sampling
@@ -66,18 +68,18 @@ from paravt_train.rl.metrics import step_metrics
 from paravt_train.rl.objective import episode_advantages
 from paravt_train.rl.replay import ReplayBuffer
 from paravt_train.rl.rollout import Episode, PromptCache, RolloutSettings, gate_frames, run_group
+from paravt_train.rl.scoring import collate, token_logprobs
 from paravt_train.rl.step import replay_batch, sample_groups, step_prompts
-from paravt_train.rl.update import PolicyUpdate, UpdateItem, collate, token_logprobs
+from paravt_train.rl.update import PolicyUpdate, UpdateItem, sampled_by_older
 from paravt_train.sync import make_weight_sync, pushes_to, serving_dtype
-from paravt_train.sync.base import renamed_attribute
-from paravt_train.sync.lease import journal_to
+from paravt_train.sync.base import renamed, renamed_attribute
 
 __all__ = ["GRPOTrainer", "UpdateItem", "collate", "token_logprobs"]
 
 
 class GRPOTrainer:
     """``GRPOTrainer(cfg).run()``; ``train_step(prompts)`` is the unit the online loop reuses. ``push_updates``:
-    push the weights to the rollout server by itself (at setup, on resume, every ``sync_every`` updates); the online
+    push the weights to the rollout server by itself (at setup, on resume, every ``sync.every`` updates); the online
     learner passes False and pushes only the versions it promotes (:meth:`sync`)."""
 
     def __init__(self, cfg: GRPOConfig, progress: bool = True, log=print, push_updates: bool = True):
@@ -94,49 +96,22 @@ class GRPOTrainer:
         self.push_updates = push_updates
 
     auto_sync = renamed_attribute("GRPOTrainer.auto_sync", "GRPOTrainer(cfg, push_updates=...)", "push_updates")
+    update = renamed_attribute("GRPOTrainer.update", "GRPOTrainer.policy_update", "policy_update")
 
     # ------------------------------------------------------------------ agent configs
 
     def base_agent_config(self) -> AgentConfig:
-        """The run's protocol (``agent_config``, the model's own file or the method's), with the method's agent
-        settings and ``agent`` over it (:func:`paravt_train.methods.agent_config_for`)."""
+        """The run's protocol with the method's agent settings (:func:`paravt_train.methods.agent_config_for`)."""
         return agent_config_for(self.cfg)
 
     def agent_config(self) -> AgentConfig:
-        """The rollout agent: the run's protocol (its dispatch mode and layout) with the method's think prefix,
-        τ-sampling, the RL token limits."""
-        cfg = self.cfg
-        base = self.base_agent_config()
-        return base.model_copy(update={
-            # the distribution the trainer scores: τ and top-p as configured, no top-k or min-p from the model's file
-            "planner_sampling": base.planner_sampling.model_copy(update={
-                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0,
-                "max_new_tokens": cfg.max_new_tokens}),
-            "subagent_sampling": base.subagent_sampling.model_copy(update={
-                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0,
-                "max_new_tokens": cfg.subagent_max_new_tokens}),
-            # model-backed tools and collaborating agents sample as the sub-agents do (their calls are trained too)
-            "tool_sampling": base.tool_sampling.model_copy(update={
-                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0}),
-            "collab": base.collab.model_copy(update={"agent_sampling": base.collab.agent_sampling.model_copy(update={
-                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0})}),
-        })
+        """The rollout agent (:func:`paravt_train.rl.agents.rollout_agent_config`)."""
+        return rollout_agent_config(self.cfg)
 
     def eval_agent_config(self) -> AgentConfig:
-        """The held-out agent, and the config saved with the trained model: the model's agent config, greedy,
-        with the token budgets RL trained it with (``max_new_tokens`` per planner turn, ``subagent_max_new_tokens``
-        per summary: a policy trained on 2048-token turns is evaluated and served at 2048), its frame protocol
-        and the method's think prefix."""
-        cfg = self.cfg
-        base = self.base_agent_config()
-        frames = base.frames if cfg.eval_n_frames is None else base.frames.model_copy(
-            update={"n_frames": cfg.eval_n_frames})
-        return base.model_copy(update={
-            "frames": frames,
-            "planner_sampling": base.planner_sampling.model_copy(update={
-                "temperature": 0.0, "max_new_tokens": cfg.max_new_tokens}),
-            "subagent_sampling": base.subagent_sampling.model_copy(update={
-                "temperature": 0.0, "max_new_tokens": cfg.subagent_max_new_tokens})})
+        """The held-out agent, and the config saved with the trained model
+        (:func:`paravt_train.rl.agents.eval_agent_config`)."""
+        return eval_agent_config(self.cfg)
 
     # ------------------------------------------------------------------ setup
 
@@ -148,12 +123,13 @@ class GRPOTrainer:
         cfg = self.cfg
         if not Path(cfg.model).is_dir():
             raise ConfigError(f"model directory {cfg.model} does not exist (build one with `paravt-train toy`)")
-        init_distributed(cfg.collective_timeout_minutes)
+        cuda = train_device(cfg.device, cfg.model)  # by the model's size, as the local backend places it
+        init_distributed(cfg.collective_timeout_minutes, cuda=cuda)
         self.rank, self.world = rank_world()
         if self.world > 1 and cfg.prompts_per_step % self.world:
             raise ConfigError(f"prompts_per_step ({cfg.prompts_per_step}) must divide by the {self.world} training "
                               "processes: each one rolls out and trains on its share of the prompts")
-        self.device = device()
+        self.device = device(cuda)
         use_bf16 = cfg.bf16 == "true" or (cfg.bf16 == "auto" and self.device.type == "cuda")
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         torch.manual_seed(cfg.seed)
@@ -173,12 +149,13 @@ class GRPOTrainer:
             self.ref.eval().requires_grad_(False)
             if self.world > 1:
                 self.ref = shard_model(self.ref)
-        # the sync named by weight_sync; the rollout requests name the adapter it serves the weights under, if any
+        # the sync named by sync.via; the rollout requests name the adapter it serves the weights under, if any;
+        # every push journals itself with a lease (paravt serve --sync-lease OUTPUT_DIR/push.json)
         sync = make_weight_sync(cfg, folder=self.out / "weights", export=self.export_for_server, device=self.device,
-                                model=self.model)
+                                model=self.model, journal=self.out / "push.json" if self.rank == 0 else None)
         policy = make_rollout_policy(cfg.backend, cfg.model, cfg.endpoint, trained_model=self.model,
                                      processor=self.processor, max_batch=cfg.rollout_batch, lora=sync.adapter_name,
-                                     api_key=cfg.sglang_api_key(), autocast=self.autocast_dtype)
+                                     api_key=cfg.sync.api_key(), autocast=self.autocast_dtype)
         if self.world > 1 and policy.generates_with(self.model):
             raise ConfigError(f"multi-process training needs a rollout server (backend: sglang): the {cfg.backend} "
                               "backend generates with the trained parameters in this process")
@@ -194,13 +171,11 @@ class GRPOTrainer:
         if self.syncer is not None:  # a min-p the server's seeded sampler would die on, refused before any request
             check_served_sampling(policy, self.agent_config(), self.eval_agent_config())
         self.agent = Agent(policy=policy, config=self.agent_config())
-        if self.rank == 0:  # every push journals itself with a lease (paravt serve --sync-lease OUTPUT_DIR/push.json)
-            journal_to(self.out / "push.json")
         self.agent.tool_policy = frozen_tool_policy(self, self.agent)  # tool_model_calls freeze: the starting weights
         self.cache = PromptCache(self.agent)
-        self.update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,
+        self.policy_update = PolicyUpdate(self.model, self.optimizer, self.scheduler, self.params, self.chat, cfg,
                                    self.device, self.world, ref=self.ref, autocast_dtype=self.autocast_dtype,
-                                   eos_id=self.eos_id)
+                                   eos_id=self.eos_id, log=self.log)
         self.judge = LLMJudge.from_settings(cfg.reward.judge) if cfg.reward.judge is not None else None
         self.replay = ReplayBuffer.from_settings(cfg.replay, cfg.seed)
         self.extra_state: dict = {}
@@ -211,7 +186,7 @@ class GRPOTrainer:
         if self.syncer is not None and self.step == 0 and self.push_updates:
             # a fresh run pushes its starting weights as version "0": the server may hold another policy (an earlier
             # run's pushes, another checkpoint), and step 1's rollouts must come from the policy they train
-            self.sync()
+            self.push_weights()
         self._ready = True
 
     def _resume(self) -> None:
@@ -227,15 +202,31 @@ class GRPOTrainer:
             return
         self.log(f"resumed from {restored.path} (step {self.step})")
         if self.syncer is not None and self.push_updates:
-            self.sync()
+            self.push_weights()
 
-    def save(self) -> Path:
-        """A checkpoint of this step (:meth:`TrainerCheckpoints.save`: model, optimizer, scheduler, RNG,
-        ``extra_state``, every rank's replay buffer and, with ``stale_queue_on_resume: keep``, its unused rollouts);
-        the ``keep_checkpoints`` newest are kept."""
+    def save(self, extra_state: dict | None = None) -> Path:
+        """A checkpoint of this step (:meth:`TrainerCheckpoints.save`: model, optimizer, scheduler, RNG, the extra
+        state, every rank's replay buffer and, with ``stale_queue_on_resume: keep``, its unused rollouts); the
+        ``keep_checkpoints`` newest are kept. ``extra_state``: what the trainer's holder keeps with the weights (the
+        online learner's state; restored as :attr:`extra_state`), never read by the trainer."""
+        if extra_state is not None:
+            self.extra_state = extra_state
         keep = self.producer is not None and self.cfg.stale_queue_on_resume == "keep"
         return self.checkpoints.save(self.step, self.model, self.optimizer, self.scheduler, self.replay,
                                      self.extra_state, queue=self.producer.unused() if keep else None)
+
+    def export(self, path: Path) -> Path:
+        """The current weights as a version directory (every rank): a LoRA run's adapter, else the model."""
+        return self.save_adapter(path) if self.cfg.lora.enabled else self.save_model(path)
+
+    def load_weights(self, path: Path) -> None:
+        """Continue from a saved version's weights (every rank): an adapter directory into a LoRA run's adapter, a
+        model directory into the model; the optimizer's moments start again."""
+        if lora.is_adapter_dir(path):
+            lora.load_adapter(self.model, path)
+        else:
+            load_model_weights(self.model, path, self.rank, self.world)
+        self.optimizer.state.clear()
 
     def save_model(self, path: Path) -> Path:
         """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads (a LoRA
@@ -250,20 +241,20 @@ class GRPOTrainer:
         return lora.save_adapter(self.model, path, self.cfg.lora, self.cfg.model)
 
     def export_for_server(self, model, path: Path) -> Path:
-        """The model directory a server loads for ``weight_sync: disk`` (:class:`ServerExport`: the serving dtype,
+        """The model directory a server loads for ``sync.via: disk`` (:class:`ServerExport`: the serving dtype,
         only the parts that changed since the last export rewritten); every rank calls it."""
         if self.cfg.lora.enabled:
             return self.save_adapter(path)
         if getattr(self, "_server_export", None) is None or self._server_export.path != Path(path):
             agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
             self._server_export = ServerExport(Path(path), self.processor,
-                                               serving_dtype(self.cfg.sync_dtype, self.device), agent.to_yaml())
+                                               serving_dtype(self.cfg.sync.dtype, self.device), agent.to_yaml())
         return self._server_export.write(model)
 
-    def sync(self) -> dict | None:
-        """Push the current weights to the rollout server (nothing to do for an in-process policy). Every rank
-        calls it (:mod:`paravt_train.sync`: the disk sync exports the model once from the shards; the streamed
-        syncs gather one parameter at a time onto rank 0 while it sends bucket after bucket)."""
+    def push_weights(self) -> dict | None:
+        """Push the current weights to the rollout server as version ``str(step)`` (nothing to do for an in-process
+        policy). Every rank calls it (:mod:`paravt_train.sync`: the disk sync exports the model once from the shards;
+        the streamed syncs gather one parameter at a time onto rank 0 while it sends bucket after bucket)."""
         if self.syncer is None:
             return None
         result, error = None, None
@@ -274,6 +265,11 @@ class GRPOTrainer:
         barrier()  # no rank rolls out again before the server holds the new weights
         raise_everywhere(error, "the weight sync")
         return result
+
+    def sync(self) -> dict | None:
+        """Deprecated: :meth:`push_weights`."""
+        renamed("GRPOTrainer.sync", "GRPOTrainer.push_weights")
+        return self.push_weights()
 
     # ------------------------------------------------------------------ rollouts
 
@@ -349,18 +345,19 @@ class GRPOTrainer:
         failed = [e.failed for g in groups for e in g if e.failed]
         if failed:  # counted in the metrics; said here, with the first reason (an unreadable video names itself)
             self.log(f"step {self.step + 1} (rank {self.rank}): {len(failed)} episodes failed, e.g. {failed[0]}")
-        # rollouts a server sampled with older weights than these (sync_every > 1, η > 0) are corrected, not
-        # trained as on-policy: the versions the server reported say which
-        items = [UpdateItem(sequence=s, advantage=e.advantage, stale=any(v != self.step for v in e.versions))
+        # rollouts a server sampled with older weights than these (sync.every > 1, η > 0) are corrected, not
+        # trained as on-policy: the versions the server reported say which (under η > 0 none reported: older)
+        items = [UpdateItem(sequence=s, advantage=e.advantage,
+                                stale=sampled_by_older(e.versions, self.step, cfg.max_staleness))
                  for g in groups for e in self.advantages(g) for s in e.sequences]
         replayed, n_drawn = replay_batch(self.replay, cfg, groups, self.world) if cfg.replay.enabled else ([], 0)
         t1 = time.perf_counter()
-        stats = self.update(items + replayed, step=self.step)  # the step seeds the mini-batch shuffle
+        stats = self.policy_update(items + replayed, step=self.step)  # the step seeds the mini-batch shuffle
         t_upd = time.perf_counter() - t1
         self.step += 1
         t2 = time.perf_counter()
-        if self.syncer is not None and self.push_updates and self.step % cfg.sync_every == 0:
-            self.sync()
+        if self.syncer is not None and self.push_updates and self.step % cfg.sync.every == 0:
+            self.push_weights()
         t_sync = time.perf_counter() - t2
         rec = step_metrics(self.step, groups, all_groups, prompts, stats, n_drawn, cfg, self.world)
         if "dropped_stale" in timing and self.world > 1:  # every rank has the key (the same settings): all ranks'
@@ -405,7 +402,7 @@ class GRPOTrainer:
         if not prompts:
             raise ConfigError(f"{cfg.data} holds no prompts")
         self.setup()
-        held = prompts_from_rl(cfg.eval_data, cfg.video_root, cfg.eval_limit) if cfg.eval_data else []
+        held = prompts_from_rl(cfg.eval.data, cfg.video_root, cfg.eval.limit) if cfg.eval.data else []
         summary: dict = {}
         if held and "eval_before" not in self.extra_state:
             self.extra_state["eval_before"] = self.evaluate_once(held)
@@ -448,3 +445,4 @@ class GRPOTrainer:
 
 def _fmt(d: dict) -> str:
     return "  ".join(f"{k.split('/', 1)[-1]} {v:.3f}" for k, v in d.items() if isinstance(v, float | int))
+

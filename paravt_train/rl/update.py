@@ -18,8 +18,9 @@ The objective itself is :func:`paravt_train.rl.objective.policy_loss` (pure tens
   update; π_behav: the logprobs the rollout engine reported), one quantity for two causes. Rollouts of the current
   weights differ only by the train–inference mismatch (kernels, bf16, batch composition): ``rollout_correction``
   truncates or masks it (:func:`paravt_train.rl.objective.rollout_correction`). Rollouts of an older version
-  (``sync_every`` > 1, or every row with ``max_staleness`` η > 0): decoupled PPO (AReaL), tokens over
-  ``behaviour_weight_cap`` left out (:func:`behaviour_weights`). A token left out leaves the loss's denominator too
+  (``sync.every`` > 1, or a row sampled behind the update with ``max_staleness`` η > 0; under η > 0 a row whose
+  versions the server did not report counts as older): decoupled PPO (AReaL), tokens over ``behaviour_weight_cap``
+  left out (:func:`behaviour_weights`). A token left out leaves the loss's denominator too
   (its episode's token count, the batch's). The mismatch itself is measured on every on-policy token, corrected
   or not (``mismatch/*``, ``logprob_mismatch``: ~0 when rollouts came from these exact weights in float32).
 * **Epochs and mini-batches.** ``ppo_epochs`` passes over the batch, each split into ``mini_batches``
@@ -39,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from paravt_agent.policy.chat import ChatTokenizer, ban
+from paravt_agent.policy.chat import ChatTokenizer
 from paravt_train.infra.distributed import (
     all_reduce_max,
     all_reduce_sum,
@@ -47,7 +48,7 @@ from paravt_train.infra.distributed import (
     with_dummy_image,
     world_scale,
 )
-from paravt_train.rl.metrics import weight_sketch
+from paravt_train.rl.metrics import mismatch_means, weight_sketch
 from paravt_train.rl.objective import (
     batch_normalised,
     mismatch_sums,
@@ -56,13 +57,11 @@ from paravt_train.rl.objective import (
     temporal_weights,
     token_scales,
 )
-from paravt_train.rl.rollout import RolloutError, TokenSequence
+from paravt_train.rl.rollout import TokenSequence
+from paravt_train.rl.scoring import collate, token_logprobs
 
-__all__ = ["MicroBatch", "PolicyUpdate", "UpdateItem", "behaviour_weights", "collate", "mini_batch_assignment",
-           "token_logprobs"]
-
-FORWARD_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
-
+__all__ = ["MicroBatch", "PolicyUpdate", "UpdateItem", "behaviour_weights", "mini_batch_assignment",
+           "sampled_by_older"]
 
 @dataclass(kw_only=True)  # built by keyword (tests/test_architecture.py)
 class UpdateItem:
@@ -75,66 +74,17 @@ class UpdateItem:
     weight: float = 1.0
     off_policy: bool = False
     #: sampled by another policy version than the one being updated (a server the trainer has not pushed to since:
-    #: ``sync_every`` > 1, or η > 0): decoupled PPO's behaviour weight corrects it (on-policy items only)
+    #: ``sync.every`` > 1, or η > 0): decoupled PPO's behaviour weight corrects it (on-policy items only)
     stale: bool = False
 
 
-def collate(seqs: list[TokenSequence], chat: ChatTokenizer) -> dict:
-    """Right-padded ids / masks / behaviour logprobs of sequences, with their images' pixel values (at the
-    size the policy saw them; a sequence whose recorded patch grids differ is refused)."""
-    n = max(len(s.input_ids) for s in seqs)
-    B = len(seqs)
-    ids = torch.full((B, n), chat.pad_id, dtype=torch.long)
-    att = torch.zeros((B, n), dtype=torch.long)
-    mask = torch.zeros((B, n), dtype=torch.float32)
-    blp = torch.zeros((B, n), dtype=torch.float32)
-    images = []
-    for i, s in enumerate(seqs):
-        L = len(s.input_ids)
-        ids[i, :L] = torch.tensor(s.input_ids)
-        att[i, :L] = 1
-        mask[i, :L] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        blp[i, :L] = torch.tensor(s.logprobs, dtype=torch.float32)
-        images.extend(s.images)
-    batch = {"input_ids": ids, "attention_mask": att, "loss_mask": mask, "behaviour_logp": blp,
-             "banned_ids": torch.tensor(chat.placeholder_ids, dtype=torch.long)}  # never sampled: never scored
-    if chat.uses_mm_token_types:
-        batch["mm_token_type_ids"] = chat.mm_token_types(ids)
-    if images:
-        batch.update(chat.image_inputs(images))
-        recorded = [tuple(g) for s in seqs for g in (s.image_grid_thw or [])]
-        computed = [tuple(int(x) for x in g) for g in batch["image_grid_thw"]]
-        if recorded and recorded != computed:
-            raise RolloutError("the policy saw other patch grids than the trainer computes (its image processor "
-                               "resized frames differently); training would score other visual tokens")
-    return batch
-
-
-def token_logprobs(model, batch: dict, temperature: float, entropy: bool = False):
-    """Log-probabilities (under temperature τ, as sampled) of tokens 1..T given their prefixes: (B, T-1).
-
-    Logits are computed only at the positions that predict a trained token (``logits_to_keep``):
-    a 64-frame prompt is ~17K tokens, a response ~2K, and full-vocabulary logits over the prompt
-    would dominate memory. Other positions are 0. ``entropy`` (a statistic, never trained) is computed
-    without gradients.
-    """
-    mask = batch["loss_mask"][:, 1:]
-    keep = torch.nonzero(mask.any(0)).flatten()  # positions t whose logits predict token t+1
-    out = model(**{k: batch[k] for k in FORWARD_KEYS if k in batch}, use_cache=False, logits_to_keep=keep)
-    # (B, K, V), with the samplers' ban (vision placeholders): the behaviour policy never samples them
-    logits = ban(out.logits.float(), batch.get("banned_ids")) / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    target = batch["input_ids"][:, keep + 1]
-    B, T = mask.shape
-    lp = torch.zeros((B, T), dtype=logits.dtype, device=logits.device)
-    lp[:, keep] = logp_all.gather(-1, target[..., None])[..., 0]
-    ent = None
-    if entropy:
-        with torch.no_grad():
-            detached = logp_all.detach()
-            ent = torch.zeros((B, T), dtype=logits.dtype, device=logits.device)
-            ent[:, keep] = -(detached.exp() * detached).sum(-1)
-    return lp, ent
+def sampled_by_older(versions: list[int], step: int, max_staleness: int) -> bool:
+    """Whether an episode's tokens came (partly) from another policy version than ``step``, the one being updated:
+    a version the server reported that is not ``step``, or, with η = ``max_staleness`` > 0, no version reported at
+    all (the asynchronous loop bounds how old a row is; it cannot tell it is current)."""
+    if not versions:
+        return max_staleness > 0
+    return any(v != step for v in versions)
 
 
 def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float):
@@ -198,11 +148,13 @@ class PolicyUpdate:
     """``PolicyUpdate(...)(items) -> stats``: the optimizer steps of one GRPO step on this rank's items."""
 
     def __init__(self, model, optimizer, scheduler, params, chat: ChatTokenizer, cfg, device, world: int,
-                 ref=None, autocast_dtype=None, eos_id: int | None = None):
+                 ref=None, autocast_dtype=None, eos_id: int | None = None, log=print):
         self.model, self.optimizer, self.scheduler, self.params = model, optimizer, scheduler, params
         self.chat, self.cfg, self.device, self.world, self.ref = chat, cfg, device, world, ref
         self.autocast_dtype = autocast_dtype
         self.eos_id = chat.eos_id if eos_id is None else eos_id
+        self.log = log
+        self._said_capped = False  # mini_batches capped by the items: said once
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -269,15 +221,16 @@ class PolicyUpdate:
         on = (~off).float() * mask
         mb.mismatch = (float(((recomputed - behaviour).abs() * on).sum()), float(on.sum()))
         log_ratio = recomputed - behaviour  # log π_prox / π_behav
-        mb.correction = mismatch_sums(log_ratio, on, cfg.rollout_correction_threshold)
-        # decoupled PPO (AReaL): rows another policy version sampled are weighted π_prox / π_behav; with η > 0 every
-        # on-policy row (its version is bounded, not known to be current), else only the rows known to be stale
+        mb.correction = mismatch_sums(log_ratio, on, cfg.rollout_correction_threshold, behaviour)
+        # decoupled PPO (AReaL): the rows another policy version sampled (``stale``: the versions the server reported
+        # differ from the one being updated, or are unknown under η > 0) are weighted π_prox / π_behav; rows of these
+        # very weights keep the configured rollout correction (the train–inference mismatch alone)
         stale_rows = torch.tensor([c.stale and not c.off_policy for c in chunk], device=dev, dtype=on.dtype)[:, None]
-        corrected = on if cfg.max_staleness > 0 else on * stale_rows
-        fresh = on - corrected  # rollouts of these weights: the train–inference mismatch alone
+        corrected = on * stale_rows
+        fresh = on - corrected
         weights = torch.ones_like(mask)
         rejected = torch.zeros_like(mask, dtype=torch.bool)
-        if cfg.max_staleness > 0 or bool(corrected.any()):
+        if bool(corrected.any()):
             w, mb.behaviour = behaviour_weights(recomputed, behaviour, corrected, cfg.behaviour_weight_cap)
             weights = torch.where(corrected > 0, w, weights)
             rejected |= (corrected > 0) & (w == 0)
@@ -288,7 +241,7 @@ class PolicyUpdate:
             clamped = (w >= cfg.rollout_correction_threshold) & (fresh > 0)  # truncation holds w at C exactly
             mb.correction.update(corrected_n=float(fresh.sum()), rejected=float(out.sum()),
                                  truncated=float(clamped.sum()) if cfg.rollout_correction.endswith("truncate") else 0.0)
-        if cfg.max_staleness > 0 or bool(corrected.any()) or (cfg.rollout_correction != "off" and bool(fresh.any())):
+        if bool(corrected.any()) or (cfg.rollout_correction != "off" and bool(fresh.any())):
             mb.token_weights = weights if mb.token_weights is None else mb.token_weights * weights
         # a token left out leaves the loss and its denominator: out of the loss mask
         mb.rejected = [int(r) for r in rejected.sum(dim=1).tolist()]
@@ -303,7 +256,12 @@ class PolicyUpdate:
         if cfg.advantage_batch_norm and all_reduce_max(len(items)) > 0:
             items = self._batch_normalised(items)
         local_tok = float(sum(it.sequence.n_trained for it in items))
-        n_mini = max(1, min(cfg.mini_batches, all_reduce_max(len(items))))
+        busiest = all_reduce_max(len(items))
+        n_mini = max(1, min(cfg.mini_batches, busiest))
+        if n_mini < cfg.mini_batches and busiest and not self._said_capped:  # a mini-batch of no item trains nothing
+            self._said_capped = True
+            self.log(f"mini_batches {cfg.mini_batches} ran as {n_mini}: the busiest rank had {busiest} sequences to "
+                     "split; metrics.jsonl's mini_batches records each step's (said once)")
         where = mini_batch_assignment(len(items), n_mini, cfg.seed, step)
         batches: list[MicroBatch] = []
         for j in range(n_mini):
@@ -401,9 +359,9 @@ class PolicyUpdate:
         stats["grad_norm_max"] = max(norms)
         stats["ratio_dev_max"] = ratio_dev
         real = [b for b in batches if not b.dummy]
-        mism = [b.mismatch for b in real]
-        stats["logprob_mismatch"] = sum(m[0] for m in mism) / max(sum(m[1] for m in mism), 1.0)
-        stats.update(self._mismatch_stats(real))
+        sums = self._mismatch_sums(real)
+        stats.update(mismatch_means(sums))
+        stats["mismatch_sums"] = sums  # summed over the ranks by step_metrics: each mean over its own count
         bw = [b.behaviour for b in real if b.behaviour is not None]
         if cfg.max_staleness > 0 or bw:  # decoupled PPO: how far the behaviour policy was from the proximal one
             n = max(sum(x["n"] for x in bw), 1.0)
@@ -415,26 +373,25 @@ class PolicyUpdate:
                                                              torch.zeros(0))
             stats["stale_tokens"] = sum(x["n"] for x in bw)
         stats["sequences"], stats["trained_tokens"] = len(items), int(local_tok)
+        stats["mini_batches"] = n_mini  # optimizer steps per pass: fewer than configured when items are fewer
         return stats
 
-    def _mismatch_stats(self, batches: list[MicroBatch]) -> dict:
-        """``mismatch/*``: the rollout engine against the trainer on every on-policy token (corrected or not), and
-        what the rollout correction did (shares of the tokens it applied to)."""
+    def _mismatch_sums(self, batches: list[MicroBatch]) -> dict:
+        """The sums behind ``logprob_mismatch`` and ``mismatch/*`` on this rank (:func:`~paravt_train.rl.metrics.
+        mismatch_means` turns them into means, over one rank or summed over all): the rollout engine against the
+        trainer on every on-policy token (corrected or not), and what the rollout correction did."""
         cs = [b.correction for b in batches if b.correction is not None]
-        n = sum(c["n"] for c in cs)
-        if not n:
-            return {}
-        rows = max(sum(c["rows"] for c in cs), 1.0)
-        out = {"mismatch/kl_k1": sum(c["k1"] for c in cs) / n, "mismatch/kl_k3": sum(c["k3"] for c in cs) / n,
-               "mismatch/chi2": sum(c["chi2"] for c in cs) / n,
-               "mismatch/past_threshold": sum(c["past"] for c in cs) / n,
-               "mismatch/ppl_ratio": sum(c["ppl_ratio"] for c in cs) / rows,
-               "mismatch/log_ratio_max": max(c["abs_max"] for c in cs)}
-        if any("corrected_n" in c for c in cs):  # the rollout correction acted on some rows of the current version
-            m = max(sum(c.get("corrected_n", 0.0) for c in cs), 1.0)
-            out["mismatch/rejected"] = sum(c.get("rejected", 0.0) for c in cs) / m
-            out["mismatch/truncated"] = sum(c.get("truncated", 0.0) for c in cs) / m
+        out = {"abs_diff": sum(b.mismatch[0] for b in batches), "on_n": sum(b.mismatch[1] for b in batches)}
+        for key in ("n", "k1", "k3", "chi2", "past", "rows", "ppl_ratio", "uncertainty", "corrected_n", "rejected",
+                    "truncated"):
+            out[key] = sum(c.get(key, 0.0) for c in cs)
+        out["abs_max"] = max((c["abs_max"] for c in cs), default=0.0)
+        out["corrections"] = sum("corrected_n" in c for c in cs)  # micro-batches the correction acted on
         return out
+
+    def _mismatch_stats(self, batches: list[MicroBatch]) -> dict:
+        """``mismatch/*`` of these micro-batches alone (:meth:`_mismatch_sums` made means)."""
+        return {k: v for k, v in mismatch_means(self._mismatch_sums(batches)).items() if k.startswith("mismatch/")}
 
     def _loss(self, b: MicroBatch):
         cfg = self.cfg

@@ -7,7 +7,7 @@ Every field is documented once; defaults follow the paper where it gives a value
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,6 +61,10 @@ class SFTConfig(BaseModel):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
     bf16: str = Field("auto", pattern="^(auto|true|false)$",
                       description="bf16 autocast: auto (on GPUs), true or false.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the model trains: auto = a GPU when one is present and the model has 64 MiB of "
+        "weights or more (the local backend's rule: a tiny model such as the toy trains faster on the CPU), cpu, or "
+        "cuda.")
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA instead of full fine-tuning.")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir, if any.")
     save_final: bool = Field(True, description="Write OUTPUT_DIR/final (a plain model directory, LoRA merged).")

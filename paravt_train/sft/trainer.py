@@ -51,6 +51,7 @@ from paravt_train.infra.distributed import (
     init_distributed,
     rank_world,
     shard_model,
+    train_device,
     with_dummy_image,
     world_scale,
 )
@@ -214,9 +215,10 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
     from transformers import get_cosine_schedule_with_warmup
 
 
-    init_distributed()
+    cuda = train_device(cfg.device, cfg.model)  # by the model's size, as the local backend places it
+    init_distributed(cuda=cuda)
     rank, world = rank_world()
-    dev = device()
+    dev = device(cuda)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,28 @@ import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from paravt_agent._moved import REMOVED_IN
+from paravt_agent.compat import REMOVED_IN
 
-__all__ = ["WeightSync", "renamed", "renamed_attribute"]
+__all__ = ["SYNCS", "WeightSync", "register", "renamed", "renamed_attribute"]
+
+#: the syncs by their ``sync.via`` name, each registered at its class (:func:`register`)
+SYNCS: dict[str, type[WeightSync]] = {}
+
+
+def register(name: str, serves_adapters: bool = False):
+    """Class decorator: the sync ``sync.via: NAME`` names (verl's checkpoint-engine registry). ``serves_adapters``:
+    it puts a LoRA run's adapter on the servers by name, not the model's own weights."""
+
+    def deco(cls: type[WeightSync]) -> type[WeightSync]:
+        cls.via, cls.serves_adapters = name, serves_adapters
+        SYNCS[name] = cls
+        return cls
+
+    return deco
 
 
 def renamed(old: str, new: str) -> None:
-    """The warning of a deprecated name that still works until :data:`~paravt_agent._moved.REMOVED_IN`."""
+    """The warning of a deprecated name that still works until :data:`~paravt_agent.compat.REMOVED_IN`."""
     warnings.warn(f"{old} is {new} now; the old name goes away in {REMOVED_IN}", DeprecationWarning, stacklevel=3)
 
 
@@ -41,6 +56,20 @@ class WeightSync(ABC):
 
     #: the servers' base URLs (a router's workers are found at each push)
     urls: list[str]
+    #: its ``sync.via`` name and whether it serves adapters (set by :func:`register`)
+    via: str = ""
+    serves_adapters: bool = False
+    #: where each push journals itself with a lease (:mod:`paravt_train.sync.lease`); None: no journal
+    journal: Path | None = None
+
+    @classmethod
+    def from_settings(cls, settings, url: str, *, folder: Path | None, export, device, vision: bool, keys,
+                      journal: Path | None) -> WeightSync:
+        """The sync for the servers at ``url`` from a run's ``sync:`` settings (:class:`~paravt_train.sync.config.
+        SyncSettings`): ``folder`` and ``export`` where and how :meth:`push` writes (disk, lora), ``device`` where the
+        model is, ``vision`` whether the run trains the vision tower, ``keys`` the servers' keys, ``journal`` the
+        push journal. Every registered sync defines it."""
+        raise TypeError(f"{cls.__name__} is not made from settings (register it and define from_settings)")
 
     @property
     def url(self) -> str:

@@ -54,13 +54,13 @@ def refuse_dp(facts: ServerFacts, sync: str) -> None:
     collide."""
     if sync == "distributed" and facts.pp_size is not None and facts.pp_size > 1:
         raise ConfigError(f"{facts.url} runs pipeline-parallel (pp_size {facts.pp_size}): SGLang numbers a weight "
-                          "update group's ranks by TP rank only, so its stages would collide; use weight_sync disk "
+                          "update group's ranks by TP rank only, so its stages would collide; use sync.via disk "
                           "with such a server")
     if facts.dp_size is not None and facts.dp_size > 1:
         raise ConfigError(f"{facts.url} runs data-parallel (dp_size {facts.dp_size}), and SGLang refuses "
-                          f"weight_sync {sync} on such a server: serve the replicas as separate servers behind "
+                          f"sync.via {sync} on such a server: serve the replicas as separate servers behind "
                           "sglang-router (`paravt serve --dp N` does), which the sync updates one by one, or use "
-                          "weight_sync disk")
+                          "sync.via disk")
 
 
 def warn_vision_cache(facts: ServerFacts, warned: set, log=print) -> None:
@@ -183,16 +183,16 @@ def refuse_unreachable_ipc(url: str, device, warned: set, log=print) -> None:
     sender = sending_gpu(device)
     if sender is None:
         return
-    fixes = ("use weight_sync distributed (NCCL: any GPUs, any machine), or give the server the trainer's rank-0 "
+    fixes = ("use sync.via distributed (NCCL: any GPUs, any machine), or give the server the trainer's rank-0 "
              "GPU (co-locate them on the same GPUs, or list that GPU in the server's CUDA_VISIBLE_DEVICES)")
     host = urlparse(url).hostname or ""
     if not _local_host(host):
-        raise ConfigError(f"weight_sync tensor sends CUDA-IPC handles, which open only on the machine that made "
+        raise ConfigError(f"sync.via tensor sends CUDA-IPC handles, which open only on the machine that made "
                           f"them, and {url} is on another host: {fixes}")
     found, devices = server_visible_devices(url)
     visible = gpu_visible(sender, devices) if found else None
     if visible is False:
-        raise ConfigError(f"weight_sync tensor would send CUDA-IPC handles of GPU {sender.entry} ({sender.uuid}) to "
+        raise ConfigError(f"sync.via tensor would send CUDA-IPC handles of GPU {sender.entry} ({sender.uuid}) to "
                           f"{url}, which sees only CUDA_VISIBLE_DEVICES={devices}: SGLang cannot open them and its "
                           f"scheduler dies (\"Invalid device_uuid\"). {fixes[0].upper()}{fixes[1:]}")
     if visible is None and ("ipc", url) not in warned:

@@ -1,9 +1,9 @@
 """Weight sync from the trainer to SGLang rollout servers, with SGLang's documented HTTP API (0.5.21+).
 
-* :class:`SGLangWeightSync` (``weight_sync: disk``, this module): rank 0 writes a plain model
+* :class:`SGLangWeightSync` (``sync.via: disk``, this module): rank 0 writes a plain model
   directory; each server reloads it with ``/update_weights_from_disk``. Works
   whenever the server can read the directory (same machine or shared storage).
-* :class:`SGLangTensorSync` (``weight_sync: tensor``): the tensors themselves go to
+* :class:`SGLangTensorSync` (``sync.via: tensor``): the tensors themselves go to
   ``/update_weights_from_tensor`` as SGLang's serialised named tensors (a
   ``ForkingPickler`` payload, base64, one copy per tensor-parallel rank), in
   buckets, inside a weight-update session (``/begin_weight_update`` …
@@ -13,7 +13,7 @@
   path needs a server on the same machine that sees the trainer's rank-0 GPU (any
   order ``CUDA_VISIBLE_DEVICES`` gives each side); another server is refused before
   the first push (:mod:`~paravt_train.sync.checks`). CPU tensors go by value.
-* :class:`SGLangDistributedSync` (``weight_sync: distributed``): a server on another
+* :class:`SGLangDistributedSync` (``sync.via: distributed``): a server on another
   node, no shared disk (how verl, AReaL and slime push weights): the trainer's rank 0
   and the server's ranks form a process group (``/init_weights_update_group``), and
   each bucket is announced with ``/update_weights_from_distributed`` and broadcast
@@ -50,7 +50,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from paravt_agent.errors import ConfigError, PolicyError
-from paravt_train.sync.base import WeightSync, renamed
+from paravt_train.infra.lora import is_adapter_dir
+from paravt_train.sync.base import WeightSync, register, renamed
 from paravt_train.sync.checks import warn_vision_cache
 from paravt_train.sync.http import (
     PAUSE_MODES,
@@ -67,6 +68,7 @@ from paravt_train.sync.lease import journal_push
 __all__ = ["SGLangWeightSync"]
 
 
+@register("disk")
 class SGLangWeightSync(WeightSync):
     """Pushes weights to SGLang servers with their documented HTTP API:
 
@@ -80,7 +82,7 @@ class SGLangWeightSync(WeightSync):
 
     def __init__(self, endpoint: str | Iterable[str], folder: Path | None = None, timeout: float = 600.0,
                  pause_mode: str = "retract", export=None, keys: ServerKeys | None = None,
-                 vision_trained: bool = False, log=print):
+                 vision_trained: bool = False, log=print, journal: Path | None = None):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
         self.urls = urls_of(endpoint)
@@ -89,7 +91,13 @@ class SGLangWeightSync(WeightSync):
         self.pause_mode = pause_mode
         self.export = export  # model, directory -> the model directory the servers load (the trainer's export)
         self.keys, self.vision_trained, self.log = keys or ServerKeys(), vision_trained, log
+        self.journal = None if journal is None else Path(journal)
         self.warned: set = set()
+
+    @classmethod
+    def from_settings(cls, settings, url: str, *, folder, export, device, vision: bool, keys, journal):
+        return cls(url, folder, pause_mode=settings.pause_mode, export=export, keys=keys, vision_trained=vision,
+                   journal=journal)
 
     def push(self, model, version: str, rank: int = 0) -> dict | None:
         """Every rank exports ``model`` (gathered from its shards) into ``folder/current``; rank 0 has the
@@ -108,11 +116,11 @@ class SGLangWeightSync(WeightSync):
         """Load ``model_dir`` on every server; ``version`` becomes the servers' ``weight_version``."""
         import httpx
 
-        if (Path(model_dir) / "adapter_config.json").is_file() and not (Path(model_dir) / "config.json").is_file():
+        if is_adapter_dir(model_dir):
             raise ConfigError(f"{model_dir} is a LoRA adapter, which a server loads by name: serve it with "
-                              "weight_sync lora (a server started with `paravt serve --lora-rank`)")
+                              "sync.via lora (a server started with `paravt serve --lora-rank`)")
         results = []
-        with self.keys.client(self.timeout) as client, journal_push(self.urls, version, "disk"):
+        with self.keys.client(self.timeout) as client, journal_push(self.journal, self.urls, version, "disk"):
             targets = expand_routers(client, self.urls, self.keys)
             if self.vision_trained:
                 for url in targets:

@@ -1,4 +1,4 @@
-"""``weight_sync: distributed``: the trained tensors broadcast to SGLang servers on other nodes (no shared disk, as
+"""``sync.via: distributed``: the trained tensors broadcast to SGLang servers on other nodes (no shared disk, as
 verl, AReaL and slime do it) over a process group each server joins (``/init_weights_update_group``), one server at
 a time (:class:`~paravt_train.sync.streamed.StreamedSync`: pause, session, buckets, continue).
 
@@ -19,8 +19,9 @@ import threading
 import time
 
 from paravt_agent.errors import PolicyError
+from paravt_train.sync.base import register
 from paravt_train.sync.http import json_of
-from paravt_train.sync.streamed import StreamedSync
+from paravt_train.sync.streamed import StreamedSync, serving_dtype
 
 __all__ = ["SGLangDistributedSync", "abort_group", "destroy_group_on", "init_weight_update_group"]
 
@@ -49,6 +50,7 @@ def init_weight_update_group(master_address: str, master_port: int, rank: int, w
 
 
 
+@register("distributed")
 class SGLangDistributedSync(StreamedSync):
     """Pushes tensors to SGLang servers anywhere on the network over process groups (see the module docstring):
     server ``k`` (of a router's workers, or of the endpoints given) joins its own group with this process as rank
@@ -67,6 +69,14 @@ class SGLangDistributedSync(StreamedSync):
         self.groups: dict[str, object] = {}  # server URL -> this process's side of its group
         self.names: dict[str, str] = {}
         self.rejoins: dict[str, int] = {}  # server URL -> pushes that failed: each rejoin takes a port of its own
+
+    @classmethod
+    def from_settings(cls, settings, url: str, *, folder, export, device, vision: bool, keys, journal):
+        return cls(url, master_address=settings.master_address, master_port=settings.master_port,
+                   backend=settings.group_backend, tp_size=settings.tp_size, pause_mode=settings.pause_mode,
+                   bucket_bytes=settings.bucket_mb << 20, dtype=serving_dtype(settings.dtype, device),
+                   device="cpu" if settings.group_backend == "gloo" else None, keys=keys, vision_trained=vision,
+                   journal=journal)
 
     def port_of(self, url: str, k: int) -> int:
         """Server ``k``'s rendezvous port: ``master_port + k``, then ``+ 100·n`` after its ``n``-th failed push

@@ -13,7 +13,7 @@ from paravt_agent.errors import ConfigError, PolicyError
 from paravt_agent.policy.sglang_backend import bearer
 
 __all__ = ["PAUSE_MODES", "Paused", "ServerFacts", "ServerKeys", "Session", "base_url", "bearer", "expand_routers",
-           "flush_when_idle", "json_of", "refused_key", "server_facts", "urls_of"]
+           "flush_when_idle", "json_of", "refused_key", "release_servers", "server_facts", "urls_of"]
 
 PAUSE_MODES = ("retract", "in_place", "abort")
 
@@ -65,8 +65,8 @@ def refused_key(resp, url: str, what: str) -> None:
     """401/403 from SGLang's key check: a ConfigError naming the settings, never a retried failure."""
     if resp.status_code in (401, 403):
         raise ConfigError(f"{url}{what} answered HTTP {resp.status_code}: the server was started with --api-key "
-                          "or --admin-api-key; name the environment variables holding them with sglang_api_key_env "
-                          "and sync_admin_api_key_env")
+                          "or --admin-api-key; name the environment variables holding them with sync.api_key_env "
+                          "and sync.admin_api_key_env")
 
 
 @dataclass(frozen=True)
@@ -224,3 +224,29 @@ class Session:
         return False
 
 
+
+
+def release_servers(urls: list[str], keys: ServerKeys | None = None, timeout: float = 60.0) -> tuple[list, list]:
+    """What a push that never ended left on its servers, undone: generation continued (``/continue_generation``)
+    and a weight-update session closed (``/end_weight_update``: 400 when none is open, 404 before 0.5.21), on each
+    server (a router's workers). Returns ``(servers released, errors)``; a router that is down is an error (its
+    workers are unknown), never an exception."""
+    import httpx
+
+    keys = keys or ServerKeys()
+    done, errors = [], []
+    with keys.client(timeout) as client:
+        try:
+            targets = expand_routers(client, urls, keys) if urls else []
+        except Exception as exc:  # noqa: BLE001 (said; the push of the serving version that follows reports a dead one)
+            return [], [f"{urls}: {exc}"]
+        for url in targets:
+            try:
+                resp = client.post(f"{url}/continue_generation", json={})
+                client.post(f"{url}/end_weight_update", json={})
+            except httpx.HTTPError as exc:
+                errors.append(f"{url}: {exc}")
+                continue
+            (done if resp.status_code == 200 else errors).append(
+                url if resp.status_code == 200 else f"{url}: HTTP {resp.status_code}")
+    return done, errors

@@ -17,8 +17,10 @@ paused: every user's request waits. Two things bound and repair that:
   open, and puts the version its registry says serves back on them (the half-applied push is never taken for a
   version), then records the repair in ``online_events.jsonl``.
 
-The journal is per process (:func:`journal_to`; the online learner sets ``OUTPUT_DIR/push.json``): every sync's
-push in that process writes it, whichever verb (``push``, ``serve``) and whichever sync.
+The journal is the sync's own (``WeightSync.journal``, given by whoever makes it: :func:`~paravt_train.sync.
+make_weight_sync`'s ``journal``): the GRPO trainer and the online learner journal at ``OUTPUT_DIR/push.json``, and so
+do an operator's ``paravt-train online promote|rollback`` on that directory; a sync made without one (a shadow
+gate's server, a test) writes nothing.
 """
 
 from __future__ import annotations
@@ -32,24 +34,10 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["RENEW_SECONDS", "journal_path", "journal_push", "journal_to", "unfinished_push"]
+__all__ = ["RENEW_SECONDS", "journal_push", "unfinished_push"]
 
 #: how often a live push renews its lease (the file's modification time)
 RENEW_SECONDS = 1.0
-
-_state = threading.local()
-_journal: Path | None = None
-
-
-def journal_to(path: str | Path | None) -> None:
-    """Journal this process's pushes at ``path`` (None: no journal, no lease)."""
-    global _journal
-    _journal = None if path is None else Path(path)
-
-
-def journal_path() -> Path | None:
-    return _journal
-
 
 def _write(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,15 +47,14 @@ def _write(path: Path, record: dict) -> None:
 
 
 @contextlib.contextmanager
-def journal_push(urls: Iterable[str], version: str | None, sync: str,
+def journal_push(path: str | Path | None, urls: Iterable[str], version: str | None, sync: str,
                  renew_every: float = RENEW_SECONDS) -> Iterator[dict | None]:
-    """Around one push: the journal written before it starts, its lease renewed while it runs, removed when it
-    ends (however: an exception has already continued generation). Nothing without a journal (:func:`journal_to`);
-    a push inside another (a streamed sync serving from disk) is the outer one's."""
-    path = _journal
-    if path is None or getattr(_state, "active", False):
+    """Around one push: the journal at ``path`` written before it starts, its lease renewed while it runs, removed
+    when it ends (however: an exception has already continued generation). Nothing when ``path`` is None."""
+    if path is None:
         yield None
         return
+    path = Path(path)
     record = {"version": None if version is None else str(version), "sync": sync, "urls": list(urls),
               "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
     _write(path, record)
@@ -79,14 +66,12 @@ def journal_push(urls: Iterable[str], version: str | None, sync: str,
                 os.utime(path)
 
     thread = threading.Thread(target=renew, name="paravt-push-lease", daemon=True)
-    _state.active = True
     thread.start()
     try:
         yield record
     finally:
         stop.set()
         thread.join()
-        _state.active = False
         path.unlink(missing_ok=True)
 
 

@@ -1,4 +1,4 @@
-"""``weight_sync: lora``: a LoRA run pushes its adapter alone (megabytes, not the model).
+"""``sync.via: lora``: a LoRA run pushes its adapter alone (megabytes, not the model).
 
 SGLang serves LoRA adapters by name (``--enable-lora``; a request names its adapter in ``lora_path``):
 ``POST /load_lora_adapter {"lora_name", "lora_path"}`` loads a peft adapter directory and
@@ -36,7 +36,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from paravt_agent.errors import ConfigError, PolicyError
-from paravt_train.sync.base import WeightSync, renamed
+from paravt_train.infra.lora import is_adapter_dir
+from paravt_train.sync.base import WeightSync, register, renamed
 from paravt_train.sync.http import PAUSE_MODES, ServerKeys, expand_routers, json_of, refused_key, urls_of
 from paravt_train.sync.lease import journal_push
 
@@ -54,19 +55,27 @@ def serve_from(adapter_dir: Path, name: str) -> Path:
     return link
 
 
+@register("lora", serves_adapters=True)
 class SGLangLoraSync(WeightSync):
     """The served adapter ``name`` (:attr:`adapter_name`, which every rollout request names): :meth:`push` exports
     the trained adapter into ``folder/adapter-VERSION`` and swaps it in; :meth:`serve` swaps in an adapter directory
     already saved (a kept version, a rollback)."""
 
     def __init__(self, endpoint: str | Iterable[str], folder: Path | None = None, name: str = "paravt",
-                 timeout: float = 600.0, pause_mode: str = "retract", export=None, keys: ServerKeys | None = None):
+                 timeout: float = 600.0, pause_mode: str = "retract", export=None, keys: ServerKeys | None = None,
+                 journal: Path | None = None):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
         self.urls, self.folder, self.name = urls_of(endpoint), None if folder is None else Path(folder), name
         self.timeout, self.pause_mode, self.export = timeout, pause_mode, export
         self.keys = keys or ServerKeys()  # the load routes are admin routes
         self.bytes = 0  # what the last push sent (the adapter's files)
+        self.journal = None if journal is None else Path(journal)
+
+    @classmethod
+    def from_settings(cls, settings, url: str, *, folder, export, device, vision: bool, keys, journal):
+        return cls(url, folder, name=settings.lora_name, pause_mode=settings.pause_mode, export=export, keys=keys,
+                   journal=journal)
 
     @property
     def adapter_name(self) -> str:
@@ -91,13 +100,13 @@ class SGLangLoraSync(WeightSync):
         replies then report."""
         name = self.name
         adapter_dir = Path(adapter_dir).resolve()
-        if not (adapter_dir / "adapter_config.json").is_file():
-            raise ConfigError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json): weight_sync lora serves "
-                              "the adapters a `lora.enabled` run saves; a model directory goes with weight_sync disk")
+        if not is_adapter_dir(adapter_dir):
+            raise ConfigError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json): sync.via lora serves "
+                              "the adapters a `lora.enabled` run saves; a model directory goes with sync.via disk")
         self.bytes = sum(f.stat().st_size for f in adapter_dir.iterdir() if f.is_file())
         served = serve_from(adapter_dir, name)
         results = []
-        with self.keys.client(self.timeout) as client, journal_push(self.urls, version, "lora"):
+        with self.keys.client(self.timeout) as client, journal_push(self.journal, self.urls, version, "lora"):
             for url in expand_routers(client, self.urls, self.keys):
                 out = self._swap(client, url, name, served)
                 if version is not None:

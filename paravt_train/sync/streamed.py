@@ -1,11 +1,11 @@
 """Streamed weight syncs: the trained tensors themselves go to SGLang servers, bucket by bucket.
 
-* :class:`SGLangTensorSync` (``weight_sync: tensor``): servers on this machine that see the trainer's rank-0 GPU
+* :class:`SGLangTensorSync` (``sync.via: tensor``): servers on this machine that see the trainer's rank-0 GPU
   (others are refused before the first push). Each bucket is a ``/update_weights_from_tensor`` call carrying
   SGLang's serialised named tensors (base64, serialised once per tensor-parallel rank of that server, as SGLang's
   ``Engine`` does): CUDA tensors travel as IPC handles tagged with their device's UUID (as SGLang's own helper
   does), CPU tensors by value (:func:`serialize_named_tensors`).
-* :class:`~paravt_train.sync.distributed.SGLangDistributedSync` (``weight_sync: distributed``, in
+* :class:`~paravt_train.sync.distributed.SGLangDistributedSync` (``sync.via: distributed``, in
   :mod:`paravt_train.sync.distributed`): servers on other nodes. The trainer's
   rank 0 and each server's ranks form a process group once (``/init_weights_update_group``: a TCP
   rendezvous at ``master_address:master_port`` (+ k for server k), the store prefixed by the group name, as
@@ -30,9 +30,10 @@ in the serving dtype), so the sending GPU holds at most two buckets and no rank 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from paravt_agent.errors import PolicyError
-from paravt_train.sync.base import WeightSync
+from paravt_train.sync.base import WeightSync, register
 from paravt_train.sync.checks import refuse_dp, refuse_unreachable_ipc, tp_size_of, warn_vision_cache
 from paravt_train.sync.disk import SGLangWeightSync
 from paravt_train.sync.http import (
@@ -155,11 +156,11 @@ class StreamedSync(WeightSync):
     its own TP size (``GET /server_info``; ``tp_size`` only for a server that does not report one), no DP,
     and, when ``vision_trained``, its vision-feature cache. ``keys``: the keys the servers were started with."""
 
-    kind = "streamed"  # the weight_sync name, in messages
+    kind = "streamed"  # the sync.via name, in messages
 
     def __init__(self, endpoint: str | Iterable[str], tp_size: int | None = None, bucket_bytes: int = 512 << 20,
                  timeout: float = 600.0, pause_mode: str = "retract", dtype=None, device=None,
-                 keys: ServerKeys | None = None, vision_trained: bool = False, log=print):
+                 keys: ServerKeys | None = None, vision_trained: bool = False, log=print, journal: Path | None = None):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}; use one of {', '.join(PAUSE_MODES)}")
         self.urls = urls_of(endpoint)
@@ -168,6 +169,7 @@ class StreamedSync(WeightSync):
         self.keys, self.vision_trained, self.log = keys or ServerKeys(), vision_trained, log
         self.tp_sizes: dict[str, int] = {}  # each server's TP size, as it said at the last push
         self.warned: set = set()
+        self.journal = None if journal is None else Path(journal)
 
     def targets(self) -> list[str]:
         with self.keys.client(self.timeout) as client:
@@ -218,7 +220,7 @@ class StreamedSync(WeightSync):
         (``/update_weights_from_disk``, :class:`~paravt_train.sync.disk.SGLangWeightSync`, with this sync's pause
         mode and keys): there are no trained tensors to stream, and the servers must be able to read ``path``."""
         disk = SGLangWeightSync(self.urls, timeout=self.timeout, pause_mode=self.pause_mode, keys=self.keys,
-                                vision_trained=self.vision_trained, log=self.log)
+                                vision_trained=self.vision_trained, log=self.log, journal=self.journal)
         disk.warned = self.warned  # one warning per server, whichever verb met it first
         return disk.serve(path, version)
 
@@ -271,7 +273,7 @@ class StreamedSync(WeightSync):
         sent = n_buckets = 0
         url = None
         try:
-            with self.keys.client(self.timeout) as client, journal_push(self.urls, version, self.kind):
+            with self.keys.client(self.timeout) as client, journal_push(self.journal, self.urls, version, self.kind):
                 targets = expand_routers(client, self.urls, self.keys) if targets is None else targets
                 for u in targets:  # every server, before the first is paused
                     self.check(client, u)
@@ -315,6 +317,7 @@ def _share_from_rank0(n: int, rank: int) -> int:
     return int(box[0])
 
 
+@register("tensor")
 class SGLangTensorSync(StreamedSync):
     """Pushes tensors to co-located SGLang servers: ``POST /update_weights_from_tensor
     {"serialized_named_tensors": [one payload per TP rank], "flush_cache", "weight_version"}`` per bucket of about
@@ -328,6 +331,12 @@ class SGLangTensorSync(StreamedSync):
     def __init__(self, endpoint, source_device=None, **kw):
         super().__init__(endpoint, **kw)
         self.source_device = source_device
+
+    @classmethod
+    def from_settings(cls, settings, url: str, *, folder, export, device, vision: bool, keys, journal):
+        return cls(url, tp_size=settings.tp_size, pause_mode=settings.pause_mode, bucket_bytes=settings.bucket_mb << 20,
+                   dtype=serving_dtype(settings.dtype, device), keys=keys, vision_trained=vision, source_device=device,
+                   journal=journal)
 
     def check(self, client, url: str) -> None:
         super().check(client, url)

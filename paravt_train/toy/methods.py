@@ -33,7 +33,7 @@ import random
 from pathlib import Path
 
 from paravt_agent.config import AgentConfig
-from paravt_agent.graph.cpp import (
+from paravt_agent.graph.collab.cpp import (
     ANSWER_PROMPT,
     DECISION_PROMPT,
     PLAN_PROMPT,

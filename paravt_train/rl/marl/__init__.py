@@ -1,11 +1,11 @@
 """Multi-agent RL (VideoChat-M1's agent team): each collaborating agent trained on its own turns with its own reward.
 
-It lives inside ``rl/`` because it is the GRPO loop applied per agent, in both directions: the loop's rollout
-splits a collaborative (``cpp``) episode into one episode per agent scored by :mod:`~paravt_train.rl.marl.rewards`,
-and :class:`~paravt_train.rl.marl.trainer.MultiPolicyTrainer` is several
-:class:`~paravt_train.rl.trainer.GRPOTrainer` s. A top-level ``marl/`` would import ``rl/`` and be imported by it.
+It is the GRPO loop applied per agent, so it lives inside ``rl/`` and imports it downward only:
+:class:`~paravt_train.rl.marl.trainer.MultiPolicyTrainer` is several :class:`~paravt_train.rl.trainer.GRPOTrainer` s.
+The rewards each agent is scored by are below both, in :mod:`paravt_train.rewards.multi_agent` (the loop's rollout
+splits a collaborative (``cpp``) episode into one episode per agent with them).
 
-- :mod:`~paravt_train.rl.marl.rewards`: each agent's reward, R_res + λ_fmt·R_format + w_col·R_col + R_tool (pure).
+- :mod:`~paravt_train.rewards.multi_agent`: each agent's reward, R_res + λ_fmt·R_format + w_col·R_col + R_tool (pure).
 - :mod:`~paravt_train.rl.marl.trainer`: :class:`MultiPolicyTrainer`, several policies, each its own trainer.
 
 One policy needs nothing here but the rewards: ``paravt-train grpo`` with a collaborative agent config (protocol
@@ -23,26 +23,13 @@ and the pool's agents mapped to them. One step::
               agent normalised over the group apart; its own update, metrics.jsonl, checkpoints
 
 VideoChat-M1 trains its four agents this way (A.6: one GRPO objective per agent, a shared team reward average).
-The team's call is credited by what it decided (:func:`~paravt_train.rl.marl.rewards.team_role`): without a
+The team's call is credited by what it decided (:func:`~paravt_train.rewards.multi_agent.team_role`): without a
 consensus the synthesizer's answer is the team's, and it trains with the team's reward, normalised over the
 group's synthesizer episodes alone; with a consensus the vote is the answer, and the reason summary (which does not
 change it) is not trained.
 """
 
-_LAZY = {
-    "MultiPolicyTrainer": "paravt_train.rl.marl.trainer",
-    "agent_reward": "paravt_train.rl.marl.rewards",
-    "agent_transcript": "paravt_train.rl.marl.rewards",
-    "team_role": "paravt_train.rl.marl.rewards",
-}
-__all__ = sorted(_LAZY)
+from paravt_train.rewards.multi_agent import agent_reward, agent_transcript, team_role
+from paravt_train.rl.marl.trainer import MultiPolicyTrainer
 
-
-def __getattr__(name: str):
-    # lazy: the GRPO rollout imports the rewards module below, and the trainer imports the GRPO trainer (which
-    # imports that rollout): an eager import here would make the two a circle
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["MultiPolicyTrainer", "agent_reward", "agent_transcript", "team_role"]

@@ -10,8 +10,8 @@ import time
 from paravt_agent.agent import Agent
 from paravt_agent.config import ModelSpec
 from paravt_train.data.records import PromptItem
+from paravt_train.rewards.multi_agent import TEAM_ROLES
 from paravt_train.rl.config import GRPOConfig
-from paravt_train.rl.marl.rewards import TEAM_ROLES
 from paravt_train.rl.rollout import Episode, PromptCache, RolloutSettings, run_group
 from paravt_train.rl.trainer import GRPOTrainer
 

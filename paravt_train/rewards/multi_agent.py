@@ -26,10 +26,12 @@ reason summary (a consensus) did not (the vote is the answer) and is not trained
 
 from __future__ import annotations
 
-from paravt_agent.graph.cpp import answer_key, answers_agree
+from paravt_agent.graph.collab.cpp import answer_key, answers_agree
 from paravt_agent.protocol import is_degenerate
 from paravt_agent.trajectory import MemoryEntry
-from paravt_train.rewards import RewardBreakdown, RewardConfig, accuracy_reward
+from paravt_train.rewards.accuracy import accuracy_reward
+from paravt_train.rewards.config import RewardConfig
+from paravt_train.rewards.score import RewardBreakdown
 
 __all__ = ["SUMMARY", "SYNTHESIZER", "TEAM_ROLES", "agent_reward", "agent_transcript", "team_role"]
 

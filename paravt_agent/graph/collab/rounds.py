@@ -1,24 +1,10 @@
-"""The collaborative mode (VideoChat-M1): a pool of agents sharing a memory.
-
-A dispatch mode of the same graph (``mode: collaborative``, settings in ``AgentConfig.collab``)::
-    START ─(overview)─┬─ Send("collab_agent", agent 1) ─┐
-                      ├─ …                               ├─→ collab_merge ─┬─ next turn (Send × agents)
-                      └─ Send("collab_agent", agent N) ─┘                  └─ synthesize → finish
-
-Two protocols share these nodes (``collab.protocol``):
-
-* ``cpp`` (the default): VideoChat-M1's collaborative policy planning, :mod:`paravt_agent.graph.cpp` (plans, a
-  decision after every tool step, per-agent answers, the consensus).
-* ``rounds``: each round every agent (a name, and optionally its own model) sees the overview and the question,
-  reads the shared memory of the rounds before (its own entries and those the others chose to share), writes its
-  plan, calls tools (run exactly as a planner's calls: :func:`paravt_agent.graph.calls.run_call`), notes the key
-  information it has so far, and decides whether to share its entry. A synthesizer — the agent's policy, as the
-  planner — answers strictly from the memory.
-
-Every agent's model call is a record of role ``agent:<name>``: where the agent uses the agent's policy, RL trains
-it (the single-policy case, each agent with its own advantage under ``cpp``); an agent with its own model is
-recorded and trained only by a trainer of that model (``paravt_train.rl.marl``).
-"""
+"""The collaborative mode's nodes (:mod:`paravt_agent.graph.collab`): the fan-out to the pool's agents, their merge,
+the synthesizer and the routing both protocols share, and the ``rounds`` protocol itself — each round every agent
+sees the overview and the question, reads the shared memory of the rounds before (its own entries and those the
+others chose to share), writes its plan, calls tools (run exactly as a planner's calls:
+:func:`paravt_agent.graph.calls.run_call`), notes the key information it has so far, and decides whether to share
+its entry; a synthesizer answers strictly from the memory. The ``cpp`` protocol's turns are
+:mod:`paravt_agent.graph.collab.cpp`."""
 
 from __future__ import annotations
 
@@ -33,8 +19,8 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, Send
 
 from paravt_agent.graph.calls import plan_calls, run_agent_call
+from paravt_agent.graph.collab.cpp import cpp_agent, cpp_finish, cpp_route
 from paravt_agent.graph.context import tool_schemas
-from paravt_agent.graph.cpp import cpp_agent, cpp_finish, cpp_route
 from paravt_agent.graph.frames import refs_of
 from paravt_agent.graph.runtime import (
     actx,

@@ -1,5 +1,5 @@
-"""Module paths that moved (the regrouping by concept of v0.4, the rooms of v0.5), kept importable until
-:data:`REMOVED_IN`.
+"""Compatibility: module paths that moved (the regrouping by concept of v0.4, the rooms of v0.5), kept importable
+until :data:`REMOVED_IN`. Public: ``paravt_train`` and plugins read :data:`REMOVED_IN` and install their own tables.
 
 ``import paravt_train.grpo_trainer`` (or a YAML/pickle naming a class under it) still works: the old name is an
 alias of the new module, and importing it warns with a ``DeprecationWarning`` naming the new path. The package's

@@ -1,5 +1,5 @@
 """VideoChat-M1's collaborative policy planning (CPP): the collaborative mode's default protocol (``collab.protocol:
-cpp``; :mod:`paravt_agent.graph.collab` wires it into the same nodes as the ``rounds`` protocol).
+cpp``; :mod:`paravt_agent.graph.collab.rounds` wires it into the same nodes as the ``rounds`` protocol).
 
 One superstep per turn, every agent concurrently (a ``Send`` each), a barrier between turns::
     turn 0   each agent: PLAN (key info + an ordered tool list)            → runs its first tool

@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from paravt_agent.errors import ConfigError, FeedbackError, ParaVTError, StoreError
-from paravt_agent.feedback import check_answer, check_reward
+from paravt_agent.store.feedback import check_answer, check_reward
 from paravt_agent.trajectory import Trace
 
 __all__ = ["PostgresTrajectoryStore", "SQLiteTrajectoryStore", "TrajectoryStore", "open_store"]
@@ -98,7 +98,7 @@ class TrajectoryStore:
         """Attach feedback: the correct answer, a reward, or thumbs up/down, and who gave it (``user``: an API key's
         id, a Gradio session, the SDK's ``user=``). Returns its sequence number.
 
-        What may become training data is checked here (:mod:`paravt_agent.feedback`): an answer must be one the
+        What may become training data is checked here (:mod:`paravt_agent.store.feedback`): an answer must be one the
         trace's question can have, and must not contradict an earlier answer for the same trace; otherwise a
         :class:`FeedbackError` says what to send. ``key`` makes the write idempotent: the same key again returns
         the first row's number (a client retrying after a lost connection writes nothing twice)."""

@@ -219,10 +219,22 @@ def serve_cmd(
     max_pause: float = typer.Option(600.0, min=0, help="Continue generation on a server paused this long, lease or "
                                     "not (a hung pusher; without --sync-lease the only bound: set it above the "
                                     "longest push); 0: no cap."),
+    worker_host: str = typer.Option(None, help="With --dp: the address the workers listen on and are registered "
+                                    "with the router under, which other hosts reach (default: --host, or this "
+                                    "machine's address when --host is a wildcard): a trainer on another host pushes "
+                                    "its weights to each worker the router lists."),
+    api_key: str = typer.Option(None, envvar="PARAVT_SGLANG_API_KEY", help="SGLang's --api-key (every route but "
+                                "the health checks; the router's too); default from $PARAVT_SGLANG_API_KEY."),
+    admin_api_key: str = typer.Option(None, envvar="PARAVT_SGLANG_ADMIN_API_KEY", help="SGLang's --admin-api-key "
+                                      "(then the only key its admin routes take: pause, continue, weight updates, "
+                                      "flush); default from $PARAVT_SGLANG_ADMIN_API_KEY."),
+    weight_group_timeout: float = typer.Option(120.0, min=0, help="Seconds after which the server gives up a weight "
+                                               "broadcast a trainer never finishes (a trainer host lost mid-bucket): "
+                                               "its scheduler goes on and users are answered again (torch's default "
+                                               "is 30 minutes); 0: torch's default."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
-    """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused.
-    (Long by design: typer reads the command's options from this signature.)"""
+    """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused."""
     from paravt_agent.errors import ParaVTError
     from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
 
@@ -232,23 +244,25 @@ def serve_cmd(
                    err=True)
     kw = dict(mem_fraction=mem_fraction, context_length=context_length, vlm_cache_mb=vlm_cache_mb,
               deterministic=deterministic, device=device, max_total_tokens=max_total_tokens, python=python,
-              lora_rank=lora_rank, lora_from=lora_from)
+              lora_rank=lora_rank, lora_from=lora_from, api_key=api_key, admin_api_key=admin_api_key,
+              weight_group_timeout=weight_group_timeout or None)
     if dp > 1:
-        from paravt_agent.serving.sglang_launch import launch_router, router_commands
+        from paravt_agent.serving.fleet import launch_router, router_commands
 
         try:
-            workers, router = router_commands(served, dp, host, port, tp, **kw)
+            workers, router = router_commands(served, dp, host, port, tp, worker_host=worker_host, **kw)
         except ValueError as exc:
             _fail(str(exc))
-        lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv) for argv, env in workers]
-        lines.append(shlex.join(router))
+        lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(_hide_keys(argv))
+                 for argv, env in workers]
+        lines.append(shlex.join(_hide_keys(router)))
         start, what = (lambda: launch_router(workers, router, host, port)), f" ({dp} workers behind sglang-router"
     else:
         try:
             argv, env = sglang_command(served, host, port, tp, **kw)
         except ValueError as exc:
             _fail(str(exc))
-        lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv)]
+        lines = [" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(_hide_keys(argv))]
         start, what = (lambda: [launch(argv, env, host, port)]), " ("
     if dry_run:
         typer.echo("\n".join(lines))
@@ -258,11 +272,23 @@ def serve_cmd(
         procs = start()
     except ParaVTError as exc:
         _fail(str(exc))
+    if device == "cuda":  # which GPUs it was given, by UUID: a trainer's tensor sync on this machine reads it
+        from paravt_agent.serving.fleet import record_gpus, visible_gpu_uuids
+
+        uuids = visible_gpu_uuids()
+        for proc, p in zip(procs, [port + 1 + i for i in range(dp)] if dp > 1 else [port], strict=False):
+            record_gpus(p, proc.pid, uuids)
     typer.echo(f"healthy: http://{host}:{port}/v1{what}{'; ' if dp > 1 else ''}Ctrl-C to stop)", err=True)
-    sys.exit(_wait_then_stop(procs, stop, (host, port, dp, pause_lease, sync_lease, max_pause)))
+    keys = {"api_key": api_key, "admin_key": admin_api_key, "worker_host": worker_host}
+    sys.exit(_wait_then_stop(procs, stop, (host, port, dp, pause_lease, sync_lease, max_pause), keys))
 
 
-def _wait_then_stop(procs: list, stop, supervised: tuple | None = None) -> int:
+def _hide_keys(argv: list[str]) -> list[str]:
+    """A command as printed: the values of ``--api-key`` / ``--admin-api-key`` hidden."""
+    return [("***" if i and argv[i - 1] in ("--api-key", "--admin-api-key") else a) for i, a in enumerate(argv)]
+
+
+def _wait_then_stop(procs: list, stop, supervised: tuple | None = None, keys: dict | None = None) -> int:
     """Wait on the last server process (the router, or the one server); Ctrl-C or a scheduler's SIGTERM stops
     every server (each leads its own process group). Returns the exit code. Meanwhile the pause supervisor of
     ``supervised`` (host, port, dp, --pause-lease, --sync-lease, --max-pause) runs."""
@@ -270,7 +296,8 @@ def _wait_then_stop(procs: list, stop, supervised: tuple | None = None) -> int:
 
     from paravt_agent.serving.supervisor import supervise  # httpx and threads: only `serve` pays for them
 
-    supervisor = supervise(*supervised, log=lambda m: typer.echo(m, err=True)) if supervised else None
+    supervisor = (supervise(*supervised, log=lambda m: typer.echo(m, err=True), **(keys or {})) if supervised
+                  else None)
 
     def interrupted(*_):
         raise KeyboardInterrupt

@@ -232,6 +232,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rendezvous_port(host: str = "127.0.0.1") -> int:
+    """A free port where a weight-update group's rendezvous may listen: outside SGLang's ranges and the OS's
+    ephemeral ports (``paravt_train.sync.distributed.port_clash``), from 30001-32767 below them, spaced by the rejoin
+    stride's room (a push that fails moves +100)."""
+    import random
+    import socket
+
+    from paravt_train.sync.distributed import port_clash
+
+    for port in random.Random().sample(range(30001, 31999), 400):
+        if port_clash(port) or port_clash(port + 600):
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind((host, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free rendezvous port in 30001-31999")
+
+
 class JSONServer:
     """A recording JSON server on 127.0.0.1 (the one helper for tests that script an HTTP peer): every request
     is kept as ``(method, path, body)`` in ``seen`` and answered by ``reply(path, body) -> (status, dict)``."""
@@ -380,6 +401,27 @@ def engine_unavailable(reason: str | None) -> None:
     if os.environ.get("PARAVT_REQUIRE_ENGINES", "").strip() not in ("", "0"):
         pytest.fail(f"{reason}; PARAVT_REQUIRE_ENGINES is set, so this is a failure, not a skip", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture
+def host_bed(tmp_path):
+    """A factory: ``host_bed(["a", "b"], no_shared_disk={"b"})`` makes network hosts on this machine
+    (tests/hosts.py: namespaces, each its own address, loopback and view of the disk; the test process is
+    ``bed.here``), torn down after the test however it ends. Skips, saying why, where namespaces cannot be made
+    (not root); fails instead under PARAVT_REQUIRE_ENGINES (CI runs as root)."""
+    from tests.hosts import HostBed, unavailable
+
+    engine_unavailable(unavailable())
+    beds = []
+
+    def make(names: list[str], **kw) -> HostBed:
+        bed = HostBed(names, root=tmp_path / f"hosts-{len(beds)}", **kw)
+        beds.append(bed)
+        return bed
+
+    yield make
+    for bed in beds:
+        bed.close()
 
 
 @pytest.fixture(scope="session")

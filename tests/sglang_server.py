@@ -37,8 +37,8 @@ Behaviour modelled on SGLang 0.5.23 (read from its source; ``../shared/FACTS.md`
   ``torch.distributed`` group (gloo here) that ``/update_weights_from_distributed`` receives broadcasts over.
   A cache flush while requests are held by an ``in_place`` pause fails the call with HTTP 400 (0.5.22+: the
   weights are updated, the flush is refused); ``/flush_cache`` likewise.
-* ``GET /health``, ``/model_info``, ``/server_info`` (and the deprecated ``/get_model_info``,
-  ``/get_server_info``). ``/server_info`` carries what SGLang's resolved server arguments say and the clients
+* ``GET /health``, ``/ping``, ``/ready`` (503 while paused), ``/model_info``, ``/server_info`` (and the deprecated
+  ``/get_model_info``, ``/get_server_info``).
   read: ``tp_size``, ``dp_size``, ``enable_deterministic_inference``, and, when ``SGLANG_EXPOSE_OWN_ENV_VARS`` is
   set, the ``SGLANG_*`` environment in ``internal_states[0].env_vars``.
 * What takes SGLang down is modelled as a server that exits (every request in flight is lost): a tensor update
@@ -606,6 +606,10 @@ def make_handler(engine: Engine, api_key: str | None = None, admin_api_key: str 
                 return
             if self.path in ("/health", "/health_generate"):
                 self._send(200, {})
+            elif self.path == "/ping":  # 0.5.23: 200 while healthy, paused or not (it takes the API key)
+                self._send(200, {"status": "ok"})
+            elif self.path == "/ready":  # 0.5.23: 503 while generation is paused
+                self._send(503 if engine.paused is not None else 200, {"status": "paused" if engine.paused else "ok"})
             elif self.path in ("/model_info", "/get_model_info"):
                 self._send(200, self.model_info())
             elif self.path in ("/server_info", "/get_server_info"):

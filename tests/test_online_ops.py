@@ -170,7 +170,10 @@ def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_pat
         PauseSupervisor([srv.url], lease=0)
     # what `paravt serve` supervises: its one server, or the router's workers (the router forwards no pause)
     assert supervised_urls("0.0.0.0", 30000) == ["http://127.0.0.1:30000"]
-    assert supervised_urls("10.0.0.5", 30000, dp=2) == ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
+    # (the workers at the address they are registered under: the serve host, or --worker-host)
+    assert supervised_urls("10.0.0.5", 30000, dp=2) == ["http://10.0.0.5:30001", "http://10.0.0.5:30002"]
+    assert supervised_urls("0.0.0.0", 30000, dp=2, worker_host="10.0.0.6") == ["http://10.0.0.6:30001",
+                                                                                "http://10.0.0.6:30002"]
     assert supervise("127.0.0.1", 30000, 1, 0, log=lambda *_: None) is None  # --pause-lease 0: off
     assert supervise("127.0.0.1", 30000, 1, 60, None, max_pause=0, log=lambda *_: None) is None  # nothing bounds
 
@@ -210,6 +213,54 @@ def _ready(url: str) -> int:
 
 
 @pytest.mark.slow
+def test_a_pause_the_supervisor_ends_mid_push_is_reported_applied_flushed_then_named(tmp_path, toy_policy_dir,
+                                                                                      sglang_stub):
+    """A streamed push slower than ``paravt serve --max-pause``: the supervisor continues generation between two
+    buckets, and requests then run on a mix of the served version and the new one. Before, the last bucket still
+    asked for a flush (refused while requests ran: the push was reported failed although the weights and the
+    version were applied) and named the new version over cached old-weight prefixes. Now the sync sees the pause
+    ended (``/ready``), says so with both versions, sends the last bucket without flush or version, and then
+    flushes once the server is idle and only then names the version: reported applied, flushed, named."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from paravt_train.sync.streamed import SGLangTensorSync, stream_parameters
+
+    srv = sglang_stub(toy_policy_dir)
+    sup = PauseSupervisor([srv.url], lease=60, max_pause=1.5, poll=0.25, log=lambda *_: None).start()
+    said: list[str] = []
+    named = list(stream_parameters(AutoModelForImageTextToText.from_pretrained(toy_policy_dir)))
+
+    def slow():  # the supervisor's cap passes half-way through the stream
+        for i, item in enumerate(named):
+            if i == len(named) // 2:
+                time.sleep(4.0)
+            yield item
+
+    reply: dict = {}
+
+    def user():  # a request that runs from the continue to past the last bucket
+        while not sup.continued:
+            time.sleep(0.05)
+        reply.update(httpx.post(srv.url + "/generate", timeout=120, json={
+            "input_ids": [20, 21, 22], "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}).json())
+
+    t = threading.Thread(target=user)
+    t.start()
+    try:
+        out = SGLangTensorSync(srv.url, bucket_bytes=1 << 20, log=said.append).send_tensors(slow, version="7")
+    finally:
+        sup.stop()
+        t.join(120)
+    assert sup.continued and sup.continued[0]["why"] == "max-pause"
+    assert out["success"] and out["unflushed"] == {srv.url: {"success": True, "applied": True, "flushed": True,
+                                                             "weight_version": "7"}}
+    assert any("continued during the push of version 7" in m and "mix of version default and 7" in m for m in said)
+    assert httpx.get(srv.url + "/model_info", timeout=30).json()["weight_version"] == "7"
+    assert reply["meta_info"]["finish_reason"]["type"] == "length"  # the user's request was answered
+    assert srv.proc.poll() is None and torch.is_tensor(named[0][1])
+
+
 def test_a_pusher_killed_during_a_push_leaves_sglang_answering_within_the_lease_and_the_restart_repairs(
         sglang_toy, toy_policy_dir, tmp_path):
     """SGLang 0.5.23 on CPU. A push is paused on the server and its process renews the lease: the supervisor leaves

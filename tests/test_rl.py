@@ -204,14 +204,12 @@ def test_replay_and_tas_run(toy_policy_dir, toy_rl, tmp_path):
             assert all(np.array_equal(i1, i2) for i1, i2 in zip(s1.images, s2.images, strict=True))
 
 
-def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_path, on_cpu):
-    """The actor under torchrun + FSDP2 (2 gloo ranks, uneven shares of real rollouts) takes the same step
-    as one process on all of them: global loss normalisation, matched collectives."""
+def test_fsdp2_on_two_hosts_updates_like_one_process(toy_policy_dir, toy_rl, tmp_path, on_cpu, host_bed):
+    """The actor under torchrun + FSDP2 across two hosts (a node each, gloo over their network; uneven shares of
+    real rollouts) takes the same step as one process on all of them: global loss normalisation, matched
+    collectives."""
     import os
     import pickle
-    import socket
-    import subprocess
-    import sys
 
     import yaml
 
@@ -237,15 +235,14 @@ def test_fsdp2_two_ranks_update_like_one_process(toy_policy_dir, toy_rl, tmp_pat
                                      "output_dir": str(tmp_path / "two")}).model_dump(mode="json")
     cfg_path = tmp_path / "two.yaml"
     cfg_path.write_text(yaml.safe_dump(two_cfg))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    from tests.hosts import torchrun
+
+    bed = host_bed(["node0", "node1"])
     worker = Path(__file__).with_name("rl_dist_worker.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on the CPU, as `on_cpu`
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
-                          str(worker), str(cfg_path), str(path), str(tmp_path / "two.pt")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    runs = torchrun([bed["node0"], bed["node1"]], [str(worker), str(cfg_path), str(path), str(tmp_path / "two.pt")],
+                    env, timeout=300)
+    assert [r.returncode for r in runs] == [0, 0], [r.stdout[-3000:] for r in runs]
     got = torch.load(tmp_path / "two.pt", weights_only=False)
     assert got["stats"]["sequences"] == 5 and got["stats"]["trained_tokens"] == one_stats["trained_tokens"]
     assert got["stats"]["grad_norm"] == pytest.approx(one_stats["grad_norm"], rel=1e-4)  # the same gradient
@@ -347,11 +344,11 @@ def test_distributed_sync_to_a_server_on_another_node(toy_policy_dir, toy_rl, tm
     a join destroys the server's old group first (before, the server refused the name and the trainer waited in
     the rendezvous until its timeout)."""
     from paravt_train.sync.distributed import SGLangDistributedSync
-    from tests.conftest import free_port
+    from tests.conftest import rendezvous_port
 
     stub = sglang_toy
     tr = GRPOTrainer(_cfg(toy_policy_dir, toy_rl, tmp_path / "d", backend="sglang", endpoint=stub.url,
-                          sync={"via": "distributed", "group_backend": "gloo", "master_port": free_port(),
+                          sync={"via": "distributed", "group_backend": "gloo", "master_port": rendezvous_port(),
                                 "bucket_mb": 1}), progress=False)
     tr.setup()  # joins the group and pushes the starting weights as version "0"
     assert isinstance(tr.syncer, SGLangDistributedSync) and stub.get("/model_info").json()["weight_version"] == "0"
@@ -392,7 +389,7 @@ def test_distributed_sync_to_a_server_on_another_node(toy_policy_dir, toy_rl, tm
 
     for group in sync.groups.values():
         dist.destroy_process_group(group)
-    restarted = SGLangDistributedSync(stub.url, master_port=free_port(), backend="gloo", bucket_bytes=1 << 20,
+    restarted = SGLangDistributedSync(stub.url, master_port=rendezvous_port(), backend="gloo", bucket_bytes=1 << 20,
                                       device="cpu", timeout=60)
     with torch.no_grad():
         next(iter(tr.model.parameters())).add_(-0.2)

@@ -200,7 +200,10 @@ def test_bad_rows_are_reported(tmp_path, sft_data):
             and "1 valid, 3 invalid" in res.stdout)
 
 
-def test_fsdp2_two_ranks_match_one_process(tiny_model, sft_data, tmp_path):
+def test_fsdp2_on_two_hosts_matches_one_process(tiny_model, sft_data, tmp_path, host_bed):
+    """`paravt-train sft` under torchrun across two hosts (a node each: torchrun's multi-node rendezvous, FSDP2 on
+    gloo over the hosts' network, each node's gloo on its own interface) takes the steps one process takes: the
+    same losses, gradient norms and final weights."""
     import yaml
 
     def write_cfg(name):
@@ -209,21 +212,18 @@ def test_fsdp2_two_ranks_match_one_process(tiny_model, sft_data, tmp_path):
         path.write_text(yaml.safe_dump(cfg))
         return path
 
+    from tests.hosts import torchrun
+
+    bed = host_bed(["node0", "node1"])
     # FSDP2 over gloo on the CPU, on a GPU machine too: the claim is the sharded update's, in float32 (NCCL puts one
     # rank on one GPU, and bf16 autocast on a GPU would round both runs differently)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    two = torchrun([bed["node0"], bed["node1"]], ["-m", "paravt_train.cli", "sft", "--config", str(write_cfg("two"))],
+                   env, timeout=300)
     one = subprocess.run([sys.executable, "-m", "paravt_train.cli", "sft", "--config", str(write_cfg("one"))],
                          env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
-                          "-m", "paravt_train.cli", "sft", "--config", str(write_cfg("two"))],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
+    assert [r.returncode for r in two] == [0, 0], [r.stdout[-3000:] for r in two]
     ra = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     rb = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert len(ra) == len(rb) == 2

@@ -10,6 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from paravt_train.sync.disk import SGLangWeightSync
 from paravt_train.sync.distributed import SGLangDistributedSync
 from paravt_train.sync.http import ServerKeys, server_facts
 from paravt_train.sync.streamed import SGLangTensorSync
-from tests.conftest import free_port, require_contract
+from tests.conftest import free_port, rendezvous_port, require_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,7 +105,7 @@ def test_the_syncs_take_tp_and_dp_from_each_server(tiny_model, stand_in, json_se
         SGLangTensorSync(srv.url, tp_size=configured, bucket_bytes=4 << 20).push(model, version=f"t{configured}")
         assert srv.alive(), srv.proc.stderr.read()[-2000:]
     assert srv.info()["tensor_payloads"][-1] == 2 and set(srv.info()["tensor_payloads"]) == {2}
-    sync = SGLangDistributedSync(srv.url, master_port=free_port(), backend="gloo", device="cpu", timeout=60,
+    sync = SGLangDistributedSync(srv.url, master_port=rendezvous_port(), backend="gloo", device="cpu", timeout=60,
                                  bucket_bytes=4 << 20)
     try:
         sync.push(model, version="d1")
@@ -181,49 +182,88 @@ def _paths(proc) -> list[str]:
     return [line.strip() for line in proc.stdout.read().splitlines()]
 
 
-def test_a_tensor_push_from_a_gpu_the_server_cannot_see_is_refused(gpu_server, monkeypatch):
-    """docs/training.md's layout (the server on GPU 0, the trainer on GPUs 1-7) with weight_sync tensor: SGLang
-    cannot open a CUDA-IPC handle of a GPU it does not see, outside any try ("Invalid device_uuid"), and the
-    whole server died on the first bucket. Now the sync reads the server's CUDA_VISIBLE_DEVICES from the process
-    that listens on its port and refuses before anything is paused, naming weight_sync distributed; a server that
-    sees the GPU (listed, by UUID prefix, or every GPU) is pushed to; one on another host is refused outright.
-    No GPU here: the sending GPU is GPU 1 of a trainer started with CUDA_VISIBLE_DEVICES=1,...,7."""
-    sender = checks.SenderGPU(entry="1", uuid="GPU-5a1e0000-1111-2222-3333-444455556666")
+def test_a_tensor_push_from_a_gpu_the_server_cannot_see_is_refused(gpu_server, monkeypatch, tmp_path):
+    """docs/training.md's layout (the server on one GPU, the trainer on others) with sync.via tensor: SGLang cannot
+    open a CUDA-IPC handle of a GPU it does not see, outside any try ("Invalid device_uuid"), and the whole server
+    died on the first bucket. "The same GPU" is decided by UUID, never by CUDA_VISIBLE_DEVICES strings: two Slurm
+    tasks both call their own GPU "0" (the old string compare pushed, and killed the server), a ``docker --gpus``
+    server has no variable at all (the old check took that as "every GPU"). The server's GPUs come from the record
+    ``paravt serve`` keeps, else from NVML's view of its processes; unknown is refused, before anything is paused.
+    No GPU here: the sending GPU is faked, the server processes, records and the nvidia-smi they ask are real."""
+    from paravt_agent.serving import fleet
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the records of this test only
+    ours, theirs = "GPU-5a1e0000-1111-2222-3333-444455556666", "GPU-77770000-1111-2222-3333-444455556666"
+    sender = checks.SenderGPU(entry="0", uuid=ours)  # a Slurm task's GPU "0"
     monkeypatch.setattr(checks, "sending_gpu", lambda device: sender if getattr(device, "type", None) == "cuda"
                         else None)
-    assert checks.gpu_visible(sender, None) is True
-    assert checks.gpu_visible(sender, "0") is False and checks.gpu_visible(sender, "") is False
-    assert checks.gpu_visible(sender, "0,1") is True and checks.gpu_visible(sender, "GPU-5a1e") is True
-    assert checks.gpu_visible(sender, "GPU-0000") is False and checks.gpu_visible(sender, "MIG-1/2/3") is None
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])  # no nvidia-smi yet
 
+    def push(url):
+        SGLangTensorSync(url, source_device=torch.device("cuda", 0), log=lambda m: None).send_tensors(
+            [("w", torch.zeros(4))], version="1")
+
+    # Slurm: the server's task also calls its GPU "0", another GPU (its UUID differs): refused
     url, proc = gpu_server("0")
-    assert checks.server_visible_devices(url) == (True, "0")  # read from the real process
-    sync = SGLangTensorSync(url, source_device=torch.device("cuda", 0), log=lambda m: None)
-    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=0.*Invalid device_uuid.*weight_sync distributed"):
-        sync.send_tensors([("w", torch.zeros(4))], version="1")
+    fleet.record_gpus(int(url.rsplit(":", 1)[1]), proc.pid, [theirs])
+    with pytest.raises(ConfigError, match=f"GPU {ours}.*whose GPUs are {theirs}.*Invalid device_uuid.*distributed"):
+        push(url)
     asked = _paths(proc)
-    assert "/server_info" in asked and "/pause_generation" not in asked and "/update_weights_from_tensor" not in asked
+    assert "/pause_generation" not in asked and "/update_weights_from_tensor" not in asked
 
-    for visible in ("0,1", None):  # CPU tensors stand in for the GPU's: the check is what is under test
-        url, proc = gpu_server(visible)
-        SGLangTensorSync(url, source_device=torch.device("cuda", 0)).send_tensors([("w", torch.zeros(4))], "1")
-        assert "/update_weights_from_tensor" in _paths(proc)
-    with pytest.raises(ConfigError, match="another host.*weight_sync distributed"):
+    # the same record naming our GPU (by UUID, whatever index the server's process calls it): pushed to
+    url, proc = gpu_server("3")
+    fleet.record_gpus(int(url.rsplit(":", 1)[1]), proc.pid, [theirs, ours])
+    push(url)
+    assert "/update_weights_from_tensor" in _paths(proc)
+
+    # docker --gpus: no variable, no record, no NVML here: cannot be told, refused (was: pushed)
+    url, proc = gpu_server(None)
+    with pytest.raises(ConfigError, match="cannot be told here.*not started by `paravt serve`.*NVML"):
+        push(url)
+    assert "/pause_generation" not in _paths(proc)
+
+    # a record left by an earlier server on the port is no answer for a new process there
+    url, proc = gpu_server(None)
+    fleet.record_gpus(int(url.rsplit(":", 1)[1]), proc.pid + 10_000_000, [ours])
+    with pytest.raises(ConfigError, match="cannot be told"):
+        push(url)
+    proc.kill()
+
+    # NVML's view of the server's processes (nvidia-smi --query-compute-apps), the driver's own answer
+    url, proc = gpu_server(None)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir(exist_ok=True)
+    smi.write_text(f"#!/bin/sh\necho '{proc.pid + 1}, {ours}'\necho '{proc.pid}, {theirs}'\n")
+    smi.chmod(0o755)
+    with pytest.raises(ConfigError, match=f"whose GPUs are {theirs} \\(the GPUs NVML shows"):
+        push(url)
+    smi.write_text(f"#!/bin/sh\necho '{proc.pid}, {ours}'\n")
+    push(url)
+    assert "/update_weights_from_tensor" in _paths(proc)
+
+    with pytest.raises(ConfigError, match="another host.*sync.via distributed"):
         checks.refuse_unreachable_ipc("http://192.0.2.7:30000", torch.device("cuda", 0), set())
     checks.refuse_unreachable_ipc("http://192.0.2.7:30000", torch.device("cpu"), set())  # by value: any host
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU runner's case)")
-def test_a_tensor_push_from_a_gpu_the_server_cannot_see_is_refused_on_cuda(gpu_server):
-    """The same on a GPU, nothing faked: the sending GPU's UUID from CUDA, a server process that sees no GPU
-    (CUDA_VISIBLE_DEVICES='') refused before any pause; one listing the GPU by its UUID pushed to."""
+def test_a_tensor_push_from_a_gpu_the_server_cannot_see_is_refused_on_cuda(gpu_server, monkeypatch, tmp_path):
+    """The same on a GPU, nothing faked but the server: the sending GPU's UUID from CUDA; a server process that
+    sees no GPU (CUDA_VISIBLE_DEVICES='', no CUDA context for NVML to show) refused before any pause; one whose
+    record (as `paravt serve` writes it from the GPUs its environment shows) names the GPU by UUID pushed to."""
+    from paravt_agent.serving import fleet
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     sender = checks.sending_gpu(torch.device("cuda", 0))
     assert sender is not None and sender.uuid.startswith("GPU-")
+    assert sender.uuid in fleet.visible_gpu_uuids()
     url, proc = gpu_server("")
     with pytest.raises(ConfigError, match="Invalid device_uuid"):
         SGLangTensorSync(url, source_device=torch.device("cuda", 0)).send_tensors([("w", torch.zeros(4))], "1")
     assert "/pause_generation" not in _paths(proc)
     url, proc = gpu_server(sender.uuid)
+    fleet.record_gpus(int(url.rsplit(":", 1)[1]), proc.pid, fleet.visible_gpu_uuids())
     SGLangTensorSync(url, source_device=torch.device("cuda", 0)).send_tensors([("w", torch.zeros(4))], "1")
     assert "/update_weights_from_tensor" in _paths(proc)
 
@@ -359,6 +399,86 @@ def test_min_p_on_a_deterministic_server_is_refused_not_sent(tiny_model, sglang_
     check_served_sampling(pol, cfg)  # no min-p anywhere: nothing to ask
     plain = json_server(lambda path, body: (200, {"enable_deterministic_inference": False}))
     check_served_sampling(SGLangPolicy(tiny_model, plain.url), cfg, eval_cfg)
+
+
+def _router(workers: list[str], tmp_path, api_key: str | None = None):
+    """sglang-router 0.3.2 (the real one) in front of ``workers``, once it lists them all: (url, process)."""
+    from tests.conftest import engine_unavailable
+    from tests.sglang_cpu.server import PYTHON, unavailable
+
+    engine_unavailable(unavailable())
+    port = free_port()
+    log = tmp_path / f"router-{port}.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([str(PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
+                                 str(port), "--prometheus-port", str(free_port()), "--health-check-interval-secs", "1",
+                                 "--worker-urls", *workers,
+                                 *(["--api-key", api_key] if api_key else [])],
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            listed = httpx.get(url + "/workers", timeout=2, headers={"Authorization": f"Bearer {api_key}"}
+                               if api_key else {}).json()["workers"]
+            if sorted(w["url"] for w in listed) == sorted(workers):
+                return url, proc
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+        time.sleep(0.3)
+
+
+def test_the_min_p_guard_asks_a_routers_workers_and_refuses_when_it_cannot_tell(tiny_model, sglang_stub, tmp_path,
+                                                                               json_server):
+    """sglang-router 0.3.2 answers /server_info with 404, so the guard used to read "not deterministic" and a
+    min_p request reached a --deterministic worker, which died. Now the guard asks the router's workers
+    (``GET /workers``, then each one's /server_info) and refuses a min_p request when any says so, or when one
+    cannot be asked (a worker that does not answer at the address the router lists); the OpenAI backend, which
+    sent min_p with no guard at all, asks the same way. Real router, stand-in workers (SGLang's API)."""
+    from paravt_agent.policy.openai_backend import OpenAIPolicy
+    from paravt_agent.policy.sglang_backend import SGLangPolicy
+
+    det, plain = sglang_stub(tiny_model), sglang_stub(tiny_model, deterministic=False)
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "red green"}]}]
+    min_p = Sampling(temperature=1.0, min_p=0.1, max_new_tokens=2)
+    router, proc = _router([det.url, plain.url], tmp_path)
+    try:
+        assert httpx.get(router + "/server_info", timeout=10).status_code == 404  # why the guard was blind
+        with pytest.raises(PolicyError, match="deterministic inference.*min_p is 0.1"):
+            asyncio.run(SGLangPolicy(tiny_model, router).generate(msgs, min_p))
+        with pytest.raises(PolicyError, match="deterministic inference.*min_p is 0.1"):
+            asyncio.run(OpenAIPolicy("m", router + "/v1").generate(msgs, min_p))
+        assert det.proc.poll() is None and plain.proc.poll() is None, "a worker died"
+        det.close()  # listed by the router, not answering: cannot tell
+        with pytest.raises(PolicyError, match="cannot say whether it \\(or a worker behind it\\)"):
+            asyncio.run(SGLangPolicy(tiny_model, router).generate(msgs, min_p))
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
+    router, proc = _router([plain.url], tmp_path)  # every worker says no: min_p goes through
+    try:
+        assert len(asyncio.run(SGLangPolicy(tiny_model, router).generate(msgs, min_p)).output_ids) == 2
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
+    chat = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]}
+    for answer in (False, True):  # an OpenAI-compatible SGLang server, asked once
+        srv = json_server(lambda path, body, a=answer: (200, {"enable_deterministic_inference": a})
+                          if path == "/server_info" else (200, chat))
+        pol = OpenAIPolicy("m", srv.url + "/v1")
+        for _ in range(2):
+            if answer:
+                with pytest.raises(PolicyError, match="deterministic inference"):
+                    asyncio.run(pol.generate(msgs, min_p))
+            else:
+                assert asyncio.run(pol.generate(msgs, min_p)).text == "ok"
+        assert [p for _, p, _ in srv.seen].count("/server_info") == 1
+        sent = [b.get("min_p") for _, p, b in srv.seen if p.endswith("/chat/completions")]
+        assert sent == ([] if answer else [0.1, 0.1])
+    hosted = json_server(lambda path, body: (404, {"error": "not found"}) if "chat" not in path else (200, chat))
+    assert asyncio.run(OpenAIPolicy("m", hosted.url + "/v1").generate(msgs, min_p)).text == "ok"  # no SGLang: sent
 
 
 # ------------------------------------------------------------------------------------------------ API keys
@@ -549,3 +669,44 @@ def test_sglang_itself_reports_what_the_syncs_read(sglang_toy):
         facts = server_facts(c, sglang_toy.url)
     assert (facts.tp_size, facts.dp_size, facts.deterministic, facts.vlm_cache_mb) == (1, 1, False, 0)
     assert SGLangPolicy(sglang_toy.model, sglang_toy.url).server_deterministic() is False
+
+
+# ---------------------------------------------------------------------------------------------- rejoin ports
+
+
+def test_rejoin_ports_are_never_an_http_port_or_inside_sglangs_ranges(monkeypatch):
+    """A failed distributed push rejoins on another port (a group NCCL could not abort keeps its store's port).
+    0.5.1 moved from 29600 by 100 a failure: after 4 failures 30000, SGLang's default HTTP port, and the whole walk
+    inside SGLang's NCCL range (22000-29999). Now: the default is 31000, a configured port inside SGLang's ranges is
+    refused, and no rejoin port of any server after any number of failures is a server's HTTP port, inside SGLang's
+    ranges or the OS's ephemeral range (read from this machine); the trainer's group outlives the push deadline."""
+    import pydantic
+
+    from paravt_train.sync import distributed
+    from paravt_train.sync.config import SyncSettings
+
+    assert SyncSettings().master_port == 31000
+    for old in (29600, 30000, 22000):
+        with pytest.raises(pydantic.ValidationError, match="inside SGLang's own ports"):
+            SyncSettings(master_port=old)
+    lo, hi = distributed.ephemeral_ports()
+    servers = [f"http://10.1.0.{i}:{p}" for i, p in enumerate((31001, 31100, 31302, 30000))]
+    sync = SGLangDistributedSync(servers, master_port=31000, backend="gloo")
+    seen = set()
+    for k, url in enumerate(sync.urls):
+        for failures in range(40):
+            sync.rejoins[url] = failures
+            port = sync.port_of(url, k)
+            seen.add(port)
+            assert port not in (31001, 31100, 31302, 30000) and not lo <= port <= hi
+            assert not any(a <= port <= b for a, b, _ in distributed.SGLANG_PORTS), port
+    assert len(seen) >= 7 * len(servers) - 3  # each server's cycle of 7 ports, apart from the others'
+    # a machine whose ephemeral range starts low: the walk moves past it, or says there is no room left
+    monkeypatch.setattr(distributed, "ephemeral_ports", lambda: (31050, 48000))
+    sync.rejoins.clear()
+    assert [sync.port_of(u, k) for k, u in enumerate(sync.urls[:2])] == [31000, 31002]  # 31001: a server's
+    sync.rejoins[sync.urls[0]] = 1
+    assert sync.port_of(sync.urls[0], 0) == 48001  # 31100 .. 48000 are taken
+    monkeypatch.setattr(distributed, "ephemeral_ports", lambda: (31050, 65535))
+    with pytest.raises(PolicyError, match="no rendezvous port.*1024-21999 or 30001-32767"):
+        sync.port_of(sync.urls[0], 0)

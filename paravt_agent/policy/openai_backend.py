@@ -18,6 +18,7 @@ import time
 
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_image, map_images
+from paravt_agent.policy.endpoints import bearer, deterministic_inference, refuse_min_p
 from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["DEFAULT_ENDPOINT", "OpenAIPolicy", "to_openai_messages"]
@@ -57,6 +58,7 @@ class OpenAIPolicy(Policy):
         self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
         self.model = model
         self.api_key = api_key or "EMPTY"
+        self._deterministic: bool | None = None  # whether SGLang's seeded sampler serves it (min_p guard), once known
         self.timeout, self.max_retries = timeout, max_retries
         self.concurrency = concurrency
         self.prefill = prefill
@@ -111,6 +113,7 @@ class OpenAIPolicy(Policy):
         if sampling.top_k:
             extra["top_k"] = sampling.top_k
         if sampling.min_p:
+            await self._refuse_min_p(sampling.min_p)
             extra["min_p"] = sampling.min_p  # SGLang, vLLM
         async with sem:
             being_served()  # out of this client's queue: the agent's timeouts count from here
@@ -152,5 +155,26 @@ class OpenAIPolicy(Policy):
             latency=time.perf_counter() - t0,
         )
 
+    async def _refuse_min_p(self, min_p: float) -> None:
+        """SGLang's seeded sampler (``--enable-deterministic-inference``) asserts on ``min_p > 0`` and its scheduler
+        dies: refused when the endpoint (or a worker behind its router) says it runs one, or cannot say
+        (:func:`~paravt_agent.policy.endpoints.deterministic_inference`; an endpoint that is no SGLang server —
+        vLLM, a hosted API — has none). Asked once per endpoint until it answers."""
+        if self._deterministic is None:
+            headers = bearer(self.api_key if self.api_key != "EMPTY" else None)
+            self._deterministic = await asyncio.to_thread(_ask_deterministic, self.endpoint, headers)
+        refuse_min_p(self.endpoint, min_p, self._deterministic)
+
     async def aclose(self) -> None:
         await self._clients.aclose(lambda c: c.close())
+
+
+def _ask_deterministic(endpoint: str, headers: dict) -> bool | None:
+    """:func:`~paravt_agent.policy.endpoints.deterministic_inference` of an OpenAI-compatible endpoint's server."""
+    import httpx
+
+    with httpx.Client() as client:
+        try:
+            return deterministic_inference(client, endpoint, headers)
+        except PermissionError as exc:
+            raise PolicyError(f"{exc}: give the openai backend that key (api_key)") from None

@@ -52,16 +52,12 @@ import time
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_image
 from paravt_agent.policy.chat import BANNED_LOGIT, ChatTokenizer
+from paravt_agent.policy.endpoints import bearer, deterministic_inference, refuse_min_p
 from paravt_agent.types import Continuation, Generation, Sampling
 
 __all__ = ["DEFAULT_URL", "SGLangPolicy", "bearer", "sampling_params"]
 
 DEFAULT_URL = "http://127.0.0.1:30000"
-
-
-def bearer(key: str | None) -> dict[str, str]:
-    """The ``Authorization`` header SGLang checks (``--api-key``, ``--admin-api-key``); none without a key."""
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def sampling_params(sampling: Sampling, banned: tuple[int, ...] | list[int] = ()) -> dict:
@@ -164,7 +160,8 @@ class SGLangPolicy(Policy):
         return httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
 
     def server_info(self) -> dict:
-        """``GET /server_info`` of the server (its resolved arguments); ``{}`` when it does not answer one."""
+        """``GET /server_info`` of the server (its resolved arguments); ``{}`` when it does not answer one (a router
+        answers 404: :meth:`server_deterministic` asks its workers)."""
         import httpx
 
         try:
@@ -180,23 +177,24 @@ class SGLangPolicy(Policy):
             return {}
         return data if isinstance(data, dict) else {}
 
-    def server_deterministic(self) -> bool:
-        """Whether the server samples with SGLang's seeded sampler (``--enable-deterministic-inference``), as it
-        reports at ``/server_info``: remembered once the server has answered; False, and asked again next time,
-        while it has not (a server still starting)."""
+    def server_deterministic(self) -> bool | None:
+        """Whether the server samples with SGLang's seeded sampler (``--enable-deterministic-inference``), as it —
+        or every worker behind a router (:func:`~paravt_agent.policy.endpoints.deterministic_inference`) — says:
+        remembered once known; None, and asked again next time, while it cannot be told (a worker that does not
+        answer, a server still starting)."""
         if self._deterministic is None:
-            info = self.server_info()
-            if not info:
-                return False
-            self._deterministic = info.get("enable_deterministic_inference") is True
+            import httpx
+
+            with httpx.Client() as client:
+                try:
+                    self._deterministic = deterministic_inference(client, self.url, self.headers)
+                except PermissionError as exc:
+                    raise PolicyError(f"{exc}: give the sglang backend that key (api_key)") from None
         return self._deterministic
 
     async def _refuse_min_p(self, sampling: Sampling) -> None:
-        if sampling.min_p > 0 and await asyncio.to_thread(self.server_deterministic):
-            raise PolicyError(f"{self.url} runs with deterministic inference (`paravt serve --deterministic`), whose "
-                              f"seeded sampler asserts on min_p > 0 inside the scheduler and takes the server down: "
-                              f"this request's min_p is {sampling.min_p:g}; set min_p 0 in the agent config's "
-                              "sampling, or serve without --deterministic")
+        if sampling.min_p > 0:
+            refuse_min_p(self.url, sampling.min_p, await asyncio.to_thread(self.server_deterministic))
 
     def _client(self):
         return self._clients.get()

@@ -21,8 +21,15 @@ from pathlib import Path
 from paravt_agent.defaults import paravt_home
 from paravt_agent.errors import PolicyError
 
-__all__ = ["CPU_ENV", "CPU_FLAGS", "LORA_TARGET_MODULES", "launch", "launch_router", "lora_of_run",
-           "protocol_model_dir", "router_commands", "sglang_command", "stop", "wait_healthy"]
+__all__ = ["CPU_ENV", "CPU_FLAGS", "HOOKS", "LORA_TARGET_MODULES", "WEIGHT_GROUP_TIMEOUT", "launch", "lora_of_run",
+           "protocol_model_dir", "sglang_command", "stop", "wait_healthy"]
+
+#: the server's side of a weight-update group gives up a broadcast after this many seconds (torch's default: 30
+#: minutes): a trainer host lost mid-bucket then blocks the server's scheduler this long, not half an hour
+#: (sglang_hooks/sitecustomize.py, ``paravt serve --weight-group-timeout``)
+WEIGHT_GROUP_TIMEOUT = 120.0
+#: the folder put first on the server's ``PYTHONPATH``: its sitecustomize applies that timeout in every server process
+HOOKS = Path(__file__).with_name("sglang_hooks")
 
 #: 64-frame inputs need a larger multimodal cache (paper, Appendix B: ~134 MB per 64-frame video): a cache size
 #: that is asked for is at least this.
@@ -179,8 +186,16 @@ def sglang_command(
     lora_rank: int | None = None,
     lora_target_modules: list[str] | tuple[str, ...] | None = None,
     lora_from: str | Path | None = None,
+    api_key: str | None = None,
+    admin_api_key: str | None = None,
+    weight_group_timeout: float | None = WEIGHT_GROUP_TIMEOUT,
 ) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen3-VL checkpoint.
+
+    ``api_key`` / ``admin_api_key``: SGLang's ``--api-key`` (every route but the health checks) and
+    ``--admin-api-key`` (then the only key its admin routes take: pause, continue, weight updates, flush).
+    ``weight_group_timeout``: seconds after which the server's side of a weight-update group gives up a broadcast
+    (:data:`WEIGHT_GROUP_TIMEOUT`; None: torch's 30 minutes), through :data:`HOOKS` on its ``PYTHONPATH``.
 
     ``deterministic`` adds ``--enable-deterministic-inference``: SGLang honours a request's
     ``sampling_seed`` only then (the RL trainer seeds every rollout call; without it seeds are ignored
@@ -231,8 +246,15 @@ def sglang_command(
     if mem_fraction is not None:
         argv += ["--mem-fraction-static", str(mem_fraction)]
     argv += lora_flags(lora_rank, lora_target_modules, cpu, run=lora_from)
+    if api_key:
+        argv += ["--api-key", api_key]
+    if admin_api_key:
+        argv += ["--admin-api-key", admin_api_key]
     argv += list(extra or [])
     env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1", **(CPU_ENV if cpu else {})}
+    if weight_group_timeout is not None:
+        env["PARAVT_WEIGHT_GROUP_TIMEOUT"] = str(float(weight_group_timeout))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH", "")) if p)
     if vlm_cache_mb is not None:
         env["SGLANG_VLM_CACHE_SIZE_MB"] = str(0 if vlm_cache_mb == 0 else max(vlm_cache_mb, MIN_VLM_CACHE_MB))
     return argv, env
@@ -255,10 +277,11 @@ def wait_healthy(url: str, timeout: float = 900.0, proc: subprocess.Popen | None
 
 
 def launch(argv: list[str], env: dict[str, str], host: str, port: int, timeout: float = 900.0,
-           log=None) -> subprocess.Popen:
-    """Start the server and wait for health. Raises with install instructions when SGLang is missing. ``log``: a
-    file the server's output goes to (default: this process's). The server leads its own process group (its
-    scheduler and detokenizer are its children): :func:`stop` ends them all."""
+           log=None, wait: bool = True) -> subprocess.Popen:
+    """Start the server and wait for health (``wait=False``: started only; :func:`wait_healthy` waits). Raises with
+    install instructions when SGLang is missing. ``log``: a file the server's output goes to (default: this
+    process's). The server leads its own process group (its scheduler and detokenizer are its children):
+    :func:`stop` ends them all."""
     if argv[0] == sys.executable and importlib.util.find_spec("sglang") is None:
         raise PolicyError("SGLang is not installed: `pip install 'paravt[sglang]'` (GPU), or name the Python that "
                           "has it with --python")
@@ -266,6 +289,8 @@ def launch(argv: list[str], env: dict[str, str], host: str, port: int, timeout: 
         raise PolicyError(f"{argv[0]} does not exist: name the Python that has SGLang installed")
     out = {"stdout": log, "stderr": subprocess.STDOUT} if log is not None else {}
     proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True, **out)
+    if not wait:
+        return proc
     try:
         wait_healthy(f"http://{host}:{port}", timeout=timeout, proc=proc)
     except BaseException:
@@ -292,46 +317,3 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0, graceful: bool = True) -
         signal_group(signal.SIGKILL)
         proc.wait(timeout)
     signal_group(signal.SIGKILL)  # children that outlived their leader
-
-
-def router_commands(
-    model: str, dp: int, host: str = "127.0.0.1", port: int = 30000, tp: int = 1, policy: str = "cache_aware",
-    **worker_kw,
-) -> tuple[list[tuple[list[str], dict[str, str]]], list[str]]:
-    """``dp`` SGLang workers (ports ``port+1 … port+dp``, ``tp`` GPUs each from ``--base-gpu-id``) and the
-    ``sglang-router`` in front of them on ``port``: ``([(worker argv, env), ...], router argv)``.
-
-    Workers listen on 127.0.0.1 (only the router faces clients). ``cache_aware`` routing sends requests
-    that share a prefix (a question's G rollouts, a planner's later turns) to the worker that holds it
-    in its radix cache."""
-    if dp < 1:
-        raise ValueError("dp must be at least 1")
-    workers, urls = [], []
-    for i in range(dp):
-        wport = port + 1 + i
-        argv, env = sglang_command(model, "127.0.0.1", wport, tp, **worker_kw)
-        gpu = ["--base-gpu-id", str(i * tp)] if worker_kw.get("device", "cuda") == "cuda" else []
-        workers.append((argv + gpu, env))
-        urls.append(f"http://127.0.0.1:{wport}")
-    router = [worker_kw.get("python") or sys.executable, "-m", "sglang_router.launch_router", "--host", host,
-              "--port", str(port), "--policy", policy, "--worker-urls", *urls]
-    return workers, router
-
-
-def launch_router(workers: list[tuple[list[str], dict[str, str]]], router: list[str], host: str, port: int,
-                  timeout: float = 900.0) -> list[subprocess.Popen]:
-    """Start the workers, wait until each is healthy, then the router; every process is stopped if any fails."""
-    if router[0] == sys.executable and importlib.util.find_spec("sglang_router") is None:
-        raise PolicyError("sglang-router is not installed: `pip install sglang-router` (or 'paravt[sglang]')")
-    procs: list[subprocess.Popen] = []
-    try:
-        for argv, env in workers:
-            procs.append(launch(argv, env, "127.0.0.1", int(argv[argv.index("--port") + 1]), timeout=timeout))
-        proc = subprocess.Popen(router, start_new_session=True)
-        procs.append(proc)
-        wait_healthy(f"http://{host}:{port}", timeout=120, proc=proc)
-    except BaseException:
-        for p in procs:
-            stop(p)
-        raise
-    return procs

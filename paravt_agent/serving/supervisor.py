@@ -46,7 +46,8 @@ class PauseSupervisor:
     round (what the thread runs every ``poll`` seconds). ``admin_key``: the server's admin key, when it has one."""
 
     def __init__(self, urls: Iterable[str], lease: float = 60.0, lease_file: str | Path | None = None,
-                 poll: float = 1.0, admin_key: str | None = None, max_pause: float = 600.0, log=print):
+                 poll: float = 1.0, admin_key: str | None = None, max_pause: float = 600.0, log=print,
+                 api_key: str | None = None):
         if lease <= 0:
             raise ValueError(f"lease {lease}: a positive number of seconds")
         if max_pause < 0:
@@ -55,7 +56,11 @@ class PauseSupervisor:
         self.urls = [u.rstrip("/") for u in urls]
         self.lease, self.poll, self.log = lease, poll, log
         self.lease_file = None if lease_file is None else Path(lease_file)
-        self.headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        # SGLang 0.5.23's keys by route: /ping takes the API key (never the admin key alone), /continue_generation
+        # the admin key when the server has one, else the API key; /ready asks for none
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        admin = admin_key or api_key
+        self.admin_headers = {"Authorization": f"Bearer {admin}"} if admin else {}
         self.paused_since: dict[str, float] = {}  # url -> when this supervisor first saw it paused
         self.continued: list[dict] = []  # what it did: {url, paused_s, lease_age_s, at}
         self._stop = threading.Event()
@@ -74,7 +79,7 @@ class PauseSupervisor:
                     self.log(f"pause supervisor: {url} has no /ready (SGLang before 0.5.23?): its pauses are not "
                              "bounded")
                 return None
-            ping = client.get(f"{url}/ping", timeout=5)
+            ping = client.get(f"{url}/ping", timeout=5, headers=self.headers)
             return ping.status_code == 200  # healthy but not ready: paused
         except Exception:  # noqa: BLE001 (a server that does not answer is not ours to continue)
             return None
@@ -92,7 +97,7 @@ class PauseSupervisor:
         import httpx
 
         own = client is None
-        client = client or httpx.Client(headers=self.headers)
+        client = client or httpx.Client()
         try:
             done = []
             for url in self.urls:
@@ -107,7 +112,7 @@ class PauseSupervisor:
                 capped = self.max_pause > 0 and now_ - since > self.max_pause
                 if not (lapsed or capped):
                     continue
-                resp = client.post(f"{url}/continue_generation", json={}, timeout=30)
+                resp = client.post(f"{url}/continue_generation", json={}, timeout=30, headers=self.admin_headers)
                 if resp.status_code != 200:
                     self.log(f"pause supervisor: {url}/continue_generation answered {resp.status_code}: "
                              f"{resp.text[:200]}")
@@ -132,7 +137,7 @@ class PauseSupervisor:
     def _run(self) -> None:
         import httpx
 
-        with httpx.Client(headers=self.headers) as client:
+        with httpx.Client() as client:
             while not self._stop.wait(self.poll):
                 try:
                     self.check(client)
@@ -150,22 +155,28 @@ class PauseSupervisor:
             self._thread.join(self.poll + 15)
 
 
-def supervised_urls(host: str, port: int, dp: int = 1) -> list[str]:
+def supervised_urls(host: str, port: int, dp: int = 1, worker_host: str | None = None) -> list[str]:
     """The servers ``paravt serve --port PORT --dp N`` starts: the one server, or the router's workers (ports
-    ``PORT+1 … PORT+N`` on 127.0.0.1; the router itself forwards no pause)."""
+    ``PORT+1 … PORT+N`` at the address they were registered under; the router itself forwards no pause)."""
+    from paravt_agent.serving.fleet import worker_address  # the one rule of where workers listen
+
     local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return [f"http://{local}:{port}"] if dp == 1 else [f"http://127.0.0.1:{port + 1 + i}" for i in range(dp)]
+    if dp == 1:
+        return [f"http://{local}:{port}"]
+    advertised = worker_address(host, worker_host)[1]
+    return [f"http://{advertised}:{port + 1 + i}" for i in range(dp)]
 
 
 def supervise(host: str, port: int, dp: int, lease: float, lease_file: str | Path | None = None,
-              max_pause: float = 600.0, log=print) -> PauseSupervisor | None:
+              max_pause: float = 600.0, log=print, api_key: str | None = None, admin_key: str | None = None,
+              worker_host: str | None = None) -> PauseSupervisor | None:
     """``paravt serve``'s supervisor of the servers it started, running (None with ``lease`` 0, or without a lease
-    file and with ``max_pause`` 0: off)."""
+    file and with ``max_pause`` 0: off), with the servers' keys (each route asked with the one it takes)."""
     if lease <= 0 or (lease_file is None and max_pause <= 0):
         return None
     cap = f"{max_pause:g}s past its start" if max_pause > 0 else ""
     log("pause supervisor: a pause lasts at most "
         + (f"{lease:g}s past the lease {lease_file}'s last renewal" + (f", and {cap}" if cap else "")
            if lease_file else cap))
-    return PauseSupervisor(supervised_urls(host, port, dp), lease=lease, lease_file=lease_file,
-                           max_pause=max_pause, log=log).start()
+    return PauseSupervisor(supervised_urls(host, port, dp, worker_host), lease=lease, lease_file=lease_file,
+                           max_pause=max_pause, log=log, api_key=api_key, admin_key=admin_key).start()

@@ -6,24 +6,25 @@
       rollout.py   run_group: G rollouts per prompt (paravt_train.data's PromptItem) through the agent graph
                    itself (nFrames gating: one n per prompt), each an Episode of token-exact sequences (planner
                    turns, sub-agents; tool responses masked), scored by paravt_train.rewards (R_acc + λ_fmt·R_fmt +
-                   R_tool); a collaborative episode split per agent (marl/rewards.py: each agent's own reward)
+                   R_tool); a collaborative episode split per agent (paravt_train.rewards.multi_agent: each
+                   agent's own reward)
       step.py      sample_groups: DAPO's dynamic sampling replaces groups that would train nothing
       objective.py episode_advantages: group-normalised advantages (failed episodes dropped); the clipped PPO
                    loss, KL, TAS, AVATAR's Eq. 11 — pure tensor functions
       step.py      replay_batch: AVATAR's replayed rollouts (replay.py: the stratified buffer) join the batch
       update.py    PolicyUpdate: items → padded micro-batches (every rank the same number of passes) → the loss →
                    ppo_epochs × mini_batches optimizer steps; behaviour-policy correction when rollouts are stale
-      trainer.py   sync: the new weights onto the rollout servers (paravt_train.sync), every sync.every steps
+      trainer.py   push_weights: the new weights onto the rollout servers (paravt_train.sync), every sync.every
+                   steps
       metrics.py   one line of metrics.jsonl over the ranks (f_τ, κ, closure rates, failures apart)
       checkpoints.py  atomic save every save_every steps, exact resume (replay buffers, frames by content):
                    TrainerCheckpoints, an object the trainer holds; the exported model and LoRA: paravt_train.infra
 
 - ``async_loop.py``: ``max_staleness`` η > 0: a rollout producer runs ahead of the trainer within η versions
   (AReaL's decoupled PPO objective in ``objective.py``); η = 0 is the loop above.
-- ``online_config.py``: ``GRPOConfig.online`` (the gate, rollback, per-user limits), beside the config that holds it;
-  the online learner reads it as :mod:`paravt_train.online.config`.
-- ``marl/``: multi-agent RL (VideoChat-M1): each collaborating agent's reward, and ``MultiPolicyTrainer`` (several
-  policies, one GRPOTrainer each).
+- ``agents.py``: the rollout and held-out agent configs; ``scoring.py``: ``collate`` and ``token_logprobs``.
+- ``marl/``: multi-agent RL (VideoChat-M1): ``MultiPolicyTrainer`` (several policies, one GRPOTrainer each); it imports
+  this folder, never the reverse.
 
 Above this folder: :mod:`paravt_train.online` (the same trainer fed from the trajectory store's feedback,
 ``paravt-train online``). Below it: data/ (PromptItem), sync/, eval/, infra/ — nothing below imports rl/.

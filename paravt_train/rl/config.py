@@ -327,8 +327,14 @@ def check_served_sampling(policy, *agent_configs) -> None:
                  for path, s in sampling_settings(cfg).items() if s.min_p > 0}
     if not offending or not hasattr(policy, "server_deterministic"):
         return
-    if policy.server_deterministic():
-        listed = ", ".join(f"{k} = {v:g}" for k, v in sorted(offending.items()))
+    deterministic = policy.server_deterministic()
+    listed = ", ".join(f"{k} = {v:g}" for k, v in sorted(offending.items()))
+    if deterministic:
         raise ConfigError(f"the rollout server {policy.url} runs with deterministic inference, whose seeded sampler "
                           f"asserts on min_p > 0 and takes the server down: set min_p 0 in the agent config "
                           f"({listed}), or serve without --deterministic")
+    if deterministic is None:
+        raise ConfigError(f"the rollout server {policy.url} cannot say whether it (or a worker behind its router) "
+                          f"runs with deterministic inference, which dies on min_p > 0: set min_p 0 in the agent "
+                          f"config ({listed}), or let its workers answer at an address this host reaches (`paravt "
+                          "serve --dp N --worker-host ADDR`)")

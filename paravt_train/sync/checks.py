@@ -14,8 +14,10 @@ or leave it serving the wrong thing:
   ``paravt serve --vlm-cache-mb 0``); the syncs warn when a server does not report that.
 * :func:`refuse_unreachable_ipc`: SGLang opens a CUDA-IPC handle only on a GPU it can see (``utils/patch_torch.py``
   maps the sender's device UUID to one of its own devices, ``Invalid device_uuid`` otherwise), outside any
-  ``try``: a tensor push from a GPU the server cannot see kills it. The server's GPUs are read from the process
-  that listens on its port (its ``CUDA_VISIBLE_DEVICES``), on this machine.
+  ``try``: a tensor push from a GPU the server cannot see kills it. "The same GPU" is decided by UUID — the
+  record ``paravt serve`` keeps of the GPUs it gave the server, else NVML's view of the server's processes — never
+  by CUDA_VISIBLE_DEVICES strings (two Slurm tasks each call their own GPU "0"; a ``docker --gpus`` container has
+  no variable at all); what cannot be told is refused, naming the alternatives.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from urllib.parse import urlparse
 from paravt_agent.errors import ConfigError
 from paravt_train.sync.http import ServerFacts
 
-__all__ = ["SenderGPU", "gpu_visible", "listening_pids", "refuse_dp", "refuse_unreachable_ipc", "sending_gpu",
-           "server_visible_devices", "tp_size_of", "warn_vision_cache"]
+__all__ = ["SenderGPU", "listening_pids", "nvml_gpu_uuids", "refuse_dp", "refuse_unreachable_ipc", "sending_gpu",
+           "server_gpu_uuids", "tp_size_of", "warn_vision_cache"]
 
 
 def tp_size_of(facts: ServerFacts, configured: int | None, warned: set, log=print) -> int:
@@ -102,26 +104,6 @@ def sending_gpu(device) -> SenderGPU | None:
     return SenderGPU(entry=entry, uuid="GPU-" + str(torch.cuda.get_device_properties(index).uuid).removeprefix("GPU-"))
 
 
-def gpu_visible(sender: SenderGPU, server_devices: str | None) -> bool | None:
-    """Whether a server whose ``CUDA_VISIBLE_DEVICES`` is ``server_devices`` sees ``sender``'s GPU: True when the
-    variable is unset (every GPU) or names it (by index, by UUID or a UUID prefix, as CUDA accepts); False when it
-    names GPUs in the sender's form and not this one; None when the forms differ and cannot be compared here."""
-    if server_devices is None:
-        return True
-    entries = [e.strip() for e in server_devices.split(",") if e.strip()]
-    if not entries:
-        return False  # an empty list hides every GPU
-    for e in entries:
-        if e == sender.entry or (e.startswith(("GPU-", "MIG-")) and sender.uuid and sender.uuid.startswith(e)):
-            return True
-    numeric_server, numeric_sender = all(e.isdigit() for e in entries), sender.entry.isdigit()
-    if numeric_server and numeric_sender:
-        return False
-    if all(e.startswith("GPU-") for e in entries) and sender.uuid:
-        return False
-    return None
-
-
 def _local_host(host: str) -> bool:
     if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0", ""):
         return True
@@ -160,43 +142,83 @@ def listening_pids(port: int, proc: Path = Path("/proc")) -> list[int]:
     return pids
 
 
-def server_visible_devices(url: str, proc: Path = Path("/proc")) -> tuple[bool, str | None]:
-    """``(found, CUDA_VISIBLE_DEVICES)`` of the server at ``url`` on this machine, read from the environment of
-    the process listening on its port; ``found`` is False when no such process can be read here."""
-    parsed = urlparse(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    for pid in listening_pids(port, proc):
+def nvml_gpu_uuids(pids: set[int], timeout: float = 10.0) -> set[str] | None:
+    """The UUIDs of the GPUs on which any of ``pids`` holds a CUDA context, as NVML reports them (``nvidia-smi
+    --query-compute-apps``); None when it cannot be asked (no driver tools here) or names none of them (another
+    PID namespace: a container)."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("nvidia-smi")
+    if tool is None or not pids:
+        return None
+    try:
+        out = subprocess.run([tool, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=timeout).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = {uuid.strip() for line in out.splitlines() if "," in line
+             for pid, uuid in [line.split(",", 1)] if pid.strip().isdigit() and int(pid) in pids}
+    return found or None
+
+
+def server_gpu_uuids(url: str, proc: Path = Path("/proc")) -> tuple[set[str] | None, str]:
+    """The GPUs (UUIDs) the server at ``url`` on this machine can open CUDA-IPC handles of, and where that was read:
+    the record ``paravt serve`` wrote of the GPUs it gave the server (every GPU its CUDA_VISIBLE_DEVICES shows,
+    :func:`~paravt_agent.serving.fleet.recorded_gpus`), else the GPUs NVML shows its processes on; (None,
+    why) when neither can say (a server started otherwise, in a container, on a machine without the driver's
+    tools)."""
+    from paravt_agent.serving.fleet import recorded_gpus  # a record of paravt serve's, on this machine
+
+    port = urlparse(url).port or (443 if urlparse(url).scheme == "https" else 80)
+    pids = set(listening_pids(port, proc))
+    recorded = recorded_gpus(port, pids)
+    if recorded is not None:
+        return set(recorded), "`paravt serve`'s record of the GPUs it gave the server"
+    children = {int(c) for pid in pids for c in _children(proc, pid)}
+    seen = nvml_gpu_uuids(pids | children)
+    if seen is not None:
+        return seen, "the GPUs NVML shows its processes on"
+    return None, ("it was not started by `paravt serve` (which records the GPUs it gives a server)"
+                  + ("" if pids else ", and no process of this machine listens on its port")
+                  + ", and NVML shows none of its processes")
+
+
+def _children(proc: Path, pid: int) -> list[str]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
         try:
-            raw = (proc / str(pid) / "environ").read_bytes()
+            kids = [k for t in (proc / str(p) / "task").iterdir() for k in (t / "children").read_text().split()]
         except OSError:
             continue
-        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-        value = env.get(b"CUDA_VISIBLE_DEVICES")
-        return True, None if value is None else value.decode(errors="replace")
-    return False, None
+        out += kids
+        todo += [int(k) for k in kids]
+    return out
 
 
 def refuse_unreachable_ipc(url: str, device, warned: set, log=print) -> None:
     """Before the first tensor push from ``device`` to ``url``: refuse (ConfigError) a server that cannot open
-    CUDA-IPC handles from that GPU — on another machine, or on this one without the GPU among its
-    ``CUDA_VISIBLE_DEVICES`` (SGLang would die on the first bucket) — and warn when it cannot be told here."""
+    CUDA-IPC handles from that GPU, decided by the GPU's UUID (the same GPU has the same UUID in every process,
+    whatever each one's CUDA_VISIBLE_DEVICES or container calls it): on another machine; on this one without the
+    GPU among the server's (:func:`server_gpu_uuids`); or when that cannot be told — SGLang dies on the first
+    bucket of a GPU it cannot open ("Invalid device_uuid"), so unknown is refused too, naming the alternatives."""
     sender = sending_gpu(device)
     if sender is None:
         return
-    fixes = ("use sync.via distributed (NCCL: any GPUs, any machine), or give the server the trainer's rank-0 "
-             "GPU (co-locate them on the same GPUs, or list that GPU in the server's CUDA_VISIBLE_DEVICES)")
+    fixes = ("use sync.via distributed (NCCL: any GPUs, any machine) or disk, or give the server the trainer's "
+             "rank-0 GPU (co-locate them, and start the server with `paravt serve`, which records its GPUs)")
     host = urlparse(url).hostname or ""
     if not _local_host(host):
         raise ConfigError(f"sync.via tensor sends CUDA-IPC handles, which open only on the machine that made "
                           f"them, and {url} is on another host: {fixes}")
-    found, devices = server_visible_devices(url)
-    visible = gpu_visible(sender, devices) if found else None
-    if visible is False:
-        raise ConfigError(f"sync.via tensor would send CUDA-IPC handles of GPU {sender.entry} ({sender.uuid}) to "
-                          f"{url}, which sees only CUDA_VISIBLE_DEVICES={devices}: SGLang cannot open them and its "
-                          f"scheduler dies (\"Invalid device_uuid\"). {fixes[0].upper()}{fixes[1:]}")
-    if visible is None and ("ipc", url) not in warned:
-        warned.add(("ipc", url))
-        log(f"warning: cannot tell whether {url} sees GPU {sender.entry} ({sender.uuid}): "
-            + ("its process is not readable here" if not found else f"its CUDA_VISIBLE_DEVICES is {devices}")
-            + ". SGLang dies on a CUDA-IPC handle of a GPU it cannot see; if it does not, " + fixes)
+    uuids, source = server_gpu_uuids(url)
+    if uuids is None:
+        raise ConfigError(f"sync.via tensor would send CUDA-IPC handles of GPU {sender.uuid} to {url}, and which GPUs "
+                          f"that server can open cannot be told here: {source}. SGLang dies on a handle of a GPU it "
+                          f"cannot open (\"Invalid device_uuid\"): {fixes}")
+    if not any(u == sender.uuid or sender.uuid.startswith(u) or u.startswith(sender.uuid) for u in uuids):
+        raise ConfigError(f"sync.via tensor would send CUDA-IPC handles of GPU {sender.uuid} (this process's "
+                          f"{sender.entry}) to {url}, whose GPUs are {', '.join(sorted(uuids))} ({source}): SGLang "
+                          f"cannot open them and its scheduler dies (\"Invalid device_uuid\"). "
+                          f"{fixes[0].upper()}{fixes[1:]}")

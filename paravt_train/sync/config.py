@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from paravt_agent.errors import ConfigError
 
@@ -59,8 +59,10 @@ class SyncSettings(BaseModel):
                            "rank holds at most two buckets.")
     master_address: str = Field("127.0.0.1", description="via distributed: this trainer node's address, as the "
                                 "servers reach it.")
-    master_port: int = Field(29600, ge=1, le=65535, description="via distributed: the rendezvous port on that "
-                             "address.")
+    master_port: int = Field(31000, ge=1024, le=65535, description="via distributed: the rendezvous port on that "
+                             "address (server k of a router's workers: + k; after n failed pushes: + 100·(n mod 7)). "
+                             "Never inside SGLang's NCCL range (22000-29999), its HTTP port 30000, the OS's ephemeral "
+                             "range (32768+) or a server's HTTP port: the sync moves past those.")
     group_backend: Literal["nccl", "gloo"] = Field("nccl", description="via distributed: the process group's "
                                                    "backend (gloo for CPU tests).")
     tp_size: int | None = Field(None, ge=1, description="Tensor-parallel size assumed for an SGLang server that does "
@@ -75,6 +77,15 @@ class SyncSettings(BaseModel):
     admin_api_key_env: str | None = Field(None, description="Environment variable holding the servers' "
                                           "--admin-api-key, which SGLang requires on its admin routes (pause, "
                                           "weight updates, flush, LoRA loads) when set; None = the API key.")
+
+    @field_validator("master_port")
+    @classmethod
+    def _outside_sglangs_ports(cls, port: int) -> int:
+        if 22000 <= port <= 30000:
+            raise ValueError(f"master_port {port} is inside SGLang's own ports (its NCCL range 22000-29999, its HTTP "
+                             "port 30000), which its servers take at random: use one in 1024-21999 or 30001-32767 "
+                             "(default 31000)")
+        return port
 
     def api_key(self) -> str | None:
         """The rollout servers' API key, from ``api_key_env``."""

@@ -23,11 +23,46 @@ from paravt_train.sync.base import register
 from paravt_train.sync.http import json_of
 from paravt_train.sync.streamed import StreamedSync, serving_dtype
 
-__all__ = ["SGLangDistributedSync", "abort_group", "destroy_group_on", "init_weight_update_group"]
+__all__ = ["GROUP_TIMEOUT_MARGIN", "SGLANG_PORTS", "SGLangDistributedSync", "abort_group", "destroy_group_on",
+           "ephemeral_ports", "init_weight_update_group", "port_clash"]
 
 
-#: how far a rejoin's rendezvous port moves after a failed push (:meth:`SGLangDistributedSync.port_of`)
+#: how far a rejoin's rendezvous port moves after a failed push (:meth:`SGLangDistributedSync.port_of`), and after how
+#: many failures it comes back: master_port (31000 by default) + k + 100·(n mod 7) stays below 32000
 REJOIN_PORT_STRIDE = 100
+REJOIN_CYCLE = 7
+#: ports a rendezvous must never take (SGLang 0.5.23's own, read from its source): its NCCL port range
+#: (``get_free_port_below_ephemeral``: 22000-29999), its HTTP default 30000 and the ports its ZMQ sockets bind at random
+#: (49152-65535), besides the OS's ephemeral range (:func:`ephemeral_ports`) and the servers' own HTTP ports
+SGLANG_PORTS = ((22000, 29999, "SGLang's NCCL port range"), (30000, 30000, "SGLang's default HTTP port"),
+                (49152, 65535, "the ports SGLang's ZMQ sockets bind at random"))
+#: the trainer's side of a group outlives its push deadline by this much: the deadline's abort ends a stuck collective
+#: first, never the group's own watchdog
+GROUP_TIMEOUT_MARGIN = 60.0
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The OS's ephemeral port range (``/proc/sys/net/ipv4/ip_local_port_range``; Linux's default elsewhere)."""
+    try:
+        from pathlib import Path  # only here: the module needs no filesystem otherwise
+
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def port_clash(port: int, taken: set[int] = frozenset()) -> str | None:
+    """Why ``port`` must not be a rendezvous port (None: it may): a server's HTTP port, a range of SGLang's, the OS's
+    ephemeral range (another process may hold it at any moment), or not a port."""
+    if not 1024 <= port <= 65535:
+        return "not an unprivileged port"
+    if port in taken:
+        return "a server's HTTP port"
+    for lo, hi, what in (*SGLANG_PORTS, (*ephemeral_ports(), "the OS's ephemeral port range")):
+        if lo <= port <= hi:
+            return f"inside {what} ({lo}-{hi})"
+    return None
 
 
 def init_weight_update_group(master_address: str, master_port: int, rank: int, world_size: int,
@@ -61,7 +96,7 @@ class SGLangDistributedSync(StreamedSync):
 
     kind = "distributed"
 
-    def __init__(self, endpoint, master_address: str = "127.0.0.1", master_port: int = 29600,
+    def __init__(self, endpoint, master_address: str = "127.0.0.1", master_port: int = 31000,
                  backend: str = "nccl", group_name: str = "paravt_weight_sync", **kw):
         super().__init__(endpoint, **kw)
         self.master_address, self.master_port, self.backend = master_address, master_port, backend
@@ -80,9 +115,19 @@ class SGLangDistributedSync(StreamedSync):
 
     def port_of(self, url: str, k: int) -> int:
         """Server ``k``'s rendezvous port: ``master_port + k``, then ``+ 100·n`` after its ``n``-th failed push
-        (n mod 10). A group left blocked in NCCL's connect (an abort cannot reach a communicator still being
-        created) keeps its store's port, so the next join must not need it."""
-        return self.master_port + k + REJOIN_PORT_STRIDE * (self.rejoins.get(url, 0) % 10)
+        (n mod 7), moved on past any port that clashes (:func:`port_clash`: a server's HTTP port, SGLang's ranges,
+        the OS's ephemeral ports). A group left blocked in NCCL's connect (an abort cannot reach a communicator still
+        being created) keeps its store's port, so the next join must not need it."""
+        from urllib.parse import urlsplit
+
+        taken = {urlsplit(u).port or 80 for u in [*self.urls, *self.groups, *self.names]}
+        port = self.master_port + k + REJOIN_PORT_STRIDE * (self.rejoins.get(url, 0) % REJOIN_CYCLE)
+        while port_clash(port, taken):
+            if port > 65535:
+                raise PolicyError(f"no rendezvous port for {url} from sync.master_port {self.master_port}: use one in "
+                                  "1024-21999 or 30001-32767")
+            port += 1
+        return port
 
     def name_of(self, url: str, k: int) -> str:
         return self.names.setdefault(url, self.group_name if k == 0 else f"{self.group_name}-{k}")
@@ -121,7 +166,7 @@ class SGLangDistributedSync(StreamedSync):
         def own_side() -> None:  # a server that refuses never connects: watched below rather than waited on
             try:
                 mine["group"] = init_weight_update_group(self.master_address, self.port_of(url, k), 0, world, name,
-                                                         self.backend, timeout_s=self.timeout)
+                                                         self.backend, timeout_s=self.timeout + GROUP_TIMEOUT_MARGIN)
             except Exception as exc:  # noqa: BLE001 (reported below)
                 mine["error"] = exc
 

@@ -10,10 +10,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from paravt_agent.errors import ConfigError, PolicyError
-from paravt_agent.policy.sglang_backend import bearer
+from paravt_agent.policy.endpoints import bearer, router_workers
 
-__all__ = ["PAUSE_MODES", "Paused", "ServerFacts", "ServerKeys", "Session", "base_url", "bearer", "expand_routers",
-           "flush_when_idle", "json_of", "refused_key", "release_servers", "server_facts", "urls_of"]
+__all__ = ["PAUSE_MODES", "Paused", "ServerFacts", "ServerKeys", "Session", "applied_unflushed", "base_url", "bearer",
+           "expand_routers", "finish_unflushed", "flush_when_idle", "json_of", "refused_key", "release_servers",
+           "server_facts", "still_paused", "urls_of"]
+
+#: SGLang 0.5.22+'s answer (HTTP 400) to an update whose weights were loaded but whose cache flush was refused
+#: because requests ran or waited: the weights and any version it named are applied
+UNFLUSHED = "cache was not flushed"
 
 PAUSE_MODES = ("retract", "in_place", "abort")
 
@@ -126,22 +131,15 @@ def server_facts(client, url: str, keys: ServerKeys | None = None) -> ServerFact
 
 
 def expand_routers(client, urls: list[str], keys: ServerKeys | None = None) -> list[str]:
-    """Each URL, or the workers behind it when it is an SGLang router (``GET /workers`` lists them): the router
-    forwards generation but not weight updates, so every worker is updated directly. Asked at each push, so
-    workers added to the router later are updated too."""
+    """Each URL, or the workers behind it when it is an SGLang router
+    (:func:`~paravt_agent.policy.endpoints.router_workers`): the router forwards generation but not weight updates,
+    so every worker is updated directly, at the address it was registered under (`paravt serve --dp N
+    --worker-host ADDR` registers one other hosts reach). Asked at each push, so workers added later are updated
+    too."""
     out: list[str] = []
     headers = (keys or ServerKeys()).normal
     for url in urls:
-        workers = None
-        try:
-            resp = client.get(f"{url}/workers", timeout=10, headers=headers)
-            data = json_of(resp) if resp.status_code == 200 else {}
-            listed = data.get("workers")
-            if isinstance(listed, list) and listed and all(isinstance(w, dict) and w.get("url") for w in listed):
-                workers = [base_url(w["url"]) for w in listed]
-        except Exception:  # noqa: BLE001 (a plain server: no /workers)
-            workers = None
-        for w in workers or [url]:
+        for w in router_workers(client, url, headers) or [url]:
             if w not in out:
                 out.append(w)
     return out
@@ -250,3 +248,47 @@ def release_servers(urls: list[str], keys: ServerKeys | None = None, timeout: fl
             (done if resp.status_code == 200 else errors).append(
                 url if resp.status_code == 200 else f"{url}: HTTP {resp.status_code}")
     return done, errors
+
+
+def applied_unflushed(resp) -> bool:
+    """An update SGLang applied but could not flush after (HTTP 400 "Weights were updated, but the cache was not
+    flushed…": requests ran, e.g. a pause someone else ended): not a failed push."""
+    return resp.status_code == 400 and UNFLUSHED in (json_of(resp).get("message") or resp.text or "")
+
+
+def still_paused(client, url: str, keys: ServerKeys | None = None) -> bool:
+    """Whether ``url`` is still paused (SGLang 0.5.23: ``/ready`` answers 503 while paused, 200 once generation
+    runs): a pause ended by someone else (the pause supervisor's ``--max-pause``) reads False. A server that
+    cannot say (no ``/ready``, down) reads True: nothing to act on."""
+    try:
+        return client.get(f"{url}/ready", headers=(keys or ServerKeys()).normal, timeout=10).status_code != 200
+    except Exception:  # noqa: BLE001 (cannot say: act as before)
+        return True
+
+
+def served_version(client, url: str, keys: ServerKeys | None = None) -> str | None:
+    """The weight version ``url`` answers under (``/model_info``), None when it does not say."""
+    try:
+        return json_of(client.get(f"{url}/model_info", headers=(keys or ServerKeys()).normal, timeout=10)).get(
+            "weight_version")
+    except Exception:  # noqa: BLE001 (said as unknown)
+        return None
+
+
+def finish_unflushed(client, url: str, version: str | None, log=print, flushed: bool = False) -> dict:
+    """After an update applied while generation ran (a pause ended mid-push): the radix cache flushed once the
+    server is idle (:func:`flush_when_idle`), then — only then — the version named (``/update_weight_version``),
+    so no reply reports the new version while old-weight prefixes are still cached; a server that stayed busy
+    keeps its old version's name (said: its replies are then a mix under the old name until the next push's
+    flush). Returns what happened."""
+    flushed = flushed or flush_when_idle(client, url, log=log)
+    named = None
+    if version is not None and not flushed:
+        log(f"warning: {url} holds version {version}'s weights but its cache could not be flushed (busy): its "
+            "replies keep the older version's name until a flush; the next push flushes it")
+    elif version is not None:
+        resp = client.post(f"{url}/update_weight_version", json={"new_version": str(version),
+                                                                 "abort_all_requests": False})
+        refused_key(resp, url, "/update_weight_version")
+        named = str(version) if resp.status_code == 200 and json_of(resp).get("success", True) else None
+    return {"success": True, "applied": True, "flushed": flushed, "weight_version": named}

@@ -38,13 +38,17 @@ from paravt_train.sync.checks import refuse_dp, refuse_unreachable_ipc, tp_size_
 from paravt_train.sync.disk import SGLangWeightSync
 from paravt_train.sync.http import (
     PAUSE_MODES,
+    UNFLUSHED,
     Paused,
     ServerKeys,
     Session,
     expand_routers,
+    finish_unflushed,
     flush_when_idle,
     json_of,
+    served_version,
     server_facts,
+    still_paused,
     urls_of,
 )
 from paravt_train.sync.lease import journal_push
@@ -170,6 +174,8 @@ class StreamedSync(WeightSync):
         self.tp_sizes: dict[str, int] = {}  # each server's TP size, as it said at the last push
         self.warned: set = set()
         self.journal = None if journal is None else Path(journal)
+        self.resumed = False  # the server's pause was ended by someone else during the current push
+        self.unflushed: dict[str, dict] = {}  # server URL -> how a push its pause did not cover was finished
 
     def targets(self) -> list[str]:
         with self.keys.client(self.timeout) as client:
@@ -247,8 +253,12 @@ class StreamedSync(WeightSync):
         raise NotImplementedError
 
     def _body(self, last: bool, version: str | None) -> dict:
-        body = {"flush_cache": last and self.pause_mode != "in_place"}
-        if last and version is not None:
+        """The bucket's flags: the last one flushes the cache and names the version, unless generation runs (an
+        ``in_place`` pause, or a pause ended by someone else: :attr:`resumed`), when both wait for an idle server
+        (:func:`~paravt_train.sync.http.finish_unflushed`)."""
+        flush = last and self.pause_mode != "in_place" and not self.resumed
+        body = {"flush_cache": flush}
+        if last and version is not None and not self.resumed:
             body["weight_version"] = str(version)
         return body
 
@@ -286,11 +296,16 @@ class StreamedSync(WeightSync):
             if url is not None:
                 self.failed(url)
             raise
-        return {"success": True, "tensors": sent, "buckets": n_buckets, "servers": len(targets)}
+        out = {"success": True, "tensors": sent, "buckets": n_buckets, "servers": len(targets)}
+        if self.unflushed:  # applied while generation ran: flushed late, the version named after, per server
+            out.update(unflushed=self.unflushed)
+            self.unflushed = {}
+        return out
 
     def _update_one(self, client, url: str, k: int, named_tensors, version: str | None) -> tuple[int, int]:
         sent = n_buckets = 0
         self.prepare(client, url, k)
+        self.resumed = False
         with Paused(client, url, self.pause_mode), Session(client, url):
             pending = None  # one bucket of look-ahead: the last one is known only at the end
             for bucket in self.buckets(named_tensors):
@@ -299,11 +314,29 @@ class StreamedSync(WeightSync):
                     sent, n_buckets = sent + len(pending), n_buckets + 1
                 pending = bucket
             if pending is not None:
-                self.send(client, url, pending, n_buckets, True, version)
+                self.resumed = self.pause_mode != "in_place" and not still_paused(client, url, self.keys)
+                if self.resumed:
+                    self._say_mixed(client, url, n_buckets + 1, version)
+                try:
+                    self.send(client, url, pending, n_buckets, True, version)
+                except PolicyError as exc:
+                    if UNFLUSHED not in str(exc):
+                        raise
+                    self.resumed = True  # applied; its flush refused: requests ran (a pause ended meanwhile)
                 sent, n_buckets = sent + len(pending), n_buckets + 1
-        if self.pause_mode == "in_place":  # the old weights' prefixes: flushed once the server is idle
+        if self.resumed:  # the weights are in; flush once idle, then name the version (not before)
+            self.unflushed[url] = finish_unflushed(client, url, version, self.log)
+        elif self.pause_mode == "in_place":  # the old weights' prefixes: flushed once the server is idle
             flush_when_idle(client, url)
         return sent, n_buckets
+
+    def _say_mixed(self, client, url: str, buckets: int, version: str | None) -> None:
+        """Generation on ``url`` was continued by someone else (the pause supervisor's ``--max-pause``) before the
+        push's last bucket: requests since ran on a mix of the served version and ``version``. Said with both."""
+        old = served_version(client, url, self.keys)
+        self.log(f"warning: generation on {url} was continued during the push of version {version} (before its last "
+                 f"bucket, {buckets} of {buckets}): the requests it served since ran on a mix of version {old} and "
+                 f"{version}; the cache is flushed once the server is idle, then the version becomes {version}")
 
 
 def _share_from_rank0(n: int, rank: int) -> int:

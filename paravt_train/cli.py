@@ -16,6 +16,7 @@ app = typer.Typer(
     help="ParaVT trainer: validate and convert data, SFT cold start, PARA-GRPO, online learning, the toy world.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # click's help layout: typer's rich panels show a flag as `--json <bool>`
 )
 
 
@@ -224,6 +225,22 @@ def toy_video_cmd(
     for q in w.questions:
         opts = "".join(f' -o "{o.split(". ", 1)[1]}"' for o in q.options or [])
         typer.echo(f'  paravt answer {out} "{q.question}"{opts}    # answer: {q.answer}')
+
+
+@app.command("toy-data")
+def toy_data_cmd(
+    out: Path = typer.Argument(Path("data/toy"), help="The folder to write (the toy configs in examples/configs/ "
+                               "read data/toy, relative to the repository root)."),
+    worlds: int = typer.Option(8, min=1, help="Training videos (4 questions each: 2 MCQ, 1 open-ended, 1 grounding)."),
+    heldout: int = typer.Option(4, min=1, help="Held-out videos (disjoint seeds)."),
+    seed: int = typer.Option(0, min=0, help="First seed of the training worlds."),
+) -> None:
+    """Write the toy data the shipped toy configs train on (seconds, no model): videos, SFT and RL Parquet files
+    and a feedback store. Then: `paravt-train sft --config examples/configs/toy_sft.yaml`, `paravt-train grpo
+    --config examples/configs/toy_grpo_para.yaml`, ... (docs/training.md)."""
+    from paravt_train.toy.dataset import write_toy_data
+
+    typer.echo(write_toy_data(out, worlds=worlds, heldout=heldout, seed=seed).report())
 
 
 @app.command("eval")

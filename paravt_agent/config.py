@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from paravt_agent.compat import REMOVED_IN
+from paravt_agent.config_errors import explain_validation
 from paravt_agent.errors import ConfigError
 from paravt_agent.protocol.presets import preset_settings
 from paravt_agent.types import Sampling
@@ -416,7 +417,7 @@ def apply_overrides(model: BaseModel, overrides: list[str] | None) -> BaseModel:
     try:
         return type(model).model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid {type(model).__name__}: {exc}") from None
+        raise ConfigError(explain_validation(exc, type(model), overrides)) from None
 
 
 def load_yaml_model(cls: type[BaseModel], path: str | Path, overrides: list[str] | None = None):
@@ -433,4 +434,4 @@ def load_yaml_model(cls: type[BaseModel], path: str | Path, overrides: list[str]
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: invalid {cls.__name__}: {exc}") from None
+        raise ConfigError(explain_validation(exc, cls, overrides, path)) from None

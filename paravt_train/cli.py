@@ -40,20 +40,23 @@ def stopped_exit_code() -> int:
 @app.command("validate-data")
 def validate_data(
     file: Path = typer.Argument(..., help="Parquet file or dataset directory."),
-    kind: str = typer.Option("sft", help="sft or rl."),
+    kind: str = typer.Option("auto", help="auto (by the file's columns: messages for SFT; prompt and answer for "
+                             "RL), sft or rl."),
     video_root: Path = typer.Option(None, help="Resolve relative video paths against this folder."),
     no_video_check: bool = typer.Option(False, "--no-video-check", help="Do not check that videos exist."),
 ) -> None:
-    """Check every row; print each bad row's number and reason. Exit 1 when any row is bad."""
-    from paravt_train.data import DataError, validate_file
+    """Check every row; print each reason once with the rows it applies to and their count. Exit 1 when any row is
+    bad."""
+    from paravt_train.data import DataError, detect_kind, group_errors, validate_file
 
     try:
         ok, bad = validate_file(file, kind, video_root, check_videos=not no_video_check)
+        kind = detect_kind(file) if kind == "auto" else kind
     except DataError as exc:
         _fail(str(exc))
-    for row, why in bad:
-        typer.echo(f"row {row}: {why}")
-    typer.echo(f"{len(ok)} valid, {len(bad)} invalid rows in {file}")
+    for line in group_errors(bad):
+        typer.echo(line)
+    typer.echo(f"{len(ok)} valid, {len(bad)} invalid {kind.upper()} rows in {file}")
     if bad:
         raise typer.Exit(1)
 

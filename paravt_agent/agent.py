@@ -392,11 +392,11 @@ class Agent:
             bar.close()
 
     def answer_many(self, items: Iterable[dict], concurrency: int = 4, progress: bool = True,
-                    reruns: int = 0) -> list[Answer]:
+                    reruns: int = 0, desc: str = "answering") -> list[Answer]:
         """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item
         (each answer's ``status``); ``reruns``: tries again for answers the runtime spoiled
-        (see :meth:`aanswer_many`)."""
-        return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress, reruns=reruns))
+        (see :meth:`aanswer_many`); ``desc`` labels the progress bar."""
+        return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress, reruns=reruns, desc=desc))
 
     def _finish(self, state: dict, ctx: AgentContext, trace: Trace, latency: float, t0: float | None) -> Answer:
         done = trace_of(state, base=trace, t0=t0, mode=self.config.mode)

@@ -12,8 +12,11 @@ __all__ = ["advice_for"]
 
 
 def _raise_to(limit: float, slowest: float) -> int:
-    """A new limit: twice the old one, and above the slowest finished call with a half's margin, rounded up to 10 s."""
-    return int(math.ceil(max(2 * limit, 1.5 * slowest) / 10) * 10)
+    """A new limit: twice the old one, and above the slowest finished call with a half's margin; rounded up to 10 s
+    (to 1 s below 10 s)."""
+    value = max(2 * limit, 1.5 * slowest)
+    step = 10 if value >= 10 else 1
+    return int(math.ceil(value / step) * step)
 
 
 def _how(key: str, value: int) -> str:

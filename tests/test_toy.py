@@ -564,7 +564,11 @@ def test_the_quick_demo_labels_each_row_and_says_its_estimate_up_front(toy_polic
               log=logs.append)
     assert logs[1].startswith("4 held-out videos") and logs[1].endswith("2 table rows of 20 answers")
     assert logs[2].startswith("estimate: about ") and "--full for the docs table" in logs[2]
-    assert logs.index(logs[2]) < next(i for i, m in enumerate(logs) if "=== one full trace" in m)
+    trace = next(i for i, m in enumerate(logs) if "=== one full trace" in m)
+    assert trace > 2 and logs[trace + 3].startswith("the first answer took ")  # the estimate, measured here
+    assert estimate(100, load=1.0, cores=2, contention=3.0) == pytest.approx(48.0)
+    assert "about" in next(m for m in logs if m.startswith("  parallel   n=8")) and "left" in next(
+        m for m in logs if m.startswith("  parallel   n=8"))
     bars = capsys.readouterr().err
     assert "row 1 of 2: parallel, n = 8" in bars and "row 2 of 2: none, n = 8" in bars
     assert set(out["results"]) == {("parallel", 8), ("none", 8)}

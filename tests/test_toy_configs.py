@@ -87,7 +87,7 @@ def test_grpo_from_its_toy_config(clone, method):
     run = clone / cfg["output_dir"]
     assert out.startswith("done: reward") and (run / "final" / "config.json").is_file()
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2] and all(len(s["prompts"]) >= 2 for s in steps)
+    assert [s["step"] for s in steps] == [1] and len(steps[0]["prompts"]) >= 2
 
 
 def test_online_from_its_toy_config(clone):

@@ -46,6 +46,7 @@ def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = 
     items = [(w, q) for w in worlds for q in w.questions]
     results, answers_by = {}, {}
     rows = len(modes) * len(ns)
+    started = time.perf_counter()
     for k, mode in enumerate(modes):
         agent = Agent(policy=policy, config=toy_agent_config(mode=mode))
         for j, n in enumerate(ns):
@@ -59,9 +60,11 @@ def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = 
             row["seconds"] = time.perf_counter() - t0
             results[(mode, n)] = row
             answers_by[(mode, n)] = answers
+            done = k * len(ns) + j + 1
+            left = (time.perf_counter() - started) / done * (rows - done)
             log(f"  {mode:10s} n={n:<3d} mcq {row.get('mcq', 0):.2f}  oe {row.get('oe', 0):.2f}  "
                 f"tvg mIoU {row.get('tvg', 0):.2f}  calls {row['calls']:.1f}  errors {row['errors']:.0%}  "
-                f"({row['seconds']:.0f}s)")
+                f"({row['seconds']:.0f}s{f'; about {left / 60:.1f} min left' if done < rows else ''})")
     return results, answers_by
 
 
@@ -112,12 +115,13 @@ def role_table(roles: dict) -> str:
     return "\n".join(lines)
 
 
-def estimate(answers: int, load: float | None = None, cores: int | None = None) -> float:
+def estimate(answers: int, load: float | None = None, cores: int | None = None, contention: float = 1.0) -> float:
     """Seconds ``answers`` table answers take here: :data:`SECONDS_PER_ANSWER` (an idle 2-core machine's) times how
-    much busier this machine is (its 1-minute load per core, at least 1)."""
+    much busier this machine is: its 1-minute load per core, or ``contention`` (a measured answer's wall time over
+    its CPU time) where that is larger, at least 1."""
     cores = cores or os.cpu_count() or 1
     load = os.getloadavg()[0] if load is None else load
-    return answers * SECONDS_PER_ANSWER * max(1.0, load / cores) * max(1.0, 2 / cores)
+    return answers * SECONDS_PER_ANSWER * max(1.0, load / cores, contention) * max(1.0, 2 / cores)
 
 
 def run(model_dir: str | Path | None = None, out: str | Path | None = None, worlds: int | None = None,
@@ -146,13 +150,19 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
     log(f"estimate: about {estimate(answers) / 60:.1f} min for the whole run ({answers} answers at "
         f"{SECONDS_PER_ANSWER:g} s each on an idle 2-core machine, scaled by this one's load; "
         f"{'the full table' if full else 'the quick look: --full for the docs table, 16 videos'})")
+    log("answering the first question (the model loads first) ...")
     policy = LocalPolicy(model_dir, max_batch=16)
     example_agent = Agent(policy=policy, config=toy_agent_config(mode="parallel"))
     w, q = test[0], test[0].questions[0]
+    wall, cpu = time.perf_counter(), time.process_time()
     ans = example_agent.answer(w.video, q.question, q.options, n_frames=8)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     log("\n=== one full trace (parallel, n = 8) ===")
     log(ans.trace.render())
-    log(f"(ground truth: {q.answer}, {q.colour})\n")
+    log(f"(ground truth: {q.answer}, {q.colour})")
+    contention = wall / max(cpu, 1e-3)
+    log(f"the first answer took {wall:.0f}s of wall time for {cpu:.0f}s of CPU: the rest, about "
+        f"{estimate(answers, contention=contention) / 60:.1f} min\n")
     summary: dict = {"model": str(model_dir), "worlds": len(test), "seeds": [seed, seed + worlds - 1]}
     if roles:
         log("=== each role alone (held-out, n = 8; the other roles' outputs are the correct ones) ===")

@@ -199,7 +199,8 @@ def api_cmd(
     serve(agent, settings, host=host, port=port)
 
 
-@app.command("serve")
+@app.command("serve", help="Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight "
+                            "pusher left paused.")
 def serve_cmd(
     model: str = typer.Argument(..., help="Model path or hub name of a Qwen3-VL checkpoint."),
     host: str = typer.Option("127.0.0.1", help="Bind address."),
@@ -243,8 +244,8 @@ def serve_cmd(
                                     "longest push); 0: no cap."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
-    """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused."""
-    # long by design: typer reads the command's options from this signature
+    """`paravt serve` (its help is the decorator's). Long by design: typer reads the command's options from this
+    signature; a note for developers, kept out of `--help`."""
     from paravt_agent.errors import ParaVTError
     from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
 

@@ -161,10 +161,9 @@ class LocalPolicy(Policy):
         return tuple(self.chat.placeholder_ids)
 
     def count_text_tokens(self, text: str) -> int:
-        if self._chat is None:  # the model is not loaded yet: its tokenizer file alone answers (an input check)
-            n = file_token_count(self.path, text)
-            if n is not None:
-                return n
+        n = file_token_count(self.path, text) if self._chat is None else None  # an input check: no model loads
+        if n is not None:
+            return n
         self._load()
         return len(self.chat.tokens(text))
 

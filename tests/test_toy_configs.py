@@ -75,11 +75,13 @@ def test_toy_data_is_what_the_configs_read(clone):
     assert len(rows) == 32 and all(r["answer"] for r in rows) and len({r["user_id"] for r in rows}) == 3
 
 
+@pytest.mark.slow
 def test_sft_from_its_toy_config(clone):
     out = cli(clone, "sft", "--config", "examples/configs/toy_sft.yaml").stdout
     assert "trained 2 steps" in out and (clone / "runs" / "toy_sft" / "final" / "config.json").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(GRPO))
 def test_grpo_from_its_toy_config(clone, method):
     cfg = yaml.safe_load((CONFIGS / GRPO[method]).read_text())
@@ -90,6 +92,7 @@ def test_grpo_from_its_toy_config(clone, method):
     assert [s["step"] for s in steps] == [1] and len(steps[0]["prompts"]) >= 2
 
 
+@pytest.mark.slow
 def test_online_from_its_toy_config(clone):
     out = cli(clone, "online", "--store", "data/toy/feedback.db", "--config", "examples/configs/toy_online.yaml",
               "--once", "--max-steps", "1").stdout

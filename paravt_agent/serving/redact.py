@@ -17,7 +17,7 @@ from paravt_agent.serving.request import ApiError, ApiSettings
 __all__ = ["ClientView"]
 
 #: an absolute POSIX path standing on its own (not the path part of a URL: no word character, ':' or '/' before it)
-_ABSOLUTE = re.compile(r"(?<![\w:/.\-~])/(?:[\w.@+\-]+/)*[\w.@+\-]+")
+_ABSOLUTE = re.compile(r"(?<![\w:/.\-~])/(?:[\w.@+\-]+/)+[\w.@+\-]+")
 
 
 def _on_server(path: str) -> bool:
@@ -47,9 +47,10 @@ class ClientView:
         if not text:
             return text
         kept: list[str] = []
-        for server, client in self._names:
-            if server in text:
-                text = text.replace(server, f"\x00{len(kept)}\x00")
+        for server, client in self._names:  # standing on its own, as _ABSOLUTE (never inside a client's URL)
+            pattern = re.compile(r"(?<![\w:/.\-~])" + re.escape(server) + r"(?![\w.@+\-])")
+            text, n = pattern.subn(f"\x00{len(kept)}\x00", text)
+            if n:
                 kept.append(client)
         text = _ABSOLUTE.sub(lambda m: "<server path>" if _on_server(m.group(0)) else m.group(0), text)
         return re.sub(r"\x00(\d+)\x00", lambda m: kept[int(m.group(1))], text)

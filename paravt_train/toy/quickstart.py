@@ -150,6 +150,20 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
     log(f"estimate: about {estimate(answers) / 60:.1f} min for the whole run ({answers} answers at "
         f"{SECONDS_PER_ANSWER:g} s each on an idle 2-core machine, scaled by this one's load; "
         f"{'the full table' if full else 'the quick look: --full for the docs table, 16 videos'})")
+    import torch  # the model's own library (the policy loads it anyway): its threads, below
+
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+    if os.getloadavg()[0] >= cores:  # other work holds the cores: one torch thread (two fight it 10-20x slower)
+        torch.set_num_threads(1)
+        log(f"the machine is busy (load {os.getloadavg()[0]:.1f} on {cores} cores): one torch thread")
+    try:
+        return _answer(model_dir, out, test, modes, ns, progress, log, roles, seed, worlds, answers, t_start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _answer(model_dir, out, test, modes, ns, progress, log, roles, seed, worlds, answers, t_start) -> dict:
+    """The run after its plan: the first answer and its trace, each role alone, the table."""
     log("answering the first question (the model loads first) ...")
     policy = LocalPolicy(model_dir, max_batch=16)
     example_agent = Agent(policy=policy, config=toy_agent_config(mode="parallel"))

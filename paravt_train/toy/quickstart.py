@@ -148,7 +148,7 @@ def run(model_dir: str | Path | None = None, out: str | Path | None = None, worl
     log(f"{len(test)} held-out videos (seeds {seed}-{seed + worlds - 1}, {min(w.duration for w in test)}-"
         f"{max(w.duration for w in test)} s), {questions} questions; {rows} table rows of {questions} answers")
     log(f"estimate: about {estimate(answers) / 60:.1f} min for the whole run ({answers} answers at "
-        f"{SECONDS_PER_ANSWER:g} s each on an idle 2-core machine, scaled by this one's load; "
+        f"{SECONDS_PER_ANSWER:g} s each on an idle 2-core AMD EPYC, scaled by this machine's load; "
         f"{'the full table' if full else 'the quick look: --full for the docs table, 16 videos'})")
     import torch  # the model's own library (the policy loads it anyway): its threads, below
 

@@ -9,6 +9,10 @@ TORCH := torch==2.9.1 torchvision==0.24.1
 else
 TORCH := torch==2.14.1 torchvision==0.29.1
 endif
+# what `make install` says before the long download (sizes of the x86_64 wheels on PyPI: torch 555 MB, its NVIDIA
+# CUDA libraries 2.2 GB; 4.4 GB installed)
+TORCH_SIZE ?= about 2.7 GB to download (torch 555 MB and its CUDA libraries 2.2 GB; 4.4 GB installed; a CPU-only \
+  build is much smaller: docs/install.md)
 
 .PHONY: install test test-gpu lint demo bench clean browser postgres sglang-contract sglang-cpu lmms-eval
 
@@ -20,12 +24,17 @@ CONTRACT := .sglang-contract
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first, pinned, so no other torch build is pulled in by the ranges in pyproject.toml
-	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,demo]' --config-settings editable_mode=compat
-	touch $@
+	@echo "[install 1/4] the virtual environment in $(VENV)"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "[install 2/4] pip itself"
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@# torch first, pinned, so no other torch build is pulled in by the ranges in pyproject.toml
+	@echo "[install 3/4] $(TORCH): the large one, $(TORCH_SIZE); minutes on a fast link, pip's bar below"
+	@$(BIN)/python -m pip install --progress-bar on $(TORCH)
+	@echo "[install 4/4] this package with its dev and demo extras (transformers, LangGraph, PyAV, Gradio, ...)"
+	@$(BIN)/python -m pip install -q -e '.[dev,demo]' --config-settings editable_mode=compat
+	@touch $@
+	@echo "[install] done: $(VENV) (\`source $(VENV)/bin/activate\`, or prefix commands with $(BIN)/)"
 
 lint: install
 	$(BIN)/python -m ruff check .

@@ -15,6 +15,7 @@ from paravt_agent.config import AgentConfig
 from paravt_agent.defaults import resolve_model
 from paravt_agent.errors import ConfigError, ParaVTError, PolicyError
 from paravt_agent.graph import build_graph, final_answer, initial_state, trace_of
+from paravt_agent.graph.advice import advice_for
 from paravt_agent.graph.checkpoints import open_checkpointer
 from paravt_agent.graph.context import AgentContext, check_input, prepare_input, system_prompt, tool_schemas
 from paravt_agent.graph.frames import FrameStore, refs_of
@@ -391,15 +392,16 @@ class Agent:
             bar.close()
 
     def answer_many(self, items: Iterable[dict], concurrency: int = 4, progress: bool = True,
-                    reruns: int = 0) -> list[Answer]:
+                    reruns: int = 0, desc: str = "answering") -> list[Answer]:
         """Answer ``[{"video", "question", "options"?, "n_frames"?}, ...]`` with a progress bar; errors per item
         (each answer's ``status``); ``reruns``: tries again for answers the runtime spoiled
-        (see :meth:`aanswer_many`)."""
-        return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress, reruns=reruns))
+        (see :meth:`aanswer_many`); ``desc`` labels the progress bar."""
+        return self.run(self.aanswer_many(items, concurrency=concurrency, progress=progress, reruns=reruns, desc=desc))
 
     def _finish(self, state: dict, ctx: AgentContext, trace: Trace, latency: float, t0: float | None) -> Answer:
         done = trace_of(state, base=trace, t0=t0, mode=self.config.mode)
         done.latency = latency
+        done.advice = advice_for(done, self.config)  # which time budget ran out, and what to raise it to
         if self.store is not None:
             self.store.add(done)
         return final_answer(state, ctx, done)

@@ -17,6 +17,7 @@ app = typer.Typer(
     help="ParaVT: parallel video tool calling for long-video question answering.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # click's help layout: typer's rich panels show a flag as `--json <bool>`
 )
 
 
@@ -89,30 +90,51 @@ def answer_cmd(
                                           "model directory's own, else paravt)."),
     config: Path = typer.Option(None, help="AgentConfig YAML file."),
     set_: list[str] = typer.Option(None, "--set", help="Config override key=value, e.g. --set max_turns=2."),
-    as_json: bool = typer.Option(False, "--json", help="Print the whole trace as JSON."),
+    allow_url_prefix: list[str] = typer.Option(None, "--allow-url-prefix", help="A video URL under this prefix is "
+                                               "fetched even from a loopback, private or link-local address (refused "
+                                               "by default; repeatable; env PARAVT_ALLOW_URL_PREFIXES adds more)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole trace as JSON, with its status (ok, "
+                                 "degraded, failed), the tool calls that failed and what to change."),
     profile: bool = typer.Option(False, "--profile", help="Also print where the time went: overview decode, "
                                  "planner prefill/decode, each sub-agent's crop decode and generation, "
                                  "aggregation, the answer turn."),
 ) -> None:
     """Answer a question about a video and print the answer with a compact trace."""
-    from paravt_agent.errors import ParaVTError
+    import os
 
+    from paravt_agent.errors import ParaVTError
+    from paravt_agent.video.fetch import ALLOW_ENV, allowed_prefixes, check_url, is_url
+    from paravt_agent.video.sniff import refuse_not_video
+
+    if allow_url_prefix:  # the fetch reads the operator's prefixes from the environment (SDK, CLI alike)
+        os.environ[ALLOW_ENV] = " ".join(allowed_prefixes(allow_url_prefix))
     try:
         agent = _build_agent(backend, model, endpoint, mode, preset, config, set_)
+        # every check that needs no model, before any model work: the question and options, the URL policy, the file
+        agent.check_input(question, options or None)
+        if is_url(video):
+            check_url(video, allowed_prefixes())
+        elif os.path.isfile(video):
+            refuse_not_video(video)
         ans = agent.answer(video, question, options or None, n_frames=n_frames)
     except ParaVTError as exc:
         _fail(str(exc))
+    trace = ans.trace
     if as_json:
-        typer.echo(ans.trace.to_json(indent=2))
+        out = {"status": trace.status, "ok": trace.ok, "failed_calls": trace.runtime_call_errors,
+               "advice": trace.advice, **json.loads(trace.to_json())}
+        typer.echo(json.dumps(out, indent=2))
     else:
-        typer.echo(ans.trace.render())
+        typer.echo(trace.render())
     if profile:
-        typer.echo(("\n" if not as_json else "") + ans.trace.render_profile(), err=as_json)
-    if ans.trace.errors and not ans.trace.turns:
+        typer.echo(("\n" if not as_json else "") + trace.render_profile(), err=as_json)
+    if trace.errors and not trace.turns:
         raise typer.Exit(1)
     if ans.status == "degraded":  # answered, but from the error slots of calls that could not run
-        typer.echo(f"warning: degraded answer: {ans.trace.failed_calls} tool call(s) failed in the runtime (see "
-                   "Errors above); exit status 3", err=True)
+        typer.echo(f"warning: degraded answer: {trace.failed_calls} tool call(s) failed in the runtime (see Errors "
+                   "above); exit status 3", err=True)
+        for line in trace.advice:
+            typer.echo(f"  to change: {line}", err=True)
         raise typer.Exit(3)
 
 
@@ -177,7 +199,8 @@ def api_cmd(
     serve(agent, settings, host=host, port=port)
 
 
-@app.command("serve")
+@app.command("serve", help="Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight "
+                            "pusher left paused.")
 def serve_cmd(
     model: str = typer.Argument(..., help="Model path or hub name of a Qwen3-VL checkpoint."),
     host: str = typer.Option("127.0.0.1", help="Bind address."),
@@ -234,7 +257,8 @@ def serve_cmd(
                                                "is 30 minutes); 0: torch's default."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and exit."),
 ) -> None:
-    """Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight pusher left paused."""
+    """`paravt serve` (its help is the decorator's). Long by design: typer reads the command's options from this
+    signature; a note for developers, kept out of `--help`."""
     from paravt_agent.errors import ParaVTError
     from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
 

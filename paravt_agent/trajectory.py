@@ -185,6 +185,9 @@ class Trace(BaseModel):
     errors: list[str] = Field(default_factory=list, description="What went wrong: the run's failures (an endpoint "
                               "down, a timeout), each tool call the runtime could not run (turn, call, tool, cause) "
                               "and notes on the model's output (empty, degenerate). See status.")
+    advice: list[str] = Field(default_factory=list, description="What to change when the run ran out of a time "
+                              "budget: the setting (subagent_timeout, planner_timeout, request_timeout), what the work "
+                              "needed and a value to raise it to (paravt_agent.graph.advice).")
     warnings: list[str] = Field(default_factory=list, description="What the caller should know that is not an "
                                 "error (e.g. frames a damaged video could not give).")
     latency: float = Field(0.0, description="Seconds from the question to its answer.")
@@ -365,6 +368,7 @@ class Trace(BaseModel):
                          "runtime; the answer was given without their evidence")
         elif status == "failed":
             lines.append("Status: FAILED: no usable answer")
+        lines += [f"To change: {a}" for a in self.advice]
         lines.append(f"Total {self.latency:.2f}s, {self.tool_calls} tool calls, "
                      f"{self.prompt_tokens}+{self.completion_tokens} tokens")
         return "\n".join(lines)

@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 app = typer.Typer(help="ParaVT's lmms-eval plugin: write local toy tasks (then `lmms-eval --model paravt`).",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None)  # click's help layout (paravt_agent.cli says why)
 
 
 @app.callback()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from paravt_agent.agent import Agent
+from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import Policy, text_of
 from paravt_agent.policy.scripted import ScriptedPolicy
 from paravt_agent.serving.api import ApiSettings, create_app
@@ -287,6 +288,78 @@ def test_a_full_queue_answers_429_at_once(media, serve):
     assert c.json()["error"]["code"] == "queue_full"
     r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)  # capacity comes back
     assert r.status_code == 200
+
+
+def test_no_api_error_names_a_path_of_the_server(media, serve, tmp_path):
+    """Every kind of error the API answers (bad video, missing, outside the root, too long, unknown model, bad JSON,
+    the API key, the agent failing with a server path in its message, a degraded answer refused, a crash of ours, a
+    feedback store without the trace, a streamed failure) holds no absolute path of this server: the upload is named
+    as the client sent it. Before, `invalid_video` said `/srv/.../notes.mp4: not a readable video
+    (InvalidDataError: [Errno 1094995529] ...)`."""
+    import re
+
+    root = tmp_path / "videos"
+    root.mkdir()
+    shutil.copy(media["video"], root / "colours.mp4")
+    (root / "notes.mp4").write_text("meeting notes, not a video\n")
+    server_paths = [str(tmp_path), str(root.resolve()), str(Path(media["dir"]).resolve()), str(Path.home())]
+
+    def failing(role, messages):  # the runtime failing with the server's path of the video in its words
+        if role == "planner" and "<tool_response>" in text_of(messages[-1]["content"]):
+            raise PolicyError(f"the model endpoint fell over on {root / 'colours.mp4'}")
+        if role == "subagent":
+            raise PolicyError(f"cannot decode {root / 'colours.mp4'} here")
+        return script(role, messages)
+
+    def crashing(role, messages):
+        raise RuntimeError(f"a bug of ours, with a path: {root / 'colours.mp4'}")
+
+    store = TrajectoryStore(tmp_path / "traces.db")
+    key = {"Authorization": "Bearer k"}
+    agents = {"fails": Agent(policy=ScriptedPolicy(failing), store=store),
+              "crashes": Agent(policy=ScriptedPolicy(crashing))}
+    srv = {name: serve(a, video_root=str(root), api_key="k", degraded="error", download_dir=str(tmp_path / "dl"))
+           for name, a in agents.items()}
+    url = srv["fails"].url
+    from paravt_agent.config import AgentConfig
+
+    subagents_fail = Agent(policy=ScriptedPolicy(lambda role, m: (_ for _ in ()).throw(
+        PolicyError(f"cannot decode {root / 'colours.mp4'} here")) if role == "subagent" else script(role, m)),
+        config=AgentConfig(retries=0))
+    degraded = serve(subagents_fail, video_root=str(root), degraded="error").url
+
+    def post(base, body, **kw):
+        return httpx.post(base + "/v1/chat/completions", json=body, headers=kw.pop("headers", key), timeout=60, **kw)
+
+    answers = {
+        "invalid_video": post(url, {"messages": user("notes.mp4", QUESTION)}),
+        "video_not_found": post(url, {"messages": user("missing.mp4", QUESTION)}),
+        "outside": post(url, {"messages": user("../traces.db", QUESTION)}),
+        "prompt_too_long": post(url, {"messages": user("colours.mp4", "x" * 100_000)}),
+        "model_not_found": post(url, {"model": "gpt-4o", "messages": user("colours.mp4", QUESTION)}),
+        "bad_json": httpx.post(url + "/v1/chat/completions", content=b"{nope", headers=key),
+        "invalid_api_key": post(url, {"messages": user("colours.mp4", QUESTION)}, headers={}),
+        "agent_error": post(url, {"messages": user("colours.mp4", QUESTION)}),
+        "degraded_answer": post(degraded, {"messages": user("colours.mp4", QUESTION)}, headers={}),
+        "internal_error": post(srv["crashes"].url, {"messages": user("colours.mp4", QUESTION)}),
+        "no_trace": httpx.post(url + "/v1/feedback", json={"trace_id": "nope", "answer": "A"}, headers=key),
+        "stream": post(url, {"messages": user("colours.mp4", QUESTION), "stream": True}),
+    }
+    codes = {name: r.status_code for name, r in answers.items()}
+    assert codes == {"invalid_video": 400, "video_not_found": 404, "outside": 400, "prompt_too_long": 400,
+                     "model_not_found": 404, "bad_json": 400, "invalid_api_key": 401, "agent_error": 502,
+                     "degraded_answer": 502, "internal_error": 500, "no_trace": 404, "stream": 200}, codes
+    for name, r in answers.items():
+        for p in server_paths:
+            assert p not in r.text, (name, p, r.text[:600])
+        assert not [m for m in re.findall(r"(?<![\w:/.])/(?:[\w.@+-]+/)+[\w.@+-]+", r.text)
+                    if Path(m).parent.exists()], (name, r.text[:600])
+    said = answers["invalid_video"].json()["error"]["message"]
+    assert said.startswith("notes.mp4: this is a text file") and "Errno" not in said
+    assert "colours.mp4" in answers["agent_error"].json()["error"]["message"]  # named as the client sent it
+    assert answers["internal_error"].json()["error"]["message"] == (
+        "internal error (RuntimeError); the server's log has the details")
+    assert "error" in answers["stream"].text and "fell over on colours.mp4" in answers["stream"].text
 
 
 class SlowSubAgents(Policy):

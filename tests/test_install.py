@@ -40,3 +40,21 @@ def test_a_wheel_install_finds_the_toy_policy_anywhere(tmp_path):
     assert run.returncode == 0, run.stderr
     found = Path(run.stdout.strip())
     assert found == venv / "share" / "paravt" / "toy" and (found / "model.safetensors").is_file()
+
+
+def test_make_install_says_each_stage_and_the_size_of_torch():
+    """`make install` prints a line before each stage (the environment, pip, torch, the package), and torch's line
+    says it is the large one and how large, before its download starts (pip's own progress bar then shows)."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[1]
+    plan = subprocess.run(["make", "-n", "-B", "install"], cwd=root, capture_output=True, text=True, timeout=60).stdout
+    stages = [line for line in plan.splitlines() if line.startswith('echo "[install')]
+    assert [s.split("]")[0] for s in stages] == ['echo "[install 1/4', 'echo "[install 2/4', 'echo "[install 3/4',
+                                                 'echo "[install 4/4', 'echo "[install']
+    assert "the large one, about 2.7 GB to download" in stages[2]
+    lines = plan.splitlines()
+    torch_pip = next(i for i, line in enumerate(lines) if "pip install" in line and "torch==" in line)
+    assert lines.index(stages[2]) < torch_pip and " -q " not in lines[torch_pip]  # pip shows its progress

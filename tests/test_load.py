@@ -78,6 +78,16 @@ def test_paravt_answer_says_degraded(toy_policy_dir, worlds):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 3, res.stderr
     assert "degraded answer" in res.stderr and "Status: DEGRADED" in res.stdout
+    # what to raise, said with the warning, and the same run's --json carrying the status and the failed calls
+    assert "to change: " in res.stderr and "raise subagent_timeout to 1 or more" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "paravt_agent.cli", "answer", w.video, q.question,
+                          "--model", toy_policy_dir, "--set", "subagent_timeout=0.05", "--set", "retries=0",
+                          "--n-frames", "8", "--set", "planner_sampling.max_new_tokens=160", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    out = json.loads(res.stdout)
+    assert res.returncode == 3 and out["status"] == "degraded" and out["ok"] is False
+    assert out["failed_calls"] and all(c.startswith("turn 1 call ") for c in out["failed_calls"])
+    assert out["advice"] and "subagent_timeout" in out["advice"][0]
 
 
 def test_a_busy_model_gives_the_same_answers_only_slower(toy_policy_dir, worlds):

@@ -272,7 +272,7 @@ def test_prompts_over_their_token_limits_are_refused_before_any_model_call(tiny_
     agent = Agent(model=tiny_model, config=SHORT.model_copy(update={"max_question_tokens": 50}))
     n = agent.policy.count_text_tokens("red " * 60)
     assert n > 50
-    with pytest.raises(PromptTooLong, match=f"the question is {n} tokens; the limit is 50"):
+    with pytest.raises(PromptTooLong, match=rf"the question is 240 characters \({n} tokens\); the limit is 50 tokens"):
         agent.answer(media["video"], "red " * 60, n_frames=2)
     with pytest.raises(PromptTooLong, match="option B"):
         agent.answer(media["video"], "Which?", ["red", "x" * 600], n_frames=2)

@@ -92,6 +92,6 @@ def test_langgraph_server_graph_refuses_what_the_api_refuses(toy_policy_dir, toy
         run(url, hostile)
     assert time.perf_counter() - t0 < 5 and site.paths == [] and calls == []
     # the control: an ordinary question does reach the (opened) URL
-    with pytest.raises(VideoError, match="not a readable video"):
+    with pytest.raises(VideoError, match="not a video"):
         run(url, "Which colour?")
     assert site.paths == ["/x.mp4"] and calls == []

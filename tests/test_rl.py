@@ -449,8 +449,9 @@ def test_tensor_sync_call_sequence(json_server, monkeypatch):
     sync = SGLangTensorSync(router.url, tp_size=2, bucket_bytes=200 << 10)  # one tensor a bucket
     result = sync.send_tensors(iter(named), version="9")  # a one-shot stream, read again for the second server
     assert (result["buckets"], result["servers"]) == (3, 2)
-    one = ["/pause_generation", "/begin_weight_update", *["/update_weights_from_tensor"] * 3, "/end_weight_update",
-           "/continue_generation"]
+    # (/ready once paused: whether the server tells a pause, so that one ended by someone else is seen)
+    one = ["/pause_generation", "/begin_weight_update", "/ready", *["/update_weights_from_tensor"] * 3,
+           "/end_weight_update", "/continue_generation"]
     # every server asked its TP size first (GET /server_info), then one at a time: never both paused
     assert log == [("a", "/server_info"), ("b", "/server_info")] + [("a", p) for p in one] + [("b", p) for p in one]
     assert len(calls) == 2 * 3 * 2  # servers x buckets x TP ranks: every rank's copy serialised on its own
@@ -461,7 +462,7 @@ def test_tensor_sync_call_sequence(json_server, monkeypatch):
     log.clear()
     state["begin"] = 404
     sync.send_tensors(named[:1])
-    assert [p for s_, p in log if s_ == "a"] == ["/server_info", "/pause_generation", "/begin_weight_update",
+    assert [p for s_, p in log if s_ == "a"] == ["/server_info", "/pause_generation", "/begin_weight_update", "/ready",
                                                   "/update_weights_from_tensor", "/continue_generation"]
     log.clear()
     SGLangTensorSync(a.url, bucket_bytes=200 << 10, pause_mode="in_place").send_tensors(named[:1])

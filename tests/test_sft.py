@@ -260,7 +260,7 @@ def test_rows_that_cannot_render_are_refused_before_training(tiny_model, sft_dat
     write_parquet(rows, tmp_path / "d.parquet")
     ok, bad = validate_file(tmp_path / "d.parquet", "sft", tmp_path)
     assert len(ok) == 1 and [r for r, _ in bad] == [1, 2]
-    assert "beyond the end" in bad[0][1] and "not a readable video" in bad[1][1]
+    assert "beyond the end" in bad[0][1] and "not a video" in bad[1][1]
     from paravt_train.data import DataError
 
     cfg = cfg_for(tiny_model, sft_data, tmp_path / "out", data=str(tmp_path / "d.parquet"), video_root=str(tmp_path))

@@ -550,3 +550,25 @@ def test_listing_copy_rows():
         assert 4 <= len(entries) <= 16 and all(e.split()[0] in COLOURS for e in entries)
     with pytest.raises(ValueError, match="tokens or listings"):
         copy_rows(1, [], kind="words")
+
+
+def test_the_quick_demo_labels_each_row_and_says_its_estimate_up_front(toy_policy_dir, tmp_path, capsys):
+    """`paravt-train quickstart` by default: 4 held-out videos (the full table is --full), an estimate of the whole
+    run printed before any answer, and each table row's progress bar labelled with the row it is."""
+    from paravt_train.toy.quickstart import FULL, QUICK, estimate, run
+
+    assert QUICK["worlds"] < FULL["worlds"] == 16
+    assert estimate(100, load=1.0, cores=2) == pytest.approx(16.0) and estimate(100, load=4.0, cores=2) == 32.0
+    logs = []
+    out = run(toy_policy_dir, out=tmp_path / "qs", modes=("parallel", "none"), ns=(8,), roles=0, progress=True,
+              log=logs.append)
+    assert logs[1].startswith("4 held-out videos") and logs[1].endswith("2 table rows of 20 answers")
+    assert logs[2].startswith("estimate: about ") and "--full for the docs table" in logs[2]
+    trace = next(i for i, m in enumerate(logs) if "=== one full trace" in m)
+    assert trace > 2 and logs[trace + 3].startswith("the first answer took ")  # the estimate, measured here
+    assert estimate(100, load=1.0, cores=2, contention=3.0) == pytest.approx(48.0)
+    assert "about" in next(m for m in logs if m.startswith("  parallel   n=8")) and "left" in next(
+        m for m in logs if m.startswith("  parallel   n=8"))
+    bars = capsys.readouterr().err
+    assert "row 1 of 2: parallel, n = 8" in bars and "row 2 of 2: none, n = 8" in bars
+    assert set(out["results"]) == {("parallel", 8), ("none", 8)}

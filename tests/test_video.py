@@ -165,7 +165,7 @@ def test_bad_inputs(tmp_path, media):
         VideoReader(tmp_path / "missing.mp4")
     text = tmp_path / "notes.mp4"
     text.write_text("this is not a video")
-    with pytest.raises(VideoError, match="not a readable video"):
+    with pytest.raises(VideoError, match="not a video"):
         open_video(text)
     with pytest.raises(VideoError, match="audio-only"):
         open_video(write_audio_only(tmp_path / "speech.m4a"))

@@ -120,24 +120,30 @@ def system_prompt(config: AgentConfig, tools) -> str:
 
 
 def check_input(config: AgentConfig, policy: Policy, question: str, options: Sequence[str] | None = None) -> None:
-    """Refuse (:class:`PromptTooLong`) a question or option over its token limit, cheaply: a text no longer
-    in UTF-8 bytes than its limit passes untokenised (a token is at least one byte), one over 16 bytes per
-    token of its limit is refused untokenised, the rest are counted with the model's tokenizer."""
+    """Refuse (:class:`PromptTooLong`) a question or option over its token limit, before any model work: a text no
+    longer in UTF-8 bytes than its limit passes untokenised (a token is at least one byte), one over 16 bytes per
+    token of its limit is refused untokenised, the rest are counted with the model's tokenizer file alone (no model
+    loads). Each refusal says how to raise the limit."""
     if not question or not question.strip():
-        raise ParaVTError("the question is empty")
+        raise ParaVTError("the question is empty: ask something about the video")
     items = [("question", question, config.max_question_tokens, "max_question_tokens")]
     items += [(f"option {chr(65 + i)}", str(o), config.max_option_tokens, "max_option_tokens")
               for i, o in enumerate(options or ())]
     for what, text, limit, key in items:
+        if not text.strip():
+            raise ParaVTError(f"the {what} is empty: give every option some text")
         size = len(text.encode("utf-8", "replace"))
         if size <= limit:
             continue
-        if size > 16 * limit:
-            raise PromptTooLong(f"the {what} is {size} bytes, far over its limit of {limit} tokens ({key})")
-        n = policy.count_text_tokens(text)
-        n = -(-size // 2) if n is None else n
-        if n > limit:
-            raise PromptTooLong(f"the {what} is {n} tokens; the limit is {limit} ({key})")
+        n = None if size > 16 * limit else policy.count_text_tokens(text)
+        n = -(-size // 2) if n is None and size <= 16 * limit else n
+        if n is not None and n <= limit:
+            continue
+        count = f"{n} tokens" if n is not None else f"{size} bytes, far over {limit} tokens"
+        need = n if n is not None else size
+        raise PromptTooLong(f"the {what} is {len(text)} characters ({count}); the limit is {limit} tokens ({key}). "
+                            f"Shorten it, or raise the limit: `paravt answer --set {key}={need}` (as `paravt api "
+                            f"--set`), AgentConfig({key}={need}) in the SDK")
 
 
 def check_prompt(config: AgentConfig, policy: Policy, messages: list[dict]) -> None:

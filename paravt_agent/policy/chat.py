@@ -25,7 +25,7 @@ from paravt_agent.policy.base import images_of, map_images
 from paravt_agent.types import Continuation, Generation
 
 __all__ = ["BANNED_LOGIT", "ChatTokenizer", "EncodedPrompt", "ban", "continuation_text", "continued_ids",
-           "to_chat_messages"]
+           "file_token_count", "to_chat_messages"]
 
 END_OF_TURN = "<|im_end|>"
 #: the logit of a token no policy may sample (a vision placeholder), everywhere a distribution is sampled or
@@ -284,3 +284,25 @@ class ChatTokenizer:
         multimodal requests) ends up with, in compact form."""
         text = self.tokenizer.decode(compact_ids, skip_special_tokens=False)
         return self.tokens(text)
+
+
+_FILE_TOKENIZERS: dict[str, object] = {}
+_FILE_LOCK = threading.Lock()
+
+
+def file_token_count(model_dir: str, text: str) -> int | None:
+    """Tokens of ``text`` by the model directory's ``tokenizer.json`` alone (the `tokenizers` library: no torch, no
+    weights, no processor), as the model's tokenizer counts them without special tokens; None when the directory has
+    no such file. Input checks use it before any model loads (a question over its limit is refused at once)."""
+    import os
+
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    with _FILE_LOCK:
+        if path not in _FILE_TOKENIZERS:
+            from tokenizers import Tokenizer  # Rust, light: no transformers, no torch
+
+            _FILE_TOKENIZERS[path] = Tokenizer.from_file(path)
+        tok = _FILE_TOKENIZERS[path]
+    return len(tok.encode(text, add_special_tokens=False).ids) if text else 0

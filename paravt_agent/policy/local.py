@@ -46,7 +46,7 @@ from paravt_agent.policy.batcher import (
     cancelled_rows,
     scored_distribution,
 )
-from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt, ban
+from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt, ban, file_token_count
 from paravt_agent.policy.placement import patch_embed_as_matmul, resolve_device, resolve_dtype
 from paravt_agent.policy.reuse import PrefixCache, VisionCache, image_keys
 from paravt_agent.types import Continuation, Generation, Sampling
@@ -161,6 +161,9 @@ class LocalPolicy(Policy):
         return tuple(self.chat.placeholder_ids)
 
     def count_text_tokens(self, text: str) -> int:
+        n = file_token_count(self.path, text) if self._chat is None else None  # an input check: no model loads
+        if n is not None:
+            return n
         self._load()
         return len(self.chat.tokens(text))
 

@@ -51,7 +51,7 @@ import time
 
 from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_image
-from paravt_agent.policy.chat import BANNED_LOGIT, ChatTokenizer
+from paravt_agent.policy.chat import BANNED_LOGIT, ChatTokenizer, file_token_count
 from paravt_agent.policy.endpoints import bearer, deterministic_inference, refuse_min_p
 from paravt_agent.types import Continuation, Generation, Sampling
 
@@ -148,6 +148,10 @@ class SGLangPolicy(Policy):
         return tuple(self.chat.placeholder_ids)
 
     def count_text_tokens(self, text: str) -> int:
+        if self._chat is None:  # the processor is not loaded yet: a local model directory's tokenizer file answers
+            n = file_token_count(self.model, text)
+            if n is not None:
+                return n
         return len(self.chat.tokens(text))
 
     @property

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import math
 import os
 import statistics
@@ -51,12 +52,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from paravt_agent.agent import Agent
+from paravt_agent.serving.redact import ClientView
 from paravt_agent.serving.request import ApiError, ApiSettings, parse_request, resolve_video
 from paravt_agent.serving.responses import run_failure
 from paravt_agent.serving.routes import ServerState, router
 
 __all__ = ["AgentService", "ApiError", "ApiSettings", "create_app", "parse_request", "resolve_video", "run_failure",
            "serve"]
+
+log = logging.getLogger("paravt.api")
 
 # --------------------------------------------------------------------------- the app
 
@@ -105,11 +109,14 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
+        exc = ClientView(settings).error(exc)  # a last guard: no path of this server in any error
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception):  # a bug of ours: still an OpenAI-shaped error
-        err = ApiError(500, f"{exc.__class__.__name__}: {exc}", kind="server_error", code="internal_error")
+        log.error("internal error answering %s", request.url.path, exc_info=exc)  # the details stay here
+        err = ApiError(500, f"internal error ({exc.__class__.__name__}); the server's log has the details",
+                       kind="server_error", code="internal_error")
         return JSONResponse(err.body(), status_code=500)
 
     app.add_middleware(_Guard, settings=settings)

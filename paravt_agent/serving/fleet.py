@@ -103,8 +103,9 @@ def wait_listed(router: str, urls: list[str], key: str | None = None, timeout: f
                 proc: subprocess.Popen | None = None) -> None:
     """Wait until the router at ``router`` lists every worker of ``urls`` (it adds one once it answers its first
     checks: seconds after the router is up)."""
-    import httpx
+    import httpx  # `paravt serve --dp` only: the module is read by the CLI's start-up
 
+    # the policy layer's one reading of a router's workers, here at launch only
     from paravt_agent.policy.endpoints import bearer, router_workers
 
     deadline = time.monotonic() + timeout

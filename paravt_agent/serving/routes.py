@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from paravt_agent.agent import Agent
 from paravt_agent.errors import ParaVTError, StoreError
 from paravt_agent.graph.runtime import event_json
+from paravt_agent.serving.redact import ClientView
 from paravt_agent.serving.request import ApiError, ApiSettings, Question, parse_request, resolve_video
 from paravt_agent.serving.responses import as_api_error, chunk, extension_of, run_failure, think_of, usage_of
 from paravt_agent.types import AnswerEvent, MemoryEvent, PlannerEvent, SubAgentEvent
@@ -26,6 +28,7 @@ from paravt_agent.types import AnswerEvent, MemoryEvent, PlannerEvent, SubAgentE
 __all__ = ["ServerState", "router"]
 
 router = APIRouter()
+log = logging.getLogger("paravt.api")
 
 
 @dataclass
@@ -89,10 +92,12 @@ async def feedback(request: Request):
                                       user=f"{caller}/{user}" if user else caller,
                                       key=str(key)[:200] if key else None)
     except StoreError as exc:
-        raise ApiError(503, str(exc), kind="server_error", code="store_unavailable",
-                       headers={"Retry-After": "5"} if exc.retryable else {}) from None
+        view = ClientView(server_of(request).settings, store_url=store.url)
+        raise view.error(ApiError(503, str(exc), kind="server_error", code="store_unavailable",
+                                  headers={"Retry-After": "5"} if exc.retryable else {})) from None
     except ParaVTError as exc:
-        raise ApiError(404 if "no trace" in str(exc) else 400, str(exc)) from None
+        view = ClientView(server_of(request).settings, store_url=store.url)
+        raise view.error(ApiError(404 if "no trace" in str(exc) else 400, str(exc))) from None
     return {"object": "feedback", "seq": seq, "trace_id": body["trace_id"]}
 
 
@@ -104,19 +109,22 @@ async def chat(request: Request):
     q = parse_request(body, settings)
     svc = server.service()
     svc.admit()
+    view = ClientView(settings)
     try:
         ag = svc.agent(q.mode, q.max_turns)
         await asyncio.to_thread(ag.check_input, q.question, q.options)  # before any download or model call
         path = await asyncio.to_thread(resolve_video, q.video, settings)
     except ParaVTError as exc:
         svc.release()
-        raise as_api_error(exc) from None
+        raise view.error(as_api_error(exc)) from None
     except BaseException:
         svc.release()
         raise
+    view = ClientView(settings, path, q.video)  # the upload named as the client sent it, never the server's path
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if q.stream:
-        return StreamingResponse(_stream(request, svc, ag, path, q, cid, created), media_type="text/event-stream",
+        return StreamingResponse(_stream(request, svc, ag, path, q, cid, created, view),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         async with svc._running:
@@ -130,26 +138,27 @@ async def chat(request: Request):
                     raise ApiError(499, "the client disconnected", code="client_closed")
             ans = task.result()
     except ParaVTError as exc:
-        raise as_api_error(exc) from None
+        raise view.error(as_api_error(exc)) from None
     finally:
         svc.release()
     svc.latencies.append(ans.trace.latency)
     tr = ans.trace
     failed = run_failure(tr, settings.degraded)
     if failed is not None:
-        return JSONResponse({**failed.body(), "paravt": extension_of(tr)}, status_code=failed.status,
+        failed = view.error(failed)
+        return JSONResponse({**failed.body(), "paravt": view.data(extension_of(tr))}, status_code=failed.status,
                             headers=failed.headers)
     return {
         "id": f"chatcmpl-{tr.id}", "object": "chat.completion", "created": created, "model": settings.model_name,
         "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                      "message": {"role": "assistant", "content": ans.text,
                                  "reasoning_content": "\n\n".join(think_of(t.text) for t in tr.turns)}}],
-        "usage": usage_of(tr), "paravt": extension_of(tr),
+        "usage": usage_of(tr), "paravt": view.data(extension_of(tr)),
     }
 
 
 async def _stream(request: Request, svc: Any, ag: Agent, path: str, q: Question, cid: str,
-                  created: int) -> AsyncIterator[str]:
+                  created: int, view: ClientView) -> AsyncIterator[str]:
     """The run goes in its own task, its events through a queue: a disconnect (or the response being torn
     down) cancels that task explicitly, which stops the graph and its sub-agents."""
     settings = svc.settings
@@ -183,8 +192,12 @@ async def _stream(request: Request, svc: Any, ag: Agent, path: str, q: Question,
         yield chunk(cid, created, name, {"role": "assistant", "content": ""}, **usage_null)
         while (ev := await events.get()) is not end:
             if isinstance(ev, Exception):
-                err = as_api_error(ev) if isinstance(ev, ParaVTError) else ApiError(
-                    500, f"{ev.__class__.__name__}: {ev}", kind="server_error", code="internal_error")
+                if isinstance(ev, ParaVTError):
+                    err = view.error(as_api_error(ev))
+                else:  # a bug of ours: its class for the client, the traceback for the server's log
+                    log.error("internal error in a streamed answer", exc_info=ev)
+                    err = ApiError(500, f"internal error ({ev.__class__.__name__}); the server's log has the "
+                                   "details", kind="server_error", code="internal_error")
                 yield f"data: {json.dumps(err.body())}\n\n"
             elif isinstance(ev, PlannerEvent):
                 calls = [{"index": c.index, "label": c.label, "window": c.window, "error": c.error}
@@ -197,7 +210,8 @@ async def _stream(request: Request, svc: Any, ag: Agent, path: str, q: Question,
                 yield chunk(cid, created, name, {},
                              paravt={"event": "subagent", "turn": ev.turn, "index": r.index, "agent": r.agent,
                                      "tool": r.name,
-                                     "window": r.window, "summary": r.summary, "error": r.error,
+                                     "window": r.window, "summary": r.summary, "error": view.text(r.error or "")
+                                     or None,
                                      "latency": round(r.latency, 4)}, **usage_null)
             elif isinstance(ev, MemoryEvent):  # the collaborative mode: an agent's round, as it finishes
                 yield chunk(cid, created, name, {}, paravt=event_json(ev), **usage_null)
@@ -206,10 +220,11 @@ async def _stream(request: Request, svc: Any, ag: Agent, path: str, q: Question,
                 svc.latencies.append(tr.latency)
                 failed = run_failure(tr, settings.degraded)
                 if failed is not None:  # OpenAI's in-stream error: no content, no finish reason
-                    yield f"data: {json.dumps({**failed.body(), 'paravt': extension_of(tr)})}\n\n"
+                    body = {**view.error(failed).body(), "paravt": view.data(extension_of(tr))}
+                    yield f"data: {json.dumps(body)}\n\n"
                     continue
                 yield chunk(cid, created, name, {"content": ev.answer.text}, **usage_null)
-                yield chunk(cid, created, name, {}, "stop", paravt={"event": "answer", **extension_of(tr)},
+                yield chunk(cid, created, name, {}, "stop", paravt={"event": "answer", **view.data(extension_of(tr))},
                              **usage_null)
                 if q.include_usage:  # OpenAI: one more chunk, no choices, the whole request's usage
                     yield chunk(cid, created, name, None, usage=usage_of(tr))

@@ -283,8 +283,12 @@ def launch(argv: list[str], env: dict[str, str], host: str, port: int, timeout: 
     process's). The server leads its own process group (its scheduler and detokenizer are its children):
     :func:`stop` ends them all."""
     if argv[0] == sys.executable and importlib.util.find_spec("sglang") is None:
+        if "--device" in argv and argv[argv.index("--device") + 1] == "cpu":  # the CPU engine: not the GPU extra
+            raise PolicyError("SGLang is not installed in this Python: for its CPU engine run `make sglang-cpu` "
+                              "(.venv-sglang, about a minute), then `paravt serve MODEL --device cpu --python "
+                              ".venv-sglang/bin/python`")
         raise PolicyError("SGLang is not installed: `pip install 'paravt[sglang]'` (GPU), or name the Python that "
-                          "has it with --python")
+                          "has it with `paravt serve MODEL --python PYTHON`")
     if os.sep in argv[0] and not Path(argv[0]).exists():
         raise PolicyError(f"{argv[0]} does not exist: name the Python that has SGLang installed")
     out = {"stdout": log, "stderr": subprocess.STDOUT} if log is not None else {}

@@ -13,6 +13,7 @@ import numpy as np
 
 from paravt_agent.errors import VideoError
 from paravt_agent.video.sampling import VideoInfo
+from paravt_agent.video.sniff import explain_unreadable, refuse_not_video
 
 __all__ = ["DECODERS", "Decoder", "available_backends"]
 
@@ -58,12 +59,14 @@ class _PyAVDecoder(Decoder):
     def __init__(self, path: str):
         import av
 
+        refuse_not_video(path)
         try:
             self._container = av.open(path)
         except av.error.EOFError as exc:
             raise VideoError(f"{path}: the file ends before any frame (empty or truncated video)") from exc
-        except av.error.FFmpegError as exc:
-            raise VideoError(f"{path}: not a readable video ({exc.__class__.__name__}: {exc})") from exc
+        except av.error.FFmpegError as exc:  # FFmpeg's words ("[Errno 1094995529] Invalid data ...") come last
+            why = f"FFmpeg: {getattr(exc, 'strerror', None) or exc.__class__.__name__}"
+            raise VideoError(explain_unreadable(path, path, why)) from exc
         streams = self._container.streams.video
         if not streams:
             kinds = sorted({s.type for s in self._container.streams})
@@ -251,7 +254,7 @@ class _DecordDecoder(Decoder):
         try:
             self._vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=2)
         except Exception as exc:  # decord raises bare DECORDError/RuntimeError
-            raise VideoError(f"{path}: decord cannot open it as a video ({exc})") from exc
+            raise VideoError(explain_unreadable(path, path, f"decord: {exc}")) from exc
         n = len(self._vr)
         fps = float(self._vr.get_avg_fps() or 0)
         if n <= 0 or fps <= 0:
@@ -300,7 +303,7 @@ class _TorchCodecDecoder(Decoder):
         try:
             self._dec = VideoDecoder(path, seek_mode="exact")
         except Exception as exc:
-            raise VideoError(f"{path}: torchcodec cannot open it as a video ({exc})") from exc
+            raise VideoError(explain_unreadable(path, path, f"torchcodec: {exc}")) from exc
         md = self._dec.metadata
         n, fps = int(md.num_frames or 0), float(md.average_fps or 0)
         if n <= 0 or fps <= 0:

@@ -11,7 +11,8 @@ IPv4 address); the connection then goes to the address that was checked (the ``H
 stay the URL's), so a second DNS answer cannot point it elsewhere; proxies from the environment are not
 used, for the same reason. Redirects are followed by hand (at most 5), each hop checked the same way. An operator
 opens what they choose with URL prefixes
-(``allow_prefixes``, ``paravt api --allow-url-prefix``, or ``PARAVT_ALLOW_URL_PREFIXES``, space-separated):
+(``allow_prefixes``, ``paravt api --allow-url-prefix``, ``paravt answer --allow-url-prefix``, or
+``PARAVT_ALLOW_URL_PREFIXES``, space-separated):
 a URL under one of them is fetched wherever it points.
 """
 
@@ -126,8 +127,10 @@ def check_url(url: str, allow: Sequence[str] = ()) -> list[str | None]:
     for a in addresses:
         why = address_refusal(a)
         if why:
-            raise VideoError(f"{url}: {u.host} is a {why} address ({a}); this server does not fetch from its own "
-                             f"network (an operator can open a prefix with --allow-url-prefix or ${ALLOW_ENV})")
+            raise VideoError(f"{url}: {u.host} is a {why} address ({a}); videos are not fetched from the "
+                             f"machine's own network unless a URL prefix is opened: `paravt answer "
+                             f"--allow-url-prefix PREFIX`, `paravt api --allow-url-prefix PREFIX`, or ${ALLOW_ENV} "
+                             "(space-separated prefixes; the SDK reads it too)")
     return addresses
 
 

@@ -11,6 +11,8 @@ from paravt_train.data.formats import (
     RLSample,
     SFTSample,
     check_renderable,
+    detect_kind,
+    group_errors,
     iter_rows,
     load_rl,
     load_sft,
@@ -36,6 +38,8 @@ __all__ = [
     "prompts_from_rl",
     "render_messages",
     "resolve_video",
+    "detect_kind",
+    "group_errors",
     "validate_file",
     "write_parquet",
 ]

@@ -41,6 +41,8 @@ __all__ = [
     "RLSample",
     "SFTSample",
     "check_renderable",
+    "detect_kind",
+    "group_errors",
     "iter_rows",
     "load_rl",
     "load_sft",
@@ -199,7 +201,9 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 
 def _row_error(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'row'}: {e['msg'].removeprefix('Value error, ')}"
+    """A row's errors; a column the row lacks is said as such (so equal reasons group: :func:`group_errors`)."""
+    return "; ".join(f"column `{e['loc'][0]}` is missing" if e["type"] == "missing" and len(e["loc"]) == 1 else
+                     f"{'.'.join(str(x) for x in e['loc']) or 'row'}: {e['msg'].removeprefix('Value error, ')}"
                      for e in exc.errors())
 
 
@@ -234,20 +238,73 @@ def _videos_of(sample) -> list[str]:
     return list(dict.fromkeys(vids))
 
 
-def validate_file(path, kind: str = "sft", video_root: str | Path | None = None, check_videos: bool = True):
-    """``(valid samples, [(row, reason), ...])``: every bad row with its number, nothing silently skipped."""
+#: the columns that say which kind a data file is
+KIND_COLUMNS = {"sft": ("messages",), "rl": ("prompt", "answer")}
+
+
+def detect_kind(path) -> str | None:
+    """``sft`` or ``rl`` by the file's columns (``messages``; ``prompt`` and ``answer``), None when neither."""
+    import pyarrow.parquet as pq
+
+    try:
+        columns = set(pq.read_schema(_parquet_files(Path(path))[0]).names)
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow raises several types for non-Parquet input
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    found = [k for k, need in KIND_COLUMNS.items() if set(need) <= columns]
+    return found[0] if len(found) == 1 else None
+
+
+def validate_file(path, kind: str = "auto", video_root: str | Path | None = None, check_videos: bool = True):
+    """``(valid samples, [(row, reason), ...])``: every bad row with its number, nothing silently skipped. ``kind``
+    ``auto`` reads the file's columns (:func:`detect_kind`); a kind the columns contradict is refused, naming the
+    other (``--kind rl``)."""
+    seen = detect_kind(path)
+    if kind == "auto":
+        if seen is None:
+            raise DataError(f"{path}: neither SFT rows (a `messages` column) nor RL rows (`prompt` and `answer` "
+                            "columns); docs/training.md has both formats")
+        kind = seen
     model = {"sft": SFTSample, "rl": RLSample}.get(kind)
     if model is None:
-        raise DataError(f"unknown data kind {kind!r}; expected sft or rl")
+        raise DataError(f"unknown data kind {kind!r}; expected auto, sft or rl")
+    if seen is not None and seen != kind:
+        columns = ", ".join(KIND_COLUMNS[seen])
+        raise DataError(f"{path} holds {seen.upper()} rows (columns {columns}), not {kind.upper()} rows: check it "
+                        f"with `paravt-train validate-data {path} --kind {seen}`")
     return _load(path, model, video_root, check_videos)
+
+
+def group_errors(errors: list[tuple[int, str]]) -> list[str]:
+    """One line per distinct reason, with its rows and their count ("rows 0-31 (32 rows): messages: field required"),
+    in the order of their first row."""
+    rows: dict[str, list[int]] = {}
+    for i, why in errors:
+        rows.setdefault(why, []).append(i)
+
+    def span(ns: list[int]) -> str:
+        if len(ns) == 1:
+            return f"row {ns[0]}"
+        runs, start = [], ns[0]
+        for a, b in zip(ns, [*ns[1:], None], strict=True):
+            if b != a + 1:
+                runs.append(f"{start}" if start == a else f"{start}-{a}")
+                start = b
+        shown = ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
+        return f"rows {shown} ({len(ns)} rows)"
+
+    return [f"{span(ns)}: {why}" for why, ns in rows.items()]
 
 
 def _strict(path, kind, video_root, check_videos):
     samples, errors = validate_file(path, kind, video_root, check_videos)
     if errors:
-        shown = "\n".join(f"  row {i}: {why}" for i, why in errors[:10])
-        more = f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else ""
-        raise DataError(f"{path}: {len(errors)} invalid rows (run `paravt-train validate-data`):\n{shown}{more}")
+        lines = group_errors(errors)
+        shown = "\n".join(f"  {line}" for line in lines[:10])
+        more = f"\n  ... and {len(lines) - 10} more" if len(lines) > 10 else ""
+        raise DataError(f"{path}: {len(errors)} invalid rows (check them with `paravt-train validate-data {path} "
+                        f"--kind {kind}`):\n{shown}{more}")
     return samples
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import typer
 
 app = typer.Typer(help="Online learning from user feedback, gated versions, promote and rollback.",
-                  add_completion=False, invoke_without_command=True)
+                  add_completion=False, invoke_without_command=True,
+                  rich_markup_mode=None)  # click's help layout (paravt_agent.cli says why)
 
 
 def _fail(msg: str) -> None:

@@ -28,10 +28,10 @@ from __future__ import annotations
 import warnings
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from paravt_agent.compat import REMOVED_IN
-from paravt_agent.config import AgentConfig, load_yaml_model, merge_settings, upgrade_keys
+from paravt_agent.config import AgentConfig, explain_lines, load_yaml_model, merge_settings, upgrade_keys
 from paravt_agent.errors import ConfigError
 from paravt_agent.types import Sampling
 from paravt_train.infra.lora import LoraSettings
@@ -263,6 +263,8 @@ class GRPOConfig(BaseModel):
     def _agent_settings(self):
         try:
             AgentConfig.model_validate(self.agent)
+        except ValidationError as exc:  # said key by key, under `agent.`
+            raise ValueError("; ".join(explain_lines(exc, AgentConfig, prefix="agent."))) from None
         except ValueError as exc:
             raise ValueError(f"agent: not agent settings: {exc}") from None
         return self

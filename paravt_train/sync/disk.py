@@ -63,7 +63,6 @@ from paravt_train.sync.http import (
     flush_when_idle,
     json_of,
     server_facts,
-    still_paused,
     urls_of,
 )
 from paravt_train.sync.lease import journal_push
@@ -131,23 +130,17 @@ class SGLangWeightSync(WeightSync):
             for url in targets:
                 try:
                     with Paused(client, url, self.pause_mode):
-                        # a pause someone else ended (the supervisor's --max-pause): the version is named only
-                        # once the cache holds no old-weight prefixes (finish_unflushed)
-                        resumed = self.pause_mode != "in_place" and not still_paused(client, url, self.keys)
                         body = {"model_path": str(Path(model_dir).resolve()),
-                                "flush_cache": self.pause_mode != "in_place" and not resumed}
-                        if version is not None and not resumed:
+                                "flush_cache": self.pause_mode != "in_place"}
+                        if version is not None:
                             body["weight_version"] = str(version)
                         resp = client.post(f"{url}/update_weights_from_disk", json=body)
-                        if resumed or applied_unflushed(resp):  # loaded while requests ran
-                            if resp.status_code != 200 and not applied_unflushed(resp):
-                                raise PolicyError(f"{url}/update_weights_from_disk refused {model_dir}: "
-                                                  f"{json_of(resp).get('message') or resp.text[:300]}")
+                        if applied_unflushed(resp):  # a pause someone else ended during the load (--max-pause)
                             self.log(f"warning: generation on {url} was continued during the load of version "
                                      f"{version}: requests ran with the new weights beside the old cache until it "
-                                     "is flushed, once the server is idle")
-                            results.append(finish_unflushed(client, url, None if applied_unflushed(resp) and
-                                                            not resumed else version, self.log))
+                                     "is flushed, once the server is idle; the version is named after the flush")
+                            # SGLang names no version when it refuses the flush: named here, after it
+                            results.append(finish_unflushed(client, url, version, self.log))
                             continue
                     if self.pause_mode == "in_place" and resp.status_code == 200:
                         flush_when_idle(client, url)

@@ -307,6 +307,9 @@ class StreamedSync(WeightSync):
         self.prepare(client, url, k)
         self.resumed = False
         with Paused(client, url, self.pause_mode), Session(client, url):
+            # whether this server's /ready tells a pause (SGLang 0.5.23: 503 while paused; a server that answers
+            # 200 under our own pause cannot tell us later that someone else ended it)
+            tells = self.pause_mode != "in_place" and still_paused(client, url, self.keys)
             pending = None  # one bucket of look-ahead: the last one is known only at the end
             for bucket in self.buckets(named_tensors):
                 if pending is not None:
@@ -314,7 +317,7 @@ class StreamedSync(WeightSync):
                     sent, n_buckets = sent + len(pending), n_buckets + 1
                 pending = bucket
             if pending is not None:
-                self.resumed = self.pause_mode != "in_place" and not still_paused(client, url, self.keys)
+                self.resumed = tells and not still_paused(client, url, self.keys)
                 if self.resumed:
                     self._say_mixed(client, url, n_buckets + 1, version)
                 try:

@@ -5,11 +5,16 @@ sub-agent, answer step) at n = 8, then a table per dispatch mode (parallel /
 sequential / none) and overview size n: MCQ accuracy, open-ended accuracy
 (token F1), grounding mIoU and tool calls per question, next to the
 nearest-overview-frame shortcut. Results also go to ``OUT/results.json``.
+
+The default is the quick look (4 held-out videos: the first answer within a minute, the whole run a few minutes on
+a busy 2-core machine); ``full=True`` (``--full``) is the docs' table (16 videos). An estimate of the whole run is
+printed up front, and each table row's progress bar says which row it is ("row 3 of 9: parallel, n = 64").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -25,6 +30,11 @@ __all__ = ["evaluate", "run", "shortcut", "table"]
 REPO_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "toy"
 #: Questions per held-out video: colour-at-t MCQ / open-ended, grounding.
 EVAL_QUESTIONS = {"mcq": 3, "oe": 1, "tvg": 1}
+#: held-out videos (and videos of the per-role check) of the quick look and of the full table (``--full``)
+QUICK, FULL = {"worlds": 4, "roles": 4}, {"worlds": 16, "roles": 8}
+#: seconds of one answer in the table's rows (16 at a time, the toy policy batched), measured on an idle 2-core AMD
+#: EPYC (the full table: 720 answers and the per-role check in 2.2 min); the estimate scales it by the machine's load
+SECONDS_PER_ANSWER = 0.16
 
 
 def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = True, log=print,
@@ -35,21 +45,26 @@ def evaluate(policy, worlds, modes, ns, concurrency: int = 16, progress: bool = 
     share of questions) and not in the scores."""
     items = [(w, q) for w in worlds for q in w.questions]
     results, answers_by = {}, {}
-    for mode in modes:
+    rows = len(modes) * len(ns)
+    started = time.perf_counter()
+    for k, mode in enumerate(modes):
         agent = Agent(policy=policy, config=toy_agent_config(mode=mode))
-        for n in ns:
+        for j, n in enumerate(ns):
             t0 = time.perf_counter()
             answers = agent.answer_many(
                 [{"video": w.video, "question": q.question, "options": q.options, "n_frames": n} for w, q in items],
                 concurrency=concurrency, progress=progress, reruns=reruns,
+                desc=f"row {k * len(ns) + j + 1} of {rows}: {mode}, n = {n}",
             )
             row = score_answers(items, answers)
             row["seconds"] = time.perf_counter() - t0
             results[(mode, n)] = row
             answers_by[(mode, n)] = answers
+            done = k * len(ns) + j + 1
+            left = (time.perf_counter() - started) / done * (rows - done)
             log(f"  {mode:10s} n={n:<3d} mcq {row.get('mcq', 0):.2f}  oe {row.get('oe', 0):.2f}  "
                 f"tvg mIoU {row.get('tvg', 0):.2f}  calls {row['calls']:.1f}  errors {row['errors']:.0%}  "
-                f"({row['seconds']:.0f}s)")
+                f"({row['seconds']:.0f}s{f'; about {left / 60:.1f} min left' if done < rows else ''})")
     return results, answers_by
 
 
@@ -100,29 +115,68 @@ def role_table(roles: dict) -> str:
     return "\n".join(lines)
 
 
-def run(model_dir: str | Path | None = None, out: str | Path | None = None, worlds: int = 16,
+def estimate(answers: int, load: float | None = None, cores: int | None = None, contention: float = 1.0) -> float:
+    """Seconds ``answers`` table answers take here: :data:`SECONDS_PER_ANSWER` (an idle 2-core machine's) times how
+    much busier this machine is: its 1-minute load per core, or ``contention`` (a measured answer's wall time over
+    its CPU time) where that is larger, at least 1."""
+    cores = cores or os.cpu_count() or 1
+    load = os.getloadavg()[0] if load is None else load
+    return answers * SECONDS_PER_ANSWER * max(1.0, load / cores, contention) * max(1.0, 2 / cores)
+
+
+def run(model_dir: str | Path | None = None, out: str | Path | None = None, worlds: int | None = None,
         modes=("parallel", "sequential", "none"), ns=(4, 8, 64), progress: bool = True, log=print,
-        roles: int = 8, seed: int = TEST_SEED0) -> dict:
+        roles: int | None = None, seed: int = TEST_SEED0, full: bool = False) -> dict:
     """One trace, per-role accuracy on the first ``roles`` held-out videos (0 = skip), the mode x n table, on
     the toy worlds of seeds ``seed`` .. ``seed + worlds - 1`` (the default range is the one training never
-    uses; any other range is as held-out, since training uses seeds below 900,000)."""
+    uses; any other range is as held-out, since training uses seeds below 900,000). ``worlds`` and ``roles``
+    default to the quick look's (:data:`QUICK`), or with ``full`` to the docs' table's (:data:`FULL`)."""
 
     t_start = time.perf_counter()
     model_dir = Path(model_dir or REPO_CHECKPOINT)
     out = Path(out or paravt_home() / "quickstart")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"no toy policy at {model_dir}; build one with `paravt-train toy`")
+    size = FULL if full else QUICK
+    worlds = size["worlds"] if worlds is None else worlds
+    roles = min(size["roles"], worlds) if roles is None else roles
     log(f"toy policy: {model_dir}")
     test = make_worlds(range(seed, seed + worlds), out / "videos", progress, **EVAL_QUESTIONS)
+    questions = sum(len(w.questions) for w in test)
+    rows = len(modes) * len(ns)
+    answers = rows * questions + roles * sum(EVAL_QUESTIONS.values()) * 3  # the table, and each role's turns
     log(f"{len(test)} held-out videos (seeds {seed}-{seed + worlds - 1}, {min(w.duration for w in test)}-"
-        f"{max(w.duration for w in test)} s), {sum(len(w.questions) for w in test)} questions")
+        f"{max(w.duration for w in test)} s), {questions} questions; {rows} table rows of {questions} answers")
+    log(f"estimate: about {estimate(answers) / 60:.1f} min for the whole run ({answers} answers at "
+        f"{SECONDS_PER_ANSWER:g} s each on an idle 2-core AMD EPYC, scaled by this machine's load; "
+        f"{'the full table' if full else 'the quick look: --full for the docs table, 16 videos'})")
+    import torch  # the model's own library (the policy loads it anyway): its threads, below
+
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+    if os.getloadavg()[0] >= cores:  # other work holds the cores: one torch thread (two fight it 10-20x slower)
+        torch.set_num_threads(1)
+        log(f"the machine is busy (load {os.getloadavg()[0]:.1f} on {cores} cores): one torch thread")
+    try:
+        return _answer(model_dir, out, test, modes, ns, progress, log, roles, seed, worlds, answers, t_start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _answer(model_dir, out, test, modes, ns, progress, log, roles, seed, worlds, answers, t_start) -> dict:
+    """The run after its plan: the first answer and its trace, each role alone, the table."""
+    log("answering the first question (the model loads first) ...")
     policy = LocalPolicy(model_dir, max_batch=16)
     example_agent = Agent(policy=policy, config=toy_agent_config(mode="parallel"))
     w, q = test[0], test[0].questions[0]
+    wall, cpu = time.perf_counter(), time.process_time()
     ans = example_agent.answer(w.video, q.question, q.options, n_frames=8)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     log("\n=== one full trace (parallel, n = 8) ===")
     log(ans.trace.render())
-    log(f"(ground truth: {q.answer}, {q.colour})\n")
+    log(f"(ground truth: {q.answer}, {q.colour})")
+    contention = wall / max(cpu, 1e-3)
+    log(f"the first answer took {wall:.0f}s of wall time for {cpu:.0f}s of CPU: the rest, about "
+        f"{estimate(answers, contention=contention) / 60:.1f} min\n")
     summary: dict = {"model": str(model_dir), "worlds": len(test), "seeds": [seed, seed + worlds - 1]}
     if roles:
         log("=== each role alone (held-out, n = 8; the other roles' outputs are the correct ones) ===")

@@ -41,9 +41,10 @@ def main() -> None:
 
         return
     from paravt_train.infra.distributed import shutdown_distributed
+    from paravt_train.online.config import OnlineConfig
     from paravt_train.rl.config import GRPOConfig
 
-    cfg = GRPOConfig.from_yaml(args.config)
+    cfg = (GRPOConfig if args.mode == "grpo" else OnlineConfig).from_yaml(args.config)
     try:  # as `paravt-train grpo|online` end
         if args.mode == "grpo":
             from paravt_train.rl.trainer import GRPOTrainer

@@ -302,7 +302,7 @@ def test_an_online_learner_on_a_third_host_promotes_to_the_fleet(fleet, toy_poli
     cfg = {"model": toy_policy_dir, "video_root": toy_rl["video_root"], "output_dir": str(out),
            "backend": "sglang", "endpoint": fleet.router, "prompts_per_step": 2, "group_size": 2,
            "max_new_tokens": 64, "subagent_max_new_tokens": 32, "temperature": 1.2, "lr": 1e-3, "save_every": 100,
-           "concurrency": 2, "gating_choices": [4], "sync": {"via": "disk"}, "online": {"gating": False}}
+           "concurrency": 2, "gating_choices": [4], "sync": {"via": "disk"}}
     path = bed.shared / "learner.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = bed["learn"].popen([sys.executable, str(ROOT / "tests" / "scale_worker.py"), "online", str(path),

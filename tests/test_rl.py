@@ -506,7 +506,7 @@ def test_online_learning_neither_loses_nor_repeats_feedback(toy_policy_dir, toy_
     second.trainer.setup()
     orig = second.trainer.save
 
-    def crash():
+    def crash(*_, **__):
         raise Crash  # the update ran but never reached its checkpoint
 
     second.trainer.save = crash

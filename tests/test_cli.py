@@ -62,6 +62,20 @@ def test_paravt_serve_dp_dry_run_puts_workers_behind_the_router():
     assert "--port 31002" in lines[1] and "--base-gpu-id 2" in lines[1] and "--tp 2" in lines[1]
     assert "sglang_router.launch_router" in lines[2] and "--port 31000" in lines[2]
     assert lines[2].endswith("--worker-urls http://127.0.0.1:31001 http://127.0.0.1:31002")
+    # workers other hosts reach: registered under the serve host (0.5.1: always 127.0.0.1), or --worker-host
+    lines = run("paravt", "serve", "m", "--host", "10.0.0.5", "--port", "31000", "--dp", "2",
+                "--dry-run").stdout.strip().splitlines()
+    assert "--host 10.0.0.5" in lines[0] and lines[2].endswith(
+        "--worker-urls http://10.0.0.5:31001 http://10.0.0.5:31002")
+    lines = run("paravt", "serve", "m", "--host", "0.0.0.0", "--worker-host", "10.0.0.6", "--dp", "2",
+                "--dry-run").stdout.strip().splitlines()
+    assert "--host 0.0.0.0" in lines[0] and "http://10.0.0.6:30001 http://10.0.0.6:30002" in lines[2]
+    # keys: SGLang's and the router's, never printed
+    out = run("paravt", "serve", "m", "--dp", "2", "--api-key", "user-secret", "--admin-api-key", "admin-secret",
+              "--dry-run").stdout
+    assert "secret" not in out and out.count("--api-key '***'") == 3 and out.count("--admin-api-key '***'") == 2
+    out = run("paravt", "serve", "m", "--dry-run", env={"PARAVT_SGLANG_API_KEY": "from-env"}).stdout
+    assert "--api-key '***'" in out and "from-env" not in out
 
 
 def test_paravt_serve_without_sglang_says_how_to_install():

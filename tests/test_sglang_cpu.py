@@ -1,23 +1,21 @@
 """SGLang's own server on CPU, as the suite sets it up (``make sglang-cpu``, tests/sglang_cpu): the project's CPU
 stand-in for SGLang's compiled kernels (pinned to sglang 0.5.23), checked against the semantics of SGLang's own
-triton kernel, and ``paravt serve --device cpu`` serving the toy policy."""
+triton kernel. (``paravt serve --device cpu`` serving the toy policy, and stopping on SIGTERM: tests/test_hosts.py,
+whose fleet it starts.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
-from tests.conftest import engine_unavailable, free_port
+from tests.conftest import engine_unavailable
 from tests.sglang_cpu import sgl_kernel
 from tests.sglang_cpu.server import PYTHON, unavailable
 from tests.sglang_cpu.sgl_kernel import _names
@@ -174,40 +172,3 @@ def test_the_cpu_kernel_agrees_with_sglangs_triton_kernel():
         got = case[1].clone()
         sgl_kernel.assign_req_to_token_pool_cpu(case[0], got, case[2], case[3], case[4], pool_len)
         assert got.tolist() == tri
-
-
-@pytest.mark.slow
-def test_paravt_serve_device_cpu_serves_the_toy_policy(toy_policy_dir, tmp_path):
-    """`paravt serve MODEL --device cpu` (the launcher users run on GPUs, with SGLang's CPU flags) starts SGLang,
-    says when it is healthy, answers /generate with the model, and a SIGTERM to the command stops the server's
-    processes (its scheduler and detokenizer included)."""
-    engine_unavailable(unavailable())
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with log.open("w") as f:
-        cli = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "paravt"), "serve", toy_policy_dir,
-                                "--device", "cpu", "--python", str(PYTHON), "--port", str(port),
-                                "--max-total-tokens", "4096"], stdout=f, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PARAVT_HOME": str(tmp_path / "home")})
-    try:
-        deadline = time.time() + 240
-        while "healthy: http://127.0.0.1" not in log.read_text():
-            assert cli.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        assert "--device cpu --attention-backend torch_native" in log.read_text()
-        out = httpx.post(f"http://127.0.0.1:{port}/generate", json={
-            "input_ids": [20, 21, 22], "sampling_params": {"max_new_tokens": 3, "temperature": 0.0}}, timeout=60)
-        assert out.status_code == 200 and len(out.json()["output_ids"]) == 3
-        info = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=60).json()
-        assert (info["version"], info["dtype"], info["attention_backend"]) == ("0.5.23", "float32", "torch_native")
-    finally:
-        cli.send_signal(signal.SIGTERM)
-        cli.wait(60)
-    deadline = time.time() + 30
-    while True:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-        except httpx.HTTPError:
-            break  # nothing listens any more
-        assert time.time() < deadline, "the server outlived `paravt serve`"
-        time.sleep(0.5)

@@ -184,5 +184,5 @@ def test_online_learner_reads_feedback_from_postgres(postgres_db, toy_policy_dir
     learner.trainer.setup()
     assert learner.poll() == 2
     st = learner.state
-    assert len(st["queue"]) == 2 and st["skipped"] == 1 and st["cursor"] == store.feedback_since(0)[-1]["seq"]
+    assert len(st.queue) == 2 and st.skipped == 1 and st.cursor == store.feedback_since(0)[-1]["seq"]
     assert learner.poll() == 0  # nothing new

@@ -671,6 +671,34 @@ def test_sglang_itself_reports_what_the_syncs_read(sglang_toy):
     assert SGLangPolicy(sglang_toy.model, sglang_toy.url).server_deterministic() is False
 
 
+def test_paravt_serves_supervisor_asks_each_route_with_the_key_it_takes(tiny_model, stand_in):
+    """A server started with --api-key and --admin-api-key (SGLang 0.5.23's rules: /ping takes the API key only,
+    the admin routes the admin key only, /ready none): 0.5.1's supervisor pinged with the admin key, got 401, read
+    "cannot say" and never continued a dead pusher's pause. Now it pings with the API key and continues with the
+    admin key; `paravt serve` passes it both."""
+    from paravt_agent.serving.supervisor import PauseSupervisor, supervise
+
+    srv = stand_in(tiny_model, "--api-key", "user-key", "--admin-api-key", "admin-key")
+    admin = {"Authorization": "Bearer admin-key"}
+    paused = httpx.post(srv.url + "/pause_generation", json={"mode": "abort"}, headers=admin, timeout=30)
+    assert paused.status_code == 200
+    assert httpx.get(srv.url + "/ping", headers=admin, timeout=30).status_code == 401  # the admin key alone
+    old = PauseSupervisor([srv.url], lease=1, max_pause=1, admin_key="admin-key", log=lambda *_: None)  # 0.5.1's
+    t0 = time.time()
+    assert old.check(now=t0) == [] and old.check(now=t0 + 5) == [] and not old.paused_since
+    sup = supervise("127.0.0.1", int(srv.url.rsplit(":", 1)[1]), 1, 60, None, max_pause=1, log=lambda *_: None,
+                    api_key="user-key", admin_key="admin-key")
+    try:
+        deadline = time.time() + 30
+        while not sup.continued:
+            assert time.time() < deadline, "the supervisor never continued the pause"
+            time.sleep(0.2)
+    finally:
+        sup.stop()
+    assert httpx.get(srv.url + "/ready", timeout=30).status_code == 200  # generation runs again
+    assert sup.continued[0]["why"] == "max-pause"
+
+
 # ---------------------------------------------------------------------------------------------- rejoin ports
 
 

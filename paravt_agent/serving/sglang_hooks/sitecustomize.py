@@ -4,30 +4,44 @@
 SGLang 0.5.23 makes the group ``/init_weights_update_group`` joins with torch's default timeout (30 minutes), and a
 bucket's receive blocks its scheduler until the broadcast ends: a trainer host that dies mid-bucket (no TCP reset
 reaches the server) would leave every user's request waiting half an hour, ``/continue_generation`` included. With
-``PARAVT_WEIGHT_GROUP_TIMEOUT`` (seconds) set, torch's default group timeout in the server's processes is that:
-the receive fails after it, SGLang answers the update with an error and its scheduler goes on. Nothing else of the
-server is touched; without the variable this file only hands over to another ``sitecustomize`` on the path.
+``PARAVT_WEIGHT_GROUP_TIMEOUT`` (seconds) set, the weight updater's ``init_custom_process_group`` (SGLang's module
+``model_runner_components/weight_updater.py``, the only caller that makes weight-update groups) gets that timeout
+when it passes none: the receive fails after it, SGLang answers the update with an error and its scheduler goes
+on. SGLang's own groups (tensor parallelism, its gloo CPU groups) keep torch's defaults: a long weight load on
+many GPUs must not time them out. Without the variable this file only hands over to another ``sitecustomize``.
 """
 
 import os
 import sys
 
 _SECONDS = os.environ.get("PARAVT_WEIGHT_GROUP_TIMEOUT")
-_TARGET = "torch.distributed.distributed_c10d"
+_TARGET = "sglang.srt.model_executor.model_runner_components.weight_updater"
 
 
-def _set_timeout(module) -> None:
+def _bound(module) -> None:
     import datetime
+    import functools
 
-    module.default_pg_timeout = datetime.timedelta(seconds=float(_SECONDS))
+    make = getattr(module, "init_custom_process_group", None)
+    if make is None or getattr(make, "_paravt_timeout", False):
+        return
+
+    @functools.wraps(make)
+    def init_custom_process_group(*args, **kwargs):
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = datetime.timedelta(seconds=float(_SECONDS))
+        return make(*args, **kwargs)
+
+    init_custom_process_group._paravt_timeout = True
+    module.init_custom_process_group = init_custom_process_group
 
 
 if _SECONDS:
     import importlib.abc
     import importlib.util
 
-    class _AfterC10d(importlib.abc.MetaPathFinder):
-        """Finds torch's c10d module as usual, and sets its default timeout right after it runs."""
+    class _AfterWeightUpdater(importlib.abc.MetaPathFinder):
+        """Finds SGLang's weight-updater module as usual, and bounds its groups right after it runs."""
 
         def find_spec(self, name, path=None, target=None):
             if name != _TARGET:
@@ -39,15 +53,15 @@ if _SECONDS:
 
                 def exec_module(module, run=run):
                     run(module)
-                    _set_timeout(module)
+                    _bound(module)
 
                 spec.loader.exec_module = exec_module
             return spec
 
     if _TARGET in sys.modules:
-        _set_timeout(sys.modules[_TARGET])
+        _bound(sys.modules[_TARGET])
     else:
-        sys.meta_path.insert(0, _AfterC10d())
+        sys.meta_path.insert(0, _AfterWeightUpdater())
 
 # another sitecustomize on the path (a distribution's, a venv's) still runs
 _here = os.path.dirname(os.path.abspath(__file__))

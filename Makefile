@@ -14,7 +14,7 @@ endif
 TORCH_SIZE ?= about 2.7 GB to download (torch 555 MB and its CUDA libraries 2.2 GB; 4.4 GB installed; a CPU-only \
   build is much smaller: docs/install.md)
 
-.PHONY: install test test-gpu lint demo bench clean browser postgres sglang-contract sglang-cpu lmms-eval
+.PHONY: install test test-gpu lint demo bench clean browser postgres hosts sglang-contract sglang-cpu lmms-eval
 
 # The SGLang release whose HTTP contract the test server checks every request and reply against (named here only;
 # the `sglang` extra in pyproject.toml admits the range the client was tested with).
@@ -44,6 +44,12 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || \
 	  echo "warning: could not install chromium; the browser test will be skipped"
+
+# the multi-host tests make network namespaces (iproute2's `ip netns`, util-linux's `unshare`; root: CI runs as root)
+hosts:
+	@command -v ip >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux) || \
+	  echo "warning: could not install iproute2; the multi-host tests will be skipped"
 
 # the PostgreSQL trajectory store's tests start a real server (Debian's postgresql package)
 postgres:
@@ -92,7 +98,7 @@ $(SGLANG_CPU)/.installed: $(VENV)/.installed Makefile tests/sglang_cpu/install.s
 	BASE=$(VENV) TARGET=$(SGLANG_CPU) SGLANG_VERSION=$(SGLANG_VERSION) bash tests/sglang_cpu/install.sh && touch $@ || \
 	  echo "warning: could not install SGLang's CPU engine; the tests against the real SGLang server will be skipped"
 
-test: install browser postgres sglang-contract sglang-cpu lmms-eval
+test: install browser postgres hosts sglang-contract sglang-cpu lmms-eval
 	$(BIN)/python -m ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 	# the numerics a GPU gets (bf16 weights in the local backend, bf16 autocast in the trainers), on the CPU

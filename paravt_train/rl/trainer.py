@@ -229,9 +229,9 @@ class GRPOTrainer:
         self.optimizer.state.clear()
 
     def save_model(self, path: Path) -> Path:
-        """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads (a LoRA
-        run's adapter merged into a fresh copy of the base)."""
-        agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
+        """A plain model directory (+ the agent config it was trained with, greedy, its frame protocol bound to the
+        model's geometry) that the agent loads (a LoRA run's adapter merged into a fresh copy of the base)."""
+        agent = self.eval_agent_config().model_copy(update={"frames": self.agent.config.frames})
         if self.cfg.lora.enabled:
             return lora.export_merged(self.model, self.processor, self.cfg.model, path, self.cfg.lora, agent.to_yaml())
         return export_model(self.model, self.processor, path, agent.to_yaml())
@@ -246,7 +246,7 @@ class GRPOTrainer:
         if self.cfg.lora.enabled:
             return self.save_adapter(path)
         if getattr(self, "_server_export", None) is None or self._server_export.path != Path(path):
-            agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
+            agent = self.eval_agent_config().model_copy(update={"frames": self.agent.config.frames})
             self._server_export = ServerExport(Path(path), self.processor,
                                                serving_dtype(self.cfg.sync.dtype, self.device), agent.to_yaml())
         return self._server_export.write(model)

@@ -313,23 +313,30 @@ def test_grounding_boxes_map_back_to_the_source_videos_pixels(family, boxed_vide
     assert max(abs(a - b) for a, b in zip(box, [200, 40, 260, 100], strict=True)) <= 3, found
 
 
+#: the methods whose papers train Qwen2.5-VL-7B, as a GRPO config states them: Weaver, VideoChat-M1, and AVATAR's
+#: options (Temporal Advantage Shaping, the stratified replay buffer) on the plain GRPO baseline
+QWEN2_5_METHODS = {"weaver": {"method": "weaver"}, "videochat-m1": {"method": "videochat-m1"},
+                   "avatar": {"method": "vanilla-grpo", "tas_lambda": 0.5, "replay": {"enabled": True, "per_step": 2}}}
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
-@pytest.mark.parametrize("method", ["weaver", "videochat-m1"])
+@pytest.mark.parametrize("method", list(QWEN2_5_METHODS))
 def test_the_qwen2_5_vl_methods_step_on_a_qwen2_5_vl_model_against_sglang(family, served, toy_rl, tmp_path, method):
-    """Weaver and VideoChat-M1 train Qwen2.5-VL in their papers: each method's GRPO step runs on a tiny Qwen2.5-VL
+    """Weaver, VideoChat-M1 and AVATAR train Qwen2.5-VL in their papers: each one's GRPO step runs on a tiny Qwen2.5-VL
     against SGLang with the model's own geometry and the method's defaults (its tools' calls trained here: frozen tools
     on a served full fine-tuning run need a second server; the token budgets cut for the CPU)."""
     from paravt_train.rl.config import GRPOConfig
     from paravt_train.rl.trainer import GRPOTrainer
 
     agent = {"frames": {"n_frames": 8}, "collab": {"agent_sampling": {"max_new_tokens": 16}}}
-    cfg = GRPOConfig(model=family.dir, method=method, data=toy_rl["data"], video_root=toy_rl["video_root"],
+    cfg = GRPOConfig(model=family.dir, data=toy_rl["data"], video_root=toy_rl["video_root"],
                      output_dir=str(tmp_path), steps=1, prompts_per_step=1, group_size=2, max_new_tokens=16,
                      subagent_max_new_tokens=8, save_every=5, concurrency=2, backend="sglang", endpoint=served.url,
-                     tool_model_calls="train", agent=agent)
+                     tool_model_calls="train", agent=agent, **QWEN2_5_METHODS[method])
     tr = GRPOTrainer(cfg, progress=False)
     tr.run()
-    assert tr.agent.config.preset == method and tr.agent.config.frames.factor == 28
+    assert tr.agent.config.preset == {"avatar": "paravt"}.get(method, method)
+    assert tr.agent.config.frames.factor == 28
     (rec,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rec["failed_episodes"] == 0 and rec["episodes"] >= 2, rec.get("failures")
     assert rec["logprob_mismatch"] < FLOAT32_BOUND["update"]

@@ -1,6 +1,6 @@
-"""Tiny models of every family the project trains, built offline (the test suite's, and ``paravt-train toy``'s
-``--family``): the toy's tokenizer and chat template (the Qwen special tokens are the same in all of them), random
-weights, and each family's real processor settings.
+"""Tiny models of every family the project trains, built offline (the test suite's): the toy's tokenizer and chat
+template (the Qwen special tokens are the same in all of them), random weights, and each family's real processor
+settings.
 
 =================  =====================================  ==========================================================
 family             processor (unit, pixels)               what a checkpoint of it needs that a config built in code
@@ -17,8 +17,10 @@ family             processor (unit, pixels)               what a checkpoint of i
                                                           deepstack layers (SGLang's MoE model hard-codes 3)
 =================  =====================================  ==========================================================
 
-Every model here generates, re-scores token for token and trains in transformers 5.24 and is served by SGLang's CPU
-engine (``tests/test_families.py``); docs/families.md says what a real checkpoint or a GPU could still show.
+The Qwen3-VL, Qwen2.5-VL and Qwen2-VL ones generate, re-score token for token and train in transformers 5.24, and
+SGLang's CPU engine serves them with the same tokens (``tests/test_families.py``); the Qwen3-VL-MoE one runs locally
+(docs/families.md says why it is not served and trained in the suite, and what a real checkpoint or a GPU could still
+show).
 """
 
 from __future__ import annotations

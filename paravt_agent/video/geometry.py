@@ -100,5 +100,6 @@ class FrameGeometry:
             raise ConfigError(
                 f"{setting}: {factor} contradicts the model, whose frames are multiples of {self.unit} pixels "
                 f"({self.describe()}): frames of {factor}-pixel sides would be resized again by its processor, and "
-                f"a server would count other visual tokens than this client. Delete {setting} (the frame unit is "
-                f"read from the model), or use a model of the family it was written for")
+                f"a server would count other visual tokens than this client. Delete {setting} from the agent config "
+                f"(or from the agent_config.yaml of the model directory it came from: the frame unit is read from the "
+                f"model), or use a model of the family it was written for")

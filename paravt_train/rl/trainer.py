@@ -39,6 +39,7 @@ from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.chat import ChatTokenizer
+from paravt_agent.policy.families import model_type_of_dir
 from paravt_agent.policy.registry import make_rollout_policy
 from paravt_train.data import PromptItem, prompts_from_rl
 from paravt_train.eval import heldout_scores
@@ -135,7 +136,7 @@ class GRPOTrainer:
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
         self.processor = AutoProcessor.from_pretrained(cfg.model)
-        self.chat = ChatTokenizer(self.processor)
+        self.chat = ChatTokenizer(self.processor, model_type_of_dir(cfg.model))
         self.eos_id = self.chat.eos_id
         self.model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=torch.float32).to(self.device)
         if cfg.lora.enabled:  # adapters only; the KL reference is the base with the adapter disabled (no copy)

@@ -71,8 +71,10 @@ class Agent:
             model = resolve_model(backend, model)
         if config is None and policy is None:
             config = AgentConfig.for_model(model)  # a model directory's protocol (local, sglang); None otherwise
-        self.config = config or AgentConfig()
         self.policy = policy or make_policy(backend, model, endpoint, api_key, **(policy_kwargs or {}))
+        # the frame protocol bound to the model's own geometry (its unit, its max pixels): a config stating a frame
+        # factor the model contradicts is refused here, naming both
+        self.config = (config or AgentConfig()).bound_to(self.policy.frame_geometry)
         if self.config.think_prefix and not self.policy.supports_prefix:
             raise ConfigError(f"the {self.policy.name} policy cannot pin the think prefix "
                               f"{self.config.think_prefix!r}; set think_prefix: '' in the agent config "

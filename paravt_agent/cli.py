@@ -202,7 +202,9 @@ def api_cmd(
 @app.command("serve", help="Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight "
                             "pusher left paused.")
 def serve_cmd(
-    model: str = typer.Argument(..., help="Model path or hub name of a Qwen3-VL checkpoint."),
+    model: str = typer.Argument(..., help="Model directory (or hub name) of a Qwen3-VL, Qwen2.5-VL or Qwen2-VL "
+                                          "checkpoint; a directory's frame sizes (its family's unit and pixel "
+                                          "bounds) are given to SGLang, so it keeps the frames clients size."),
     host: str = typer.Option("127.0.0.1", help="Bind address."),
     port: int = typer.Option(30000, help="Port."),
     tp: int = typer.Option(1, help="Tensor-parallel GPUs (per worker with --dp)."),
@@ -227,9 +229,7 @@ def serve_cmd(
     deterministic: bool = typer.Option(False, "--deterministic", help="--enable-deterministic-inference: honour "
                                        "each request's sampling seed (reproducible RL rollouts); without it SGLang "
                                        "ignores seeds."),
-    max_pixels: int = typer.Option(50176, help="The frame protocol's pixels per frame: a processor that would "
-                                   "upscale such frames (Qwen3-VL's min_pixels 65536) is served through an overlay "
-                                   "directory that keeps their size."),
+    max_pixels: int = typer.Option(None, hidden=True, help="Deprecated: the frame sizes are read from the model."),
     lora_rank: int = typer.Option(None, min=1, help="Serve LoRA adapters up to this rank (--enable-lora on the "
                                   "trainer's default modules): what a `lora.enabled` run with `sync.via: lora` "
                                   "pushes. On CPU, SGLang "
@@ -260,11 +260,22 @@ def serve_cmd(
     """`paravt serve` (its help is the decorator's). Long by design: typer reads the command's options from this
     signature; a note for developers, kept out of `--help`."""
     from paravt_agent.errors import ParaVTError
-    from paravt_agent.serving.sglang_launch import launch, protocol_model_dir, sglang_command, stop
+    from paravt_agent.policy.families import cached_model_dir, geometry_of_dir
+    from paravt_agent.serving.sglang_launch import launch, sglang_command, stop
 
-    served = protocol_model_dir(model, max_pixels=max_pixels)
-    if served != model:
-        typer.echo(f"serving {served}: {model} with an image processor that keeps the protocol's frame sizes",
+    if max_pixels is not None:
+        from paravt_agent.compat import REMOVED_IN  # loaded by the one command that warns with it
+
+        typer.echo(f"warning: --max-pixels is no longer a setting and is ignored (the frame sizes are read from the "
+                   f"model's processor); delete it (refused from {REMOVED_IN})", err=True)
+    served = model
+    geometry = geometry_of_dir(cached_model_dir(model))
+    if geometry is not None:
+        typer.echo(f"frames: {geometry.describe()}; SGLang keeps images of {geometry.unit}x{geometry.unit} to "
+                   f"{geometry.max_pixels} pixels as they come (the frames clients size)", err=True)
+    else:
+        typer.echo(f"frames: {model}'s processor is not on this machine, so its frame sizes cannot be read and SGLang "
+                   "keeps the checkpoint's own (a client's frames may then be resized: download the model first)",
                    err=True)
     kw = dict(mem_fraction=mem_fraction, context_length=context_length, vlm_cache_mb=vlm_cache_mb,
               deterministic=deterministic, device=device, max_total_tokens=max_total_tokens, python=python,

@@ -16,6 +16,7 @@ from paravt_agent.compat import REMOVED_IN
 from paravt_agent.errors import ConfigError
 from paravt_agent.protocol.presets import preset_settings
 from paravt_agent.types import Sampling
+from paravt_agent.video.geometry import FrameGeometry
 from paravt_agent.video.sampling import FrameConfig
 
 __all__ = ["AGENT_CONFIG_FILE", "AgentConfig", "CollabAgent", "CollabConfig", "FrameConfig", "Layout", "ModelSpec",
@@ -202,9 +203,9 @@ class AgentConfig(BaseModel):
     tool_sampling: Sampling = Field(default_factory=lambda: Sampling(max_new_tokens=128),
                                     description="Decoding of model-backed tools' model calls (greedy by default).")
     box_coordinates: Literal["auto", "pixels", "relative-1000"] = Field(
-        "auto", description="How the policy writes a box's bbox_2d (spatial_grounding): pixels of the image it was "
-        "shown (the Qwen2.5-VL family) or 0-1000 relative to its sides (the Qwen3-VL family, this project's); auto "
-        "= by the model's family, read from its config (model_type) or its served name, pixels when unknown. "
+        "auto", description="How the policy writes a box's bbox_2d (spatial_grounding): pixels of the image as it saw "
+        "it (the Qwen2.5-VL family) or 0-1000 relative to its sides (Qwen3-VL, this project's, and Qwen2-VL); auto = "
+        "by the model's family, read from its config (model_type) or its served name, pixels when unknown. "
         "<|box_start|> boxes are always 0-1000.")
     tool_models: dict[str, ModelSpec] = Field(
         default_factory=dict, description="Model-backed tools that ask another model than the agent's policy: tool "
@@ -259,6 +260,13 @@ class AgentConfig(BaseModel):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def bound_to(self, geometry: FrameGeometry | None) -> AgentConfig:
+        """This config for a model of ``geometry`` (:meth:`FrameConfig.bound_to`: the frame unit and max pixels read
+        from the model; a stated ``frames.factor`` that contradicts it is refused with a
+        :class:`~paravt_agent.errors.ConfigError` naming both). ``self`` when the geometry is unknown."""
+        frames = self.frames.bound_to(geometry)
+        return self if frames == self.frames else self.model_copy(update={"frames": frames})
 
     def override(self, overrides: list[str]) -> AgentConfig:
         return apply_overrides(self, overrides)
@@ -316,7 +324,7 @@ def _warn_deprecated(owner: str, old: str, new: str | None) -> None:
 #: Settings that do not change what the model sees or writes (left out of protocol comparisons).
 _RUNTIME_KEYS = {"planner_timeout", "subagent_timeout", "retries", "request_timeout", "max_concurrency",
                  "review_windows", "frames.backend", "frames.fast_overview", "planner_sampling.seed",
-                 "subagent_sampling.seed", "preset"}
+                 "subagent_sampling.seed", "preset", "frames.factor"}  # the frame unit: read from the model, not chosen
 
 
 def _flat(data: dict, prefix: str = "") -> dict:

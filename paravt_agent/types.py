@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from paravt_agent.trajectory import MemoryEntry, SubAgentRecord, Trace
-from paravt_agent.video import FrameConfig, VideoReader
+from paravt_agent.video import FrameConfig, FrameGeometry, VideoReader
 
 __all__ = [
     "Answer",
@@ -155,6 +155,9 @@ class ToolModel:
     #: how the model writes boxes: ``pixels`` of the image it was shown, or ``relative-1000`` (the graph resolves the
     #: config's ``auto`` by the answering model's family)
     box_coordinates: str = "pixels"
+    #: the answering model's frame geometry (:class:`~paravt_agent.video.FrameGeometry`: the size it sees an image at,
+    #: which its pixel boxes are in); None when unknown (then the image's own size)
+    geometry: FrameGeometry | None = None
 
     async def ask(self, messages: list[dict], max_new_tokens: int | None = None) -> str:  # pragma: no cover
         raise NotImplementedError

@@ -459,8 +459,8 @@ def real_sglang(tmp_path_factory):
 @pytest.fixture
 def own_sglang(tmp_path):
     """A factory: ``own_sglang(model_a, model_b, ...)`` starts real SGLang servers of this test's own (for a model
-    directory no other test serves), side by side, and returns them; all stop at teardown. Skips like
-    ``real_sglang``."""
+    directory no other test serves), side by side, and returns them; all stop at teardown. A model given as
+    ``(model, {options})`` gets those server options over the shared ``**kw``. Skips like ``real_sglang``."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.sglang_cpu.server import SGLangServer, unavailable
@@ -468,9 +468,11 @@ def own_sglang(tmp_path):
     engine_unavailable(unavailable())
     servers: list = []
 
-    def start(*models: str, **kw) -> list:
+    def start(*models, **kw) -> list:
+        specs = [(m, {}) if not isinstance(m, tuple) else m for m in models]
         with ThreadPoolExecutor(len(models)) as pool:
-            futures = [pool.submit(SGLangServer, str(m), tmp_path / "sglang-logs", **kw) for m in models]
+            futures = [pool.submit(SGLangServer, str(m), tmp_path / "sglang-logs", **{**kw, **own})
+                       for m, own in specs]
             started, errors = [], []
             for f in futures:
                 try:

@@ -109,16 +109,17 @@ def test_help_texts():
 
 
 def test_paravt_serve_keeps_the_protocol_frame_size_and_seeds(tmp_path):
+    """`paravt serve` gives SGLang the family's frame sizes (a processor whose min_pixels would upscale protocol frames
+    gets min one unit), serves the model directory itself, and seeds with --deterministic; the old --max-pixels is
+    ignored with a warning."""
     from paravt_train.toy.tiny import build_tiny_model
 
     model = str(build_tiny_model(tmp_path / "m", ["a b c"] * 4, size="test", min_pixels=65536))
-    out = run("paravt", "serve", model, "--deterministic", "--dry-run", env={"PARAVT_HOME": str(tmp_path / "h")})
+    out = run("paravt", "serve", model, "--deterministic", "--dry-run", "--max-pixels", "50176",
+              env={"PARAVT_HOME": str(tmp_path / "h")})
     assert "--enable-deterministic-inference" in out.stdout  # SGLang honours sampling seeds only then
-    served = out.stdout.split("--model-path ")[1].split()[0]
-    assert served != model and "keeps the protocol's frame sizes" in out.stderr
-    from pathlib import Path
-
-    cfg = json.loads(Path(served, "processor_config.json").read_text())
-    assert cfg["image_processor"]["size"]["shortest_edge"] == 32 * 32
-    assert os.path.realpath(os.path.join(served, "model.safetensors")) == os.path.realpath(
-        os.path.join(model, "model.safetensors"))
+    assert out.stdout.split("--model-path ")[1].split()[0] == model
+    flag = json.loads(out.stdout.split("--mm-process-config ")[1].split()[0].strip("'"))
+    assert flag == {"image": {"size": {"shortest_edge": 32 * 32, "longest_edge": 50176}}}
+    assert "32-pixel unit (patch 16 x merge 2), 65536-50176 pixels" in out.stderr
+    assert "--max-pixels is no longer a setting" in out.stderr

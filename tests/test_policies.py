@@ -3,6 +3,7 @@ and the SGLang /generate client against a local server answering with recorded p
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -464,15 +465,15 @@ def test_sglang_unreachable(tiny_model, media):
 
 def test_frames_reach_the_model_at_the_protocol_size(tmp_path, media, own_sglang):
     """Qwen3-VL's processor upscales every image to min_pixels 65536 (224x224 -> 256x256: 64 visual tokens
-    instead of 49). Every path keeps the protocol's size: the local backend, SFT examples, the trainer's
-    pixel values, and SGLang itself (0.5.23 on CPU) through `paravt serve`'s processor overlay; a server that
-    still resizes is refused with a clear error, never trained on silently."""
+    instead of 49). Every path keeps the protocol's size: the local backend, SFT examples, the trainer's pixel
+    values, and SGLang itself (0.5.23 on CPU) told the family's frame sizes as `paravt serve` tells it
+    (--mm-process-config); a server that still resizes is refused with an error naming the cause (its processor's
+    pixel bounds) and the fix, never trained on silently."""
     import numpy as np
     import torch
 
     from paravt_agent.policy.chat import ChatTokenizer
     from paravt_agent.prompts import planner_messages
-    from paravt_agent.serving.sglang_launch import protocol_model_dir
     from paravt_train.sft import build_example
     from paravt_train.toy.tiny import build_tiny_model
 
@@ -489,11 +490,12 @@ def test_frames_reach_the_model_at_the_protocol_size(tmp_path, media, own_sglang
     assert ChatTokenizer(proc).image_inputs(list(frames))["image_grid_thw"].tolist() == [[1, 14, 14]] * 3
     naive = proc.image_processor(images=list(frames), return_tensors="pt")["image_grid_thw"]
     assert naive.tolist() == [[1, 16, 16]] * 3  # what the processor alone would have done
-    # SGLang: a server on the raw directory resizes: the client says so instead of recording other tokens
-    overlay = protocol_model_dir(model, cache=tmp_path / "serve")
-    assert overlay != model and protocol_model_dir(overlay) == overlay  # idempotent
-    raw, served = own_sglang(model, overlay)
-    with pytest.raises(PolicyError, match="sizes frames differently"):
+    # SGLang: a server started without the frame sizes resizes: the client says why and how to fix it
+    raw, served = own_sglang((model, {"extra": ["--mm-process-config", "{}"]}), model)
+    flag = '{"image":{"size":{"shortest_edge":1024,"longest_edge":50176}}}'
+    with pytest.raises(PolicyError, match=re.escape(
+            "consumed 192 visual tokens but this client computed 147") + ".*keeps images between 65536 and 50176 "
+            ".*a 224x224 frame is 49 visual tokens here and 64 there.*" + re.escape(f"--mm-process-config '{flag}'")):
         asyncio.run(SGLangPolicy(model=model, endpoint=raw.url).generate(msgs, Sampling(max_new_tokens=4)))
     gen = asyncio.run(SGLangPolicy(model=model, endpoint=served.url).generate(msgs, Sampling(max_new_tokens=4)))
     assert gen.prompt_ids == enc.prompt_ids and gen.image_grid_thw == [(1, 14, 14)] * 3

@@ -146,7 +146,7 @@ class ZoomFrame(Tool):
         box = (round(args.x1 * w), round(args.y1 * h), max(round(args.x2 * w), 1), max(round(args.y2 * h), 1))
         region = Image.fromarray(frame).crop(box)
 
-        th, tw = fit_size(region.height, region.width, ctx.frames.max_pixels, ctx.frames.factor)
+        th, tw = fit_size(region.height, region.width, ctx.frames.max_pixels, ctx.frames.unit)
         region = region.resize((tw, th), Image.BICUBIC)
         return ToolResult(frames=np.asarray(region)[None], timestamps=clip.timestamps, window=(args.time, args.time))
 

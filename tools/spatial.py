@@ -102,16 +102,26 @@ def _coords_text(ctx: ToolContext, w: int, h: int) -> str:
             else f"pixel coordinates of this {w}x{h} image")
 
 
-async def _ask_boxes(ctx: ToolContext, image: np.ndarray, t: float, objects: list[str]) -> tuple[list, str, bool]:
-    """The model's boxes of ``objects`` in ``image`` (shown at time ``t``): ``(boxes, reply, relative)`` with the
-    boxes as the model wrote them (``relative``: 0-1000 coordinates, else pixels of ``image``)."""
+def _seen(ctx: ToolContext, h: int, w: int) -> tuple[int, int]:
+    """The ``(height, width)`` the answering model sees an ``h`` x ``w`` image at (its processor's resize, by its frame
+    geometry); the image's own size when the geometry is unknown."""
+    geometry = getattr(ctx.model, "geometry", None)
+    return geometry.seen(h, w) if geometry is not None else (h, w)
+
+
+async def _ask_boxes(ctx: ToolContext, image: np.ndarray, t: float, objects: list[str]) -> tuple[list, str]:
+    """The model's boxes of ``objects`` in ``image`` (shown at time ``t``), in pixels of ``image``: ``(boxes, reply)``.
+    A model that writes pixels writes them in the image as it saw it (after its processor's resize: Qwen2.5-VL), so
+    those are scaled from that size; 0-1000 boxes from the image's sides."""
     h, w = image.shape[:2]
-    prompt = SPATIAL_PROMPT.format(objects=" and every ".join(objects), coords=_coords_text(ctx, w, h))
+    sh, sw = _seen(ctx, h, w)
+    prompt = SPATIAL_PROMPT.format(objects=" and every ".join(objects), coords=_coords_text(ctx, sw, sh))
     reply = await ctx.model.ask([{"role": "user", "content": [*frame_parts(image[None], [t]),
                                                              {"type": "text", "text": prompt}]}],
                                 max_new_tokens=48 * len(objects) + 16)
     boxes, kind = parse_boxes(reply)
-    return boxes, reply, kind == "tokens" or _relative(ctx)
+    sx, sy = (w / 1000, h / 1000) if kind == "tokens" or _relative(ctx) else (w / sw, h / sh)
+    return [(label, (x1 * sx, y1 * sy, x2 * sx, y2 * sy)) for label, (x1, y1, x2, y2) in boxes], reply
 
 
 def _scaled(box: Box, sx: float, sy: float, W: int, H: int) -> tuple[int, int, int, int]:
@@ -151,17 +161,17 @@ class SpatialGrounding(Tool):
         full = await asyncio.to_thread(ctx.video.sample, [args.time], max_pixels=info.width * info.height, factor=2)
         big = full.frames[0]
         H, W = big.shape[:2]
-        h, w = fit_size(H, W, ctx.frames.max_pixels, ctx.frames.factor)
+        h, w = fit_size(H, W, ctx.frames.max_pixels, ctx.frames.unit)
         shown = np.asarray(Image.fromarray(big).resize((w, h), Image.BICUBIC))
         t = float(full.timestamps[0])
-        boxes, reply, relative = await _ask_boxes(ctx, shown, t, args.objects)
+        boxes, reply = await _ask_boxes(ctx, shown, t, args.objects)
         found, crops, lines = [], [], []
         for label, b in boxes:
-            box = _scaled(b, *((W / 1000, H / 1000) if relative else (W / w, H / h)), W, H)
+            box = _scaled(b, W / w, H / h, W, H)  # the shown frame's pixels -> the video's
             if box[2] - box[0] < 2 or box[3] - box[1] < 2:
                 continue
             region = Image.fromarray(big).crop(box)
-            ch, cw = fit_size(region.height, region.width, self.crop_pixels, ctx.frames.factor)
+            ch, cw = fit_size(region.height, region.width, self.crop_pixels, ctx.frames.unit)
             crops.append(np.asarray(region.resize((cw, ch), Image.BICUBIC)))
             found.append({"label": label, "box": list(box)})
             lines.append(f"{label or 'object'}: [{box[0]}, {box[1]}, {box[2]}, {box[3]}]")
@@ -274,10 +284,9 @@ class SpatialTracking(Tool):
                         for i in range(min(self.detect_tries, len(frames)))})
         start, boxes, replies = None, [], []
         for k in tries:
-            found, reply, relative = await _ask_boxes(ctx, frames[k], times[k], args.objects)
+            found, reply = await _ask_boxes(ctx, frames[k], times[k], args.objects)
             replies.append(reply)
-            sx, sy = (w / 1000, h / 1000) if relative else (1.0, 1.0)
-            boxes = [(label, b) for label, b in ((lb, _scaled(b, sx, sy, w, h)) for lb, b in found)
+            boxes = [(label, b) for label, b in ((lb, _scaled(b, 1.0, 1.0, w, h)) for lb, b in found)
                      if b[2] - b[0] >= 2 and b[3] - b[1] >= 2]
             if boxes:
                 start = k

@@ -23,6 +23,7 @@ from paravt_agent.policy.base import (
     model_type_of_dir,
     takes_role,
 )
+from paravt_agent.policy.families import geometry_of_dir
 from paravt_agent.trajectory import Phase
 from paravt_agent.types import (
     Generation,
@@ -236,6 +237,11 @@ class ToolSession(ToolModel):
             family = ctx.policy.model_type if spec is None else (model_type_of_dir(spec.model or "")
                                                                   or (spec.model or "").lower())
             self.box_coordinates = box_coordinates_of(family)
+        # the size the answering model sees an image at (a pixel box is in its pixels); None when unknown
+        if spec is not None:
+            self.geometry = geometry_of_dir(spec.model) if spec.model else None
+        else:
+            self.geometry = (ctx.tool_default or ctx.policy).frame_geometry
 
     @property
     def records(self) -> list[GenerationRecord]:

@@ -24,7 +24,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from paravt_agent.policy.families import box_coordinates_of, geometry_of_dir, model_type_of_dir
 from paravt_agent.types import Continuation, Generation, Sampling
+from paravt_agent.video.geometry import FrameGeometry
 
 __all__ = ["SERVE_CLOCK", "Continuation", "box_coordinates_of", "model_type_of_dir", "Generation", "Policy", "Sampling",
            "ServeClock", "being_served", "encode_image", "images_of", "map_images", "takes_role", "text_of"]
@@ -93,31 +95,20 @@ class Policy(ABC):
             return None
         return model_type_of_dir(name) or name.rstrip("/").rsplit("/", 1)[-1].lower()
 
+    @property
+    def frame_geometry(self) -> FrameGeometry | None:
+        """The frame geometry of the model behind this policy (its unit, pixel bounds and box convention:
+        :mod:`paravt_agent.policy.families`), where the backend can read it; by default from a model directory's
+        processor files. None when unknown: the frame protocol then keeps the unit a config states."""
+        name = vars(self).get("model") or vars(self).get("path")  # attributes, never a property that loads a model
+        return geometry_of_dir(name) if isinstance(name, str) and name else None
+
     def generates_with(self, model) -> bool:
         """Whether this policy generates with ``model``'s parameters themselves (an in-process backend given
         the trained model): then a trainer has no weights to push to it."""
         return False
 
     async def aclose(self) -> None:
-        return None
-
-
-def box_coordinates_of(model_type: str | None) -> str:
-    """How a model family writes a grounding box's bbox_2d: Qwen3-VL (and later Qwen VL families) in 0-1000
-    relative coordinates, Qwen2.5-VL in pixels of the image it was shown; pixels when the family is unknown."""
-    kind = (model_type or "").lower().replace("-", "_").replace(".", "_")
-    return "relative-1000" if any(k in kind for k in ("qwen3_vl", "qwen3vl", "qwen3_5", "qwen3_omni")) else "pixels"
-
-
-def model_type_of_dir(path) -> str | None:
-    """``model_type`` of a model directory's config.json (None when it is not a local directory)."""
-    import json
-    from pathlib import Path
-
-    cfg = Path(str(path)) / "config.json"
-    try:
-        return json.loads(cfg.read_text()).get("model_type") if cfg.is_file() else None
-    except (OSError, ValueError):
         return None
 
 

@@ -6,9 +6,11 @@ Neutral messages → the model's own chat template and processor → token ids, 
   turn's exact tokens (prompt, forced prefix, sampled output, end of turn) followed
   by the tokens of the messages after it (:class:`~paravt_agent.types.Continuation`),
   so model output is never decoded and re-encoded;
-* **the protocol's frame sizes kept**: the processor is told not to resize frames
-  the video module already sized (Qwen3-VL's default ``min_pixels`` of 65536 would
-  upscale every 224x224 protocol frame to 256x256, a third more visual tokens);
+* **the protocol's frame sizes kept**: the processor is told the sizes of the model's frame geometry
+  (:attr:`~paravt_agent.video.FrameGeometry.processor_size`: min one unit, max the model's), so a frame the video
+  module sized with the model's unit is never resized (Qwen3-VL's default ``min_pixels`` of 65536 would upscale
+  every 224x224 protocol frame to 256x256, a third more visual tokens), and any other image is resized exactly as
+  an SGLang server told the same sizes (``paravt serve``) resizes it;
 * **expanded and compact ids**: ``prompt_ids`` hold one placeholder per visual
   token (what the model's forward pass consumes); :meth:`ChatTokenizer.compact`
   gives the one-placeholder-per-image form a server like SGLang expands itself.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paravt_agent.policy.base import images_of, map_images
+from paravt_agent.policy.families import check_vision_inputs, geometry_of_processor
 from paravt_agent.types import Continuation, Generation
 
 __all__ = ["BANNED_LOGIT", "ChatTokenizer", "EncodedPrompt", "ban", "continuation_text", "continued_ids",
@@ -105,9 +108,10 @@ class EncodedPrompt:
 
 
 class ChatTokenizer:
-    """A Hugging Face processor (tokenizer + chat template + image processor) used on the client."""
+    """A Hugging Face processor (tokenizer + chat template + image processor) used on the client; ``family``: the
+    model's ``model_type`` (its box convention in :attr:`geometry`)."""
 
-    def __init__(self, processor):
+    def __init__(self, processor, family: str | None = None):
         self.processor = processor
         self.tokenizer = processor.tokenizer
         from collections import OrderedDict
@@ -128,10 +132,11 @@ class ChatTokenizer:
                                        if isinstance(i, int) and i >= 0 and i != unk})
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_id
-        ip = processor.image_processor
         self.uses_mm_token_types = "mm_token_type_ids" in getattr(processor, "model_input_names", [])
-        self.merge = int(getattr(ip, "merge_size", 2))
-        self.unit = int(getattr(ip, "patch_size", 14)) * self.merge  # a frame side is a multiple of this
+        #: the model's frame geometry, as its processor states it (the unit, the pixel bounds)
+        self.geometry = geometry_of_processor(processor, family)
+        self.merge = self.geometry.merge
+        self.unit = self.geometry.unit  # a frame side is a multiple of this
 
     # ------------------------------------------------------------------ text
 
@@ -147,13 +152,11 @@ class ChatTokenizer:
     # ------------------------------------------------------------------ images
 
     def size_kwargs(self, images) -> dict:
-        """Processor options that keep frames at the size the frame protocol gave them: no upscaling to
-        the processor's own ``min_pixels`` and no downscaling (only rounding to a multiple of the patch
-        grid, which protocol frames already are)."""
-        if not images:
-            return {}
-        areas = [np.asarray(img).shape[0] * np.asarray(img).shape[1] for img in images]
-        return {"size": {"shortest_edge": self.unit * self.unit, "longest_edge": max(max(areas), self.unit**2)}}
+        """Processor options that keep frames at the size the frame protocol gave them (the geometry's
+        :attr:`~paravt_agent.video.FrameGeometry.processor_size`: no upscaling to the processor's own
+        ``min_pixels``, the model's ``max_pixels``): the same sizes ``paravt serve`` gives an SGLang server, so a
+        frame of any size gets the same visual tokens here and there."""
+        return {"size": dict(self.geometry.processor_size)} if images else {}
 
     def image_inputs(self, images: list) -> dict:
         """``pixel_values`` and ``image_grid_thw`` of frames, as a training forward pass needs them.
@@ -248,8 +251,13 @@ class ChatTokenizer:
         )
 
     def mm_token_types(self, input_ids):
-        """Qwen3-VL's ``mm_token_type_ids``: 1 on image placeholder tokens, 0 elsewhere."""
+        """The Qwen VL families' ``mm_token_type_ids``: 1 on image placeholder tokens, 0 elsewhere."""
         return (input_ids == self.image_token_id).long()
+
+    def check_inputs(self, inputs: dict, where: str) -> None:
+        """Refuse model inputs whose images lack their ``mm_token_type_ids`` or whose marks do not cover exactly
+        their visual tokens (:func:`~paravt_agent.policy.families.check_vision_inputs`)."""
+        check_vision_inputs(inputs, self.image_token_id, self.merge, where)
 
     # ------------------------------------------------------------------ placeholder forms
 

@@ -1,4 +1,5 @@
-"""``local``: an in-process ``transformers`` vision-language model (Qwen3-VL / Qwen2.5-VL families).
+"""``local``: an in-process ``transformers`` vision-language model (the Qwen3-VL, Qwen2.5-VL and Qwen2-VL families:
+:mod:`paravt_agent.policy.families`).
 
 Token-in/token-out: the prompt is tokenised once by the model's own processor
 and chat template, the forced prefix (the think prefix) is appended as tokens,
@@ -47,9 +48,11 @@ from paravt_agent.policy.batcher import (
     scored_distribution,
 )
 from paravt_agent.policy.chat import ChatTokenizer, EncodedPrompt, ban, file_token_count
+from paravt_agent.policy.families import geometry_of_dir, geometry_of_processor
 from paravt_agent.policy.placement import patch_embed_as_matmul, resolve_device, resolve_dtype
-from paravt_agent.policy.reuse import PrefixCache, VisionCache, image_keys
+from paravt_agent.policy.reuse import PrefixCache, VisionCache, feature_slice, image_keys
 from paravt_agent.types import Continuation, Generation, Sampling
+from paravt_agent.video.geometry import FrameGeometry
 
 __all__ = ["LocalPolicy", "RowSampler", "cache_argument", "cache_of"]
 
@@ -81,7 +84,7 @@ class LocalPolicy(Policy):
         if model_obj is None and not Path(self.path).is_dir():
             raise PolicyError(
                 f"model directory {self.path} does not exist; build the toy policy with `paravt-train toy` "
-                "or pass a local Qwen3-VL / Qwen2.5-VL directory"
+                "or pass a local Qwen3-VL / Qwen2.5-VL / Qwen2-VL directory"
             )
         self.device = device
         self.dtype = dtype
@@ -128,8 +131,16 @@ class LocalPolicy(Policy):
     @property
     def chat(self) -> ChatTokenizer:
         if self._chat is None:
-            self._chat = ChatTokenizer(self.processor)
+            self._chat = ChatTokenizer(self.processor, self.model_type)
         return self._chat
+
+    @property
+    def frame_geometry(self) -> FrameGeometry | None:
+        """The model's processor's geometry: the processor this policy was given, else the directory's files (no model
+        loaded for it)."""
+        if self._processor is not None:
+            return geometry_of_processor(self._processor, self.model_type, f"the processor of {self.path}")
+        return geometry_of_dir(self.path)
 
     @property
     def model_type(self) -> str | None:
@@ -253,6 +264,7 @@ class LocalPolicy(Policy):
             inputs["image_grid_thw"] = torch.cat(grid)
         if chat.uses_mm_token_types:
             inputs["mm_token_type_ids"] = chat.mm_token_types(ids)
+        chat.check_inputs(inputs, "the local backend's batch")
         inputs = {k: v.to(model.device) for k, v in inputs.items()}
         first = rows[0][1]
         sampler = RowSampler([s for _, s, _ in rows], banned=chat.placeholder_ids)
@@ -375,7 +387,7 @@ class LocalPolicy(Policy):
                     one["mm_token_type_ids"] = self.chat.mm_token_types(ids[:, :n - 1].cpu()).to(model.device)
                 if g[1]:
                     count = len(g[1])
-                    one["mm_encoder_outputs"] = _images(mm, img_at, count)
+                    one["mm_encoder_outputs"] = feature_slice(mm, img_at, count)
                     grid = rows[groups[g][0]][0].image_grid_thw
                     one["image_grid_thw"] = torch.tensor(list(grid), device=model.device)
                     img_at += count
@@ -437,14 +449,3 @@ def cache_of(output):
         if key in output:  # a ModelOutput holds its non-None fields as keys
             return output[key]
     return None
-
-
-def _images(mm: dict, start: int, count: int) -> dict:
-    """Images ``start`` .. ``start + count`` of precomputed vision features (one prompt's)."""
-    out = {}
-    for name, o in mm.items():
-        kw = {"pooler_output": o.pooler_output[start:start + count]}
-        if getattr(o, "deepstack_features", None) is not None:
-            kw["deepstack_features"] = [layer[start:start + count] for layer in o.deepstack_features]
-        out[name] = type(o)(**kw)
-    return out

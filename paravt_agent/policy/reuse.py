@@ -22,7 +22,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["PrefixCache", "VisionCache", "image_keys", "weights_version"]
+__all__ = ["PrefixCache", "VisionCache", "feature_slice", "image_keys", "weights_version"]
 
 
 def weights_version(module) -> tuple:
@@ -118,6 +118,17 @@ class VisionCache:
         if deep_rows and deep_rows[0] is not None:
             kw["deepstack_features"] = [tuple(r[layer] for r in deep_rows) for layer in range(len(deep_rows[0]))]
         return {"image": out_type(**kw)}
+
+
+def feature_slice(mm: dict, start: int, count: int) -> dict:
+    """Images ``start`` .. ``start + count`` of precomputed vision features (one prompt's)."""
+    out = {}
+    for name, o in mm.items():
+        kw = {"pooler_output": o.pooler_output[start:start + count]}
+        if getattr(o, "deepstack_features", None) is not None:
+            kw["deepstack_features"] = [layer[start:start + count] for layer in o.deepstack_features]
+        out[name] = type(o)(**kw)
+    return out
 
 
 def _deepstack_output_type(model):

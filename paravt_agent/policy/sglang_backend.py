@@ -30,7 +30,10 @@ that round trip (``Generation.prompt_source == "round_trip"``, counted in
 server changed (then its earlier turns are not verbatim in its prompt, and the
 trainer scores each turn against the prompt it really had). A server whose
 image processor gives frames another number of visual tokens than this client
-computes is an error, not silent drift.
+computes is an error, not silent drift; the error names the cause, read from the
+server's ``/server_info`` (another model family than this client's processor, or an
+image processor started without the family's frame sizes:
+:func:`~paravt_agent.policy.families.served_geometry`) and the fix.
 
 A reply that was aborted (``finish_reason.type == "abort"``: a weight update
 interrupted it on a server paused with ``abort``) is retried, never returned as a
@@ -46,6 +49,7 @@ inside the scheduler, which takes the whole server down.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -53,7 +57,9 @@ from paravt_agent.errors import PolicyError
 from paravt_agent.policy.base import LoopClients, Policy, being_served, encode_image
 from paravt_agent.policy.chat import BANNED_LOGIT, ChatTokenizer, file_token_count
 from paravt_agent.policy.endpoints import bearer, deterministic_inference, refuse_min_p
+from paravt_agent.policy.families import geometry_of_dir, geometry_of_processor, serve_settings, served_geometry
 from paravt_agent.types import Continuation, Generation, Sampling
+from paravt_agent.video.geometry import FrameGeometry, processor_size
 
 __all__ = ["DEFAULT_URL", "SGLangPolicy", "bearer", "sampling_params"]
 
@@ -140,8 +146,22 @@ class SGLangPolicy(Policy):
             processor = self.processor
             with self._load_lock:
                 if self._chat is None:
-                    self._chat = ChatTokenizer(processor)
+                    self._chat = ChatTokenizer(processor, self.model_type)
         return self._chat
+
+    @property
+    def frame_geometry(self) -> FrameGeometry | None:
+        """The served model's geometry as this client's processor states it (the processor given, else the model
+        directory's files, else the processor loaded by name); None when none can be read."""
+        if self._processor is not None:
+            return geometry_of_processor(self._processor, self.model_type, f"the processor of {self.model}")
+        found = geometry_of_dir(self.model)
+        if found is not None:
+            return found
+        try:
+            return self.chat.geometry
+        except PolicyError:
+            return None
 
     @property
     def placeholder_ids(self) -> tuple[int, ...]:
@@ -218,7 +238,8 @@ class SGLangPolicy(Policy):
         if self.lora:  # SGLang applies an adapter only to the requests that name it (`lora_path`: its name)
             payload["lora_path"] = self.lora
         seen = {"ids": list(enc.ids), "compact": compact, "prefix_ids": list(enc.prefix_ids),
-                "grids": enc.image_grid_thw, "retokenized": enc.retokenized, "multimodal": bool(enc.images)}
+                "grids": enc.image_grid_thw, "retokenized": enc.retokenized, "multimodal": bool(enc.images),
+                "sizes": [tuple(img.shape[:2]) for img in enc.images]}
         return payload, seen
 
     def consumed(self, data: dict, seen: dict) -> tuple[list[int], str, bool]:
@@ -232,7 +253,8 @@ class SGLangPolicy(Policy):
         if reported:
             reported = [int(t) for t in reported]
             if reported.count(image) != expected.count(image):
-                raise PolicyError(self._size_error(reported.count(image), expected.count(image), "visual tokens"))
+                raise PolicyError(self._size_error(reported.count(image), expected.count(image), "visual tokens",
+                                                   seen))
             return reported, "server", reported != expected
         if seen["multimodal"]:  # a server that reports no ids: SGLang < 0.5.21 re-tokenised multimodal ids
             trip = chat.round_trip(seen["compact"])
@@ -242,13 +264,40 @@ class SGLangPolicy(Policy):
             ids, source = expected, "client"
         served = meta.get("prompt_tokens")
         if served is not None and int(served) != len(ids):
-            raise PolicyError(self._size_error(int(served), len(ids), "prompt tokens"))
+            raise PolicyError(self._size_error(int(served), len(ids), "prompt tokens", seen))
         return ids, source, ids != expected
 
-    def _size_error(self, served: int, computed: int, what: str) -> str:
-        return (f"{self.url} consumed {served} {what} but this client computed {computed}: the server's image "
-                "processor sizes frames differently from this client's (serve the model with `paravt serve`, which "
-                "keeps the frame protocol's sizes), so training would score other tokens")
+    def _size_error(self, served: int, computed: int, what: str, seen: dict) -> str:
+        """The mismatch, its cause read from the server (``/server_info``) and the fix."""
+        head = (f"{self.url} consumed {served} {what} but this client computed {computed}, so training would score "
+                "other tokens than the server consumed: ")
+        mine = self.chat.geometry
+        try:
+            info = self.server_info()
+        except PolicyError:
+            info = {}
+        theirs = served_geometry(info, fallback=mine) if info else None
+        if theirs is None:
+            return head + ("the server's image processor sizes frames differently from this client's, and it does not "
+                           "say how (no /server_info); start it with `paravt serve MODEL`, which gives SGLang the "
+                           "model family's frame sizes")
+        if theirs.unit != mine.unit:
+            return head + (f"the server serves {theirs.describe()}, but this client tokenises for {mine.describe()}; "
+                           "give the sglang backend the served model's directory (model=...)")
+        flag = json.dumps(serve_settings(mine), separators=(",", ":"))
+        resized = [(h, w, mine.tokens(h, w), theirs_tokens) for h, w in seen.get("sizes", [])
+                   if (theirs_tokens := _tokens(theirs, h, w)) != mine.tokens(h, w)]
+        example = ""
+        if resized:
+            h, w, here, there = resized[0]
+            example = (f"; a {w}x{h} frame is {here} visual token{'s' * (here != 1)} here and {there} there "
+                       f"({len(resized)} of the {len(seen.get('sizes', []))} frames differ)")
+        return head + (f"the server's image processor keeps images between {theirs.min_pixels} and "
+                       f"{theirs.max_pixels} pixels, where this client keeps the frames it sized at "
+                       f"{mine.unit * mine.unit} (one {mine.unit}x{mine.unit} unit) to {mine.max_pixels} pixels"
+                       f"{example}. The server was started without {mine.family or 'the model'}'s frame sizes: "
+                       f"restart it with `paravt serve MODEL` (it passes them), or add --mm-process-config '{flag}' "
+                       "to its SGLang command")
 
     def parse_response(self, data: dict, seen: dict, prefix: str, t0: float) -> Generation:
         meta = data.get("meta_info") or {}
@@ -335,6 +384,12 @@ class SGLangPolicy(Policy):
 
     async def aclose(self) -> None:
         await self._clients.aclose(lambda c: c.aclose())
+
+
+def _tokens(geometry: FrameGeometry, height: int, width: int) -> int:
+    """Visual tokens of an image under a server's own min/max pixels (``geometry`` as served)."""
+    h, w = processor_size(height, width, geometry.unit, geometry.min_pixels, geometry.max_pixels)
+    return (h // geometry.unit) * (w // geometry.unit)
 
 
 def _json(resp, url: str) -> dict:

@@ -22,6 +22,11 @@ explicitly wins. A model directory's ``agent_config.yaml`` names its preset, and
 
 What each preset reproduces, and where it cannot, is written next to its settings
 below; ``docs/presets.md`` has the side-by-side table.
+
+A preset states no frame geometry: the frame unit and pixel bounds always come from the model the agent runs
+(:meth:`~paravt_agent.video.FrameConfig.bound_to`), so ``weaver`` and ``videochat-m1`` run on a Qwen2.5-VL model (their
+papers' family) with its own 28-pixel unit, as on the toy's Qwen3-VL with 32. :data:`PRESET_FAMILIES` names the model
+family each preset's released checkpoint (or paper) is.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
     "HERMES_TOOLS_TEMPLATE",
     "LONGVT_TOOL_PROMPT",
     "PRESETS",
+    "PRESET_FAMILIES",
     "RELEASED_SUBAGENT_PROMPT",
     "TOOL_SCHEMAS",
     "WEAVER_SYSTEM_PROMPT",
@@ -236,7 +242,7 @@ PRESETS: dict[str, dict] = {
     # reader samples at most 512 overview frames; the chat template's exact
     # tool-turn wrapping is the Hermes one (a <tool_response> block per result in one user turn).
     "longvt": {
-        "frames": {"fps": 1.0, "max_frames": 512, "factor": 28, "crop_max_frames": 128, "crop_fps": 1.0},
+        "frames": {"fps": 1.0, "max_frames": 512, "crop_max_frames": 128, "crop_fps": 1.0},
         "layout": {"system": "hermes", "tool_schema": "longvt", "overview_intro": False, "frame_labels": False,
                    "question_suffix": " " + LONGVT_TOOL_PROMPT, "evidence": "frames", "tool_response": "blocks",
                    "evidence_text": "Cropped {start:g}s-{end:g}s, got {n} frames.", "error_text": "Error: {error}",
@@ -278,6 +284,19 @@ PRESETS: dict[str, dict] = {
                    "agent_sampling": {"max_new_tokens": 1024}},
         "think_prefix": "",
     },
+}
+
+
+#: the model family (``model_type``) of each preset's released checkpoint, or of the model its paper trains: ParaVT-8B
+#: is a Qwen3-VL-8B; LongVT-RFT-7B, Weaver and VideoChat-M1's VLM are Qwen2.5-VL-7B. Informational: the frame geometry
+#: comes from the model the agent runs (a 28-pixel unit for Qwen2.5-VL), never from the preset.
+PRESET_FAMILIES: dict[str, str | None] = {
+    "paravt": None,  # any model trained here
+    "paravt-rl": "qwen3_vl",
+    "paravt-eval": "qwen3_vl",
+    "longvt": "qwen2_5_vl",
+    "weaver": "qwen2_5_vl",
+    "videochat-m1": "qwen2_5_vl",
 }
 
 

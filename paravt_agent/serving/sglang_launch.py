@@ -1,4 +1,8 @@
-"""Launch an SGLang server for Qwen3-VL serving and wait until it is healthy.
+"""Launch an SGLang server for a Qwen VL model (Qwen3-VL, Qwen2.5-VL, Qwen2-VL) and wait until it is healthy.
+
+The server is told the frame sizes of the family it serves (``--mm-process-config``, read from the model directory's
+processor: :func:`paravt_agent.policy.families.serve_settings`), so its image processor keeps the frames the client
+sized with the model's unit: the same visual tokens on the client, the server and the trainer.
 
 SGLang on GPUs needs the ``sglang`` extra (``pip install 'paravt[sglang]'``); ``device="cpu"`` runs SGLang's CPU
 engine (``--device cpu``: the torch-native attention, float32, a bounded KV cache: :data:`CPU_FLAGS`), which the
@@ -18,11 +22,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from paravt_agent.defaults import paravt_home
 from paravt_agent.errors import PolicyError
+from paravt_agent.policy.families import cached_model_dir, geometry_of_dir, serve_settings
 
-__all__ = ["CPU_ENV", "CPU_FLAGS", "HOOKS", "LORA_TARGET_MODULES", "WEIGHT_GROUP_TIMEOUT", "launch", "lora_of_run",
-           "protocol_model_dir", "sglang_command", "stop", "wait_healthy"]
+__all__ = ["CPU_ENV", "CPU_FLAGS", "HOOKS", "LORA_TARGET_MODULES", "WEIGHT_GROUP_TIMEOUT", "frame_settings", "launch",
+           "lora_of_run", "sglang_command", "stop", "wait_healthy"]
 
 #: the server's side of a weight-update group gives up a broadcast after this many seconds (torch's default: 30
 #: minutes): a trainer host lost mid-bucket then blocks the server's scheduler this long, not half an hour
@@ -58,71 +62,16 @@ CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--mm-att
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
 
 
-def _processor_files(model_dir: Path) -> list[Path]:
-    return [p for p in (model_dir / "preprocessor_config.json", model_dir / "processor_config.json") if p.is_file()]
-
-
-def _image_sections(data: dict) -> list[dict]:
-    """The image-processor settings in a processor config (top level, or under ``image_processor``)."""
-    out = [data] if "image_processor_type" in data or "size" in data or "min_pixels" in data else []
-    if isinstance(data.get("image_processor"), dict):
-        out.append(data["image_processor"])
-    return out
-
-
-def _min_pixels(section: dict) -> int | None:
-    size = section.get("size") or {}
-    values = [v for v in (section.get("min_pixels"), size.get("shortest_edge"), size.get("min_pixels")) if v]
-    return max(values) if values else None
-
-
-def protocol_model_dir(model: str, max_pixels: int = 50176, factor: int = 32, cache: str | Path | None = None) -> str:
-    """A model directory whose image processor keeps the frame protocol's sizes.
-
-    Qwen3-VL's processor upscales every image to at least ``min_pixels`` (65536): a 224x224 protocol
-    frame would reach the model as 256x256, a third more visual tokens than the client (and the
-    trainer) count. When ``model`` is a local directory with such a setting, this returns an overlay
-    directory (every file linked, the processor configs rewritten with ``min_pixels`` = one patch
-    grid, ``factor``²) that SGLang serves instead; otherwise ``model`` itself.
-    """
-    import hashlib
+def frame_settings(model: str) -> list[str]:
+    """``--mm-process-config`` with the frame sizes of ``model``'s family (its directory's processor, or its snapshot in
+    the Hugging Face cache: min one unit, max its own), so SGLang keeps the frames the client sized; none when its files
+    are not on this machine (SGLang then keeps the checkpoint's own sizes, and SGLang 0.5.23 its own for Qwen2-VL)."""
     import json
 
-    src = Path(model)
-    if not src.is_dir():
-        return model
-    files = _processor_files(src)
-    fixes = {}
-    for f in files:
-        data = json.loads(f.read_text())
-        changed = False
-        for section in _image_sections(data):
-            low = _min_pixels(section)
-            if low is not None and low > factor * factor:
-                if "min_pixels" in section:
-                    section["min_pixels"] = factor * factor
-                size = section.get("size")
-                if isinstance(size, dict):
-                    for key in ("shortest_edge", "min_pixels"):
-                        if key in size:
-                            size[key] = factor * factor
-                changed = True
-        if changed:
-            fixes[f.name] = data
-    if not fixes:
-        return model
-
-    key = hashlib.sha256(f"{src.resolve()}:{sorted(fixes)}:{factor}".encode()).hexdigest()[:12]
-    out = Path(cache or paravt_home() / "serve") / f"{src.name}-protocol-{key}"
-    out.mkdir(parents=True, exist_ok=True)
-    for item in src.iterdir():
-        target = out / item.name
-        if item.name in fixes or target.exists() or target.is_symlink():
-            continue
-        target.symlink_to(item.resolve())
-    for name, data in fixes.items():
-        (out / name).write_text(json.dumps(data, indent=2))
-    return str(out)
+    geometry = geometry_of_dir(cached_model_dir(model))
+    if geometry is None:
+        return []
+    return ["--mm-process-config", json.dumps(serve_settings(geometry), separators=(",", ":"))]
 
 
 def lora_of_run(path: str | Path) -> tuple[int, list[str]]:
@@ -190,7 +139,8 @@ def sglang_command(
     admin_api_key: str | None = None,
     weight_group_timeout: float | None = WEIGHT_GROUP_TIMEOUT,
 ) -> tuple[list[str], dict[str, str]]:
-    """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen3-VL checkpoint.
+    """``(argv, env)`` of ``python -m sglang.launch_server`` for a Qwen VL checkpoint, told its family's frame sizes
+    (:func:`frame_settings`; an ``--mm-process-config`` in ``extra`` replaces them).
 
     ``api_key`` / ``admin_api_key``: SGLang's ``--api-key`` (every route but the health checks) and
     ``--admin-api-key`` (then the only key its admin routes take: pause, continue, weight updates, flush).
@@ -250,6 +200,8 @@ def sglang_command(
         argv += ["--api-key", api_key]
     if admin_api_key:
         argv += ["--admin-api-key", admin_api_key]
+    if "--mm-process-config" not in (extra or []):
+        argv += frame_settings(model)
     argv += list(extra or [])
     env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1", **(CPU_ENV if cpu else {})}
     if weight_group_timeout is not None:

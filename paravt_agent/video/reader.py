@@ -248,12 +248,12 @@ class VideoReader:
         """
         f = _settings(frames, overrides)
         n = n if n is not None else f.n_frames
-        key = (*self._key, "overview", n, f.fps, f.max_frames, f.max_pixels, f.factor, f.fast_overview)
+        key = (*self._key, "overview", n, f.fps, f.max_frames, f.max_pixels, f.unit, f.fast_overview)
         clip = self._pool.cached(key)
         if clip is None:
             info = self.info
             times = overview_times(info.duration, fps=f.fps, max_frames=f.max_frames, n=n)
-            size = fit_size(info.height, info.width, f.max_pixels, f.factor)
+            size = fit_size(info.height, info.width, f.max_pixels, f.unit)
             clip = self._sample("overview", times, size, f.fast_overview, f)
             self._pool.store(key, clip)
         return clip
@@ -263,12 +263,12 @@ class VideoReader:
         f = _settings(frames, overrides)
         info = self.info
         start, end = check_window(float(start), float(end), info.duration)
-        key = (*self._key, "crop", start, end, f.crop_max_frames, f.crop_fps, f.max_pixels, f.factor)
+        key = (*self._key, "crop", start, end, f.crop_max_frames, f.crop_fps, f.max_pixels, f.unit)
         clip = self._pool.cached(key)
         if clip is None:
             times = crop_times(start, end, info.fps, max_frames=f.crop_max_frames, fps=f.crop_fps)
             times = [min(t, info.duration - 0.5 / info.fps) for t in times]
-            clip = self._sample("crop", times, fit_size(info.height, info.width, f.max_pixels, f.factor), False, f)
+            clip = self._sample("crop", times, fit_size(info.height, info.width, f.max_pixels, f.unit), False, f)
             clip = _inside(clip, start, end)
             self._pool.store(key, clip)
         return clip

@@ -8,7 +8,8 @@ overview or a crop samples, how large a frame is, which windows are valid.
 Protocol: decode at ``fps`` (1.0), subsample uniformly to at most ``max_frames``
 (64) — or ``n`` frames for nFrames gating — and resize each frame, keeping its
 aspect ratio, to at most ``max_pixels`` (50176 = 224x224) with both sides a
-multiple of ``factor`` (32 for Qwen3-VL, 28 for Qwen2.5-VL). A crop takes at most
+multiple of the model's unit (``factor``: its processor's patch x merge, 32 for Qwen3-VL, 28 for Qwen2.5-VL and
+Qwen2-VL; an agent reads it from its model, :meth:`FrameConfig.bound_to`). A crop takes at most
 ``crop_max_frames`` (16) frames inside ``[start, end]``, at most ``crop_fps`` per second.
 """
 
@@ -23,9 +24,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from paravt_agent.errors import VideoError
+from paravt_agent.video.geometry import FrameGeometry
 
 __all__ = [
     "BACKENDS",
+    "UNBOUND_UNIT",
     "Clip",
     "FrameConfig",
     "VideoInfo",
@@ -37,6 +40,11 @@ __all__ = [
 ]
 
 BACKENDS = ("pyav", "decord", "torchcodec")
+
+#: the side unit of frames read for no model in particular (a video read on its own; a backend whose model's
+#: processor is not on this machine): Qwen3-VL's 32. An agent, SFT and the trainer bind the protocol to their model's
+#: own unit (:meth:`FrameConfig.bound_to`), never to this.
+UNBOUND_UNIT = 32
 
 
 class FrameConfig(BaseModel):
@@ -51,7 +59,10 @@ class FrameConfig(BaseModel):
         "None = the fps/max_frames rule."
     )
     max_pixels: int = Field(50176, ge=256, description="Pixel budget per frame (paper: 50176 = 224x224).")
-    factor: int = Field(32, ge=1, description="Frame sides are multiples of this: 32 for Qwen3-VL, 28 for Qwen2.5-VL.")
+    factor: int | None = Field(
+        None, ge=1, description="Frame sides are multiples of this: the model's unit (its processor's patch x merge: "
+        "32 for Qwen3-VL, 28 for Qwen2.5-VL and Qwen2-VL), read from the model when None; a value that contradicts "
+        "the model is refused.")
     fast_overview: bool = Field(False, description="Keyframe-snapped overview (faster on long videos; the true "
                                                    "timestamps of the keyframes are reported).")
     crop_max_frames: int = Field(16, ge=1, description="Frames per crop (paper: at most 16 per sub-agent).")
@@ -60,6 +71,22 @@ class FrameConfig(BaseModel):
     decode_workers: int = Field(0, ge=0, description="PyAV: decoders working on disjoint stretches of the timeline "
                                 "at once (each its own open file, in threads: FFmpeg decodes without the GIL). "
                                 "0 = one per core, at most 8. The frames are the same whatever the number.")
+
+    @property
+    def unit(self) -> int:
+        """The side unit frames are sized with: ``factor``, or :data:`UNBOUND_UNIT` before the protocol is bound to
+        a model."""
+        return self.factor or UNBOUND_UNIT
+
+    def bound_to(self, geometry: FrameGeometry | None) -> FrameConfig:
+        """This protocol for a model of ``geometry``: ``factor`` its unit (a stated factor that contradicts it is
+        refused, :class:`~paravt_agent.errors.ConfigError` naming both), ``max_pixels`` at most its processor's (a
+        larger frame would be shrunk by the model). ``self`` when the geometry is unknown."""
+        if geometry is None:
+            return self
+        geometry.check_factor(self.factor)
+        return self.model_copy(update={"factor": geometry.unit, "max_pixels": min(self.max_pixels,
+                                                                                  geometry.max_pixels)})
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from paravt_agent.config import AGENT_CONFIG_FILE
 from paravt_agent.errors import ConfigError
 from paravt_train.infra.distributed import all_reduce_max, barrier, on_rank0, rank_world
 
-__all__ = ["CheckpointError", "ServerExport", "atomic_directory", "complete_checkpoints", "export_model",
+__all__ = ["CheckpointError", "ServerExport", "as_saved", "atomic_directory", "complete_checkpoints", "export_model",
            "latest_checkpoint", "load_blobs", "load_checkpoint", "load_model_weights", "load_rank_blobs",
            "prune_checkpoints",
            "resume_latest", "save_checkpoint", "write_model_dir"]
@@ -177,6 +177,18 @@ def load_model_weights(model, path: str | Path, rank: int = 0, world: int = 1) -
         model.load_state_dict(AutoModelForImageTextToText.from_pretrained(str(path)).state_dict())
 
 
+def as_saved(model, tensors: dict) -> dict:
+    """``tensors`` (by their state-dict names) as the model's own ``save_pretrained`` writes them, which is what
+    SGLang's loaders read: transformers' reverse weight conversion (a Qwen2-VL or Qwen2.5-VL checkpoint names the text
+    model ``model.layers.*`` and the tower ``visual.*``, where transformers 5 holds ``model.language_model.*`` and
+    ``model.visual.*``; SGLang 0.5.23's loaders of those families know only the checkpoint names). The tensors
+    themselves for a model without conversions (Qwen3-VL)."""
+    from transformers import PreTrainedModel
+    from transformers.core_model_loading import revert_weight_conversion  # what save_pretrained applies
+
+    return revert_weight_conversion(model, dict(tensors)) if isinstance(model, PreTrainedModel) else dict(tensors)
+
+
 def export_model(model, processor, path: Path, agent_config_yaml: str | None = None) -> Path:
     """A plain model directory that ``from_pretrained``, SGLang and the agent load (every rank calls it).
 
@@ -316,11 +328,11 @@ class ServerExport:
         weight_map, self.written, self.bytes = {}, [], 0
         for part, tensors in groups.items():
             file = f"{part}.safetensors"
-            weight_map.update({name: file for name in tensors})
+            weight_map.update({name: file for name in as_saved(model, {k: v.to("meta") for k, v in tensors.items()})})
             if not first and part not in changed and (self.path / file).is_file():
                 continue
-            out = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu", self.dtype).contiguous()
-                   for k, v in tensors.items()}
+            out = as_saved(model, {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to(
+                "cpu", self.dtype).contiguous() for k, v in tensors.items()})
             tmp = self.path / f".{file}.tmp"
             save_file(out, str(tmp), metadata={"format": "pt"})
             tmp.replace(self.path / file)

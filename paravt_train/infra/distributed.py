@@ -202,6 +202,7 @@ def with_dummy_image(batch: dict, chat) -> dict:
     merge, patch, tps = int(ip.merge_size), int(ip.patch_size), int(getattr(ip, "temporal_patch_size", 2))
     out["pixel_values"] = torch.zeros((merge * merge, 3 * tps * patch * patch), device=ids.device)
     out["image_grid_thw"] = torch.tensor([[1, merge, merge]], device=ids.device)
+    chat.check_inputs(out, "the dummy image of an image-less rank")
     return out
 
 

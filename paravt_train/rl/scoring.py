@@ -43,6 +43,7 @@ def collate(seqs: list[TokenSequence], chat: ChatTokenizer) -> dict:
         if recorded and recorded != computed:
             raise RolloutError("the policy saw other patch grids than the trainer computes (its image processor "
                                "resized frames differently); training would score other visual tokens")
+    chat.check_inputs(batch, "the trainer's collate")
     return batch
 
 

@@ -39,6 +39,7 @@ from paravt_agent.agent import Agent
 from paravt_agent.config import AgentConfig
 from paravt_agent.errors import ConfigError
 from paravt_agent.policy.chat import ChatTokenizer
+from paravt_agent.policy.families import model_type_of_dir
 from paravt_agent.policy.registry import make_rollout_policy
 from paravt_train.data import PromptItem, prompts_from_rl
 from paravt_train.eval import heldout_scores
@@ -135,7 +136,7 @@ class GRPOTrainer:
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
         self.processor = AutoProcessor.from_pretrained(cfg.model)
-        self.chat = ChatTokenizer(self.processor)
+        self.chat = ChatTokenizer(self.processor, model_type_of_dir(cfg.model))
         self.eos_id = self.chat.eos_id
         self.model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=torch.float32).to(self.device)
         if cfg.lora.enabled:  # adapters only; the KL reference is the base with the adapter disabled (no copy)
@@ -229,9 +230,9 @@ class GRPOTrainer:
         self.optimizer.state.clear()
 
     def save_model(self, path: Path) -> Path:
-        """A plain model directory (+ the agent config it was trained with, greedy) that the agent loads (a LoRA
-        run's adapter merged into a fresh copy of the base)."""
-        agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
+        """A plain model directory (+ the agent config it was trained with, greedy, its frame protocol bound to the
+        model's geometry) that the agent loads (a LoRA run's adapter merged into a fresh copy of the base)."""
+        agent = self.eval_agent_config().model_copy(update={"frames": self.agent.config.frames})
         if self.cfg.lora.enabled:
             return lora.export_merged(self.model, self.processor, self.cfg.model, path, self.cfg.lora, agent.to_yaml())
         return export_model(self.model, self.processor, path, agent.to_yaml())
@@ -246,7 +247,7 @@ class GRPOTrainer:
         if self.cfg.lora.enabled:
             return self.save_adapter(path)
         if getattr(self, "_server_export", None) is None or self._server_export.path != Path(path):
-            agent = self.eval_agent_config().model_copy(update={"frames": self.base_agent_config().frames})
+            agent = self.eval_agent_config().model_copy(update={"frames": self.agent.config.frames})
             self._server_export = ServerExport(Path(path), self.processor,
                                                serving_dtype(self.cfg.sync.dtype, self.device), agent.to_yaml())
         return self._server_export.write(model)

@@ -32,7 +32,7 @@ class SFTConfig(BaseModel):
         "output": ("output_dir", "save_every", "report_to"),
     }
 
-    model: str = Field(description="Model directory to start from (a Qwen3-VL / Qwen2.5-VL checkpoint).")
+    model: str = Field(description="Model directory to start from (a Qwen3-VL, Qwen2.5-VL or Qwen2-VL checkpoint).")
     data: str = Field(description="SFT Parquet file or dataset directory (`messages` as a JSON string per row).")
     video_root: str | None = Field(None, description="Relative video paths in the data are resolved against this.")
     output_dir: str = Field("runs/sft", description="Checkpoints, metrics.jsonl and the final model go here.")

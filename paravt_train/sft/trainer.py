@@ -34,6 +34,7 @@ import torch
 
 from paravt_agent.config import AgentConfig
 from paravt_agent.policy.chat import ChatTokenizer, to_chat_messages
+from paravt_agent.policy.families import geometry_of_dir, geometry_of_processor
 from paravt_train.data import DataError, check_renderable, load_sft, render_messages
 from paravt_train.infra import lora
 from paravt_train.infra.checkpoint import (
@@ -137,17 +138,19 @@ def collate(examples: list[dict], pad_id: int, processor=None) -> dict:
         if has_mm and "mm_token_type_ids" in e:
             batch["mm_token_type_ids"][i, :L] = torch.tensor(e["mm_token_type_ids"])
     frames = [f for e in examples for f in e.get("frames", ())]
+    chat = ChatTokenizer(processor) if processor is not None else None
     if frames:
-        if processor is None:
+        if chat is None:
             raise ValueError("examples keep frames: collate needs the processor")
         if any("pixel_values" in e for e in examples):
             raise ValueError("a micro-batch mixes kept frames and pixel values")
-        batch.update(ChatTokenizer(processor).image_inputs(frames))
-        return batch
+        batch.update(chat.image_inputs(frames))
     pix = [e["pixel_values"] for e in examples if "pixel_values" in e]
     if pix:
         batch["pixel_values"] = torch.cat(pix)
         batch["image_grid_thw"] = torch.cat([e["image_grid_thw"] for e in examples if "image_grid_thw" in e])
+    if chat is not None:  # a family that needs mm_token_type_ids gets them, covering its visual tokens exactly
+        chat.check_inputs(batch, "SFT's collate")
     return batch
 
 
@@ -222,6 +225,9 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # the frame protocol bound to the model's geometry (its processor's unit and max pixels; a stated factor that
+    # contradicts the model is refused here, before anything loads): the frames rendered, trained on and saved
+    cfg = cfg.model_copy(update={"frames": cfg.frames.bound_to(geometry_of_dir(cfg.model))})
     if samples is None:
         samples = load_sft(cfg.data, cfg.video_root)
     bad = check_renderable(samples, cfg.video_root)
@@ -231,6 +237,7 @@ def train(cfg: SFTConfig, samples=None, progress: bool = True, callback=None) ->
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must divide by the {world} ranks")
     model, processor, use_bf16 = load_model(cfg, dev)
+    cfg = cfg.model_copy(update={"frames": cfg.frames.bound_to(geometry_of_processor(processor))})
     if world > 1:
         model = shard_model(model)
     params = [p for p in model.parameters() if p.requires_grad]

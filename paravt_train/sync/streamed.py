@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from paravt_agent.errors import PolicyError
+from paravt_train.infra.checkpoint import as_saved
 from paravt_train.sync.base import WeightSync, register
 from paravt_train.sync.checks import refuse_dp, refuse_unreachable_ipc, tp_size_of, warn_vision_cache
 from paravt_train.sync.disk import SGLangWeightSync
@@ -67,7 +68,9 @@ def serving_dtype(name: str, device):
 
 
 def stream_parameters(model, dtype=None, keep: bool = True, device=None) -> Iterator[tuple[str, object]]:
-    """``(name, full tensor)`` for every entry of ``model``'s state dict, one at a time. Under FSDP2 each is
+    """``(name, full tensor)`` for every entry of ``model``'s state dict, one at a time, under the name (and in the
+    layout) the model's checkpoint has it (:func:`~paravt_train.infra.checkpoint.as_saved`: what SGLang's
+    ``load_weights`` reads). Under FSDP2 each is
     gathered from the shards (a collective: every rank must iterate to the end); ``keep=False`` ranks take
     part and drop them. Kept tensors are converted to ``dtype`` (the serving dtype) and moved to ``device``;
     a conversion that fails (out of memory) stops the yielding but not the gathering, and is raised once
@@ -86,7 +89,7 @@ def stream_parameters(model, dtype=None, keep: bool = True, device=None) -> Iter
             except Exception as exc:  # noqa: BLE001 (raised after the last gather)
                 error = exc
             else:
-                yield name, out
+                yield from as_saved(model, {name: out}).items()
         del full
     if error is not None:
         raise error

@@ -531,9 +531,9 @@ def test_online_learning_neither_loses_nor_repeats_feedback(toy_policy_dir, toy_
     fourth = OnlineLearner(cfg5, store.path, progress=False, log=lambda *_: None)
     fourth.run(once=True)
     st = fourth.state
-    trained = st["trained"]
+    trained = st.trained
     assert sorted(trained) == sorted(set(trained))  # nothing twice
-    assert len(trained) == 6 and st["queue"] == [] and st["skipped"] == 1  # nothing lost
+    assert len(trained) == 6 and st.queue == [] and st.skipped == 1  # nothing lost
     recs = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
     logged = [p for r in recs for p in r["prompts"]]
     assert sorted(logged) == sorted(trained)

@@ -145,7 +145,10 @@ def test_a_fleet_on_one_host_takes_every_sync_from_a_trainer_on_another(fleet, t
         next(iter(model.parameters())).add_(-0.2)
     sync = SGLangDistributedSync(fleet.router, master_address=bed.here.addr, master_port=rendezvous_port(),
                                  backend="gloo", device="cpu", bucket_bytes=1 << 20, timeout=120)
-    out = sync.push(model, version="2")
+    try:
+        out = sync.push(model, version="2")
+    finally:
+        sync.close()  # leaves the groups on both sides: later tests in this process join under the same names
     assert out["servers"] == 2 and out["buckets"] > 1
     want = _model_logprobs(model)
     assert [fleet.version(w) for w in fleet.workers] == ["2", "2"]

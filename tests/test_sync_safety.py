@@ -738,3 +738,22 @@ def test_rejoin_ports_are_never_an_http_port_or_inside_sglangs_ranges(monkeypatc
     monkeypatch.setattr(distributed, "ephemeral_ports", lambda: (31050, 65535))
     with pytest.raises(PolicyError, match="no rendezvous port.*1024-21999 or 30001-32767"):
         sync.port_of(sync.urls[0], 0)
+
+
+def test_a_group_name_left_in_this_process_by_a_sync_never_closed_is_taken_over():
+    """A syncer that is never closed (a notebook's earlier trainer, a test that forgot) leaves its side of the group
+    in the process under the group's name, and torch refuses a name twice: the next trainer's join failed with
+    "The specified group name has already been created" (0.5.2 before this fix, when a multi-host test left one).
+    The join now destroys the stale group first; the new group works."""
+    import torch.distributed as dist
+
+    from paravt_train.sync.distributed import init_weight_update_group
+
+    name = "paravt_test_left_over"
+    first = init_weight_update_group("127.0.0.1", rendezvous_port(), 0, 1, name, backend="gloo", timeout_s=30)
+    second = init_weight_update_group("127.0.0.1", rendezvous_port(), 0, 1, name, backend="gloo", timeout_s=30)
+    t = torch.ones(3)
+    dist.broadcast(t, src=0, group=second)
+    assert [n for n in dist.distributed_c10d._world.pg_names.values() if n == name] == [name]
+    assert first not in dist.distributed_c10d._world.pg_names
+    dist.destroy_process_group(second)

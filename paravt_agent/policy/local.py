@@ -1,5 +1,4 @@
-"""``local``: an in-process ``transformers`` vision-language model (the Qwen3-VL, Qwen2.5-VL and Qwen2-VL families:
-:mod:`paravt_agent.policy.families`).
+"""``local``: an in-process ``transformers`` VLM (the Qwen3-VL, Qwen2.5-VL, Qwen2-VL families: ``policy.families``).
 
 Token-in/token-out: the prompt is tokenised once by the model's own processor
 and chat template, the forced prefix (the think prefix) is appended as tokens,

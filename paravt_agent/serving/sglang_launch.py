@@ -169,7 +169,7 @@ def sglang_command(
     adds ``embed_tokens`` and ``lm_head`` the trainer never adapts); ``lora_from`` (a training config or an adapter
     directory, :func:`lora_of_run`) derives both from the run. Three adapters per batch (the served adapter, a
     gate's candidate beside it, and the base model's requests); on CPU with SGLang's torch-native LoRA backend
-    (the default one is triton)."""
+    (the default one is triton). Long on purpose: one argument per SGLang setting, each said here."""
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device {device!r}: use cuda or cpu")
     cpu = device == "cpu"

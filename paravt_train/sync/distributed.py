@@ -15,6 +15,7 @@ and the trainer would wait in the rendezvous until its timeout).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -22,6 +23,8 @@ from paravt_agent.errors import PolicyError
 from paravt_train.sync.base import register
 from paravt_train.sync.http import json_of
 from paravt_train.sync.streamed import StreamedSync, serving_dtype
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GROUP_TIMEOUT_MARGIN", "SGLANG_PORTS", "SGLangDistributedSync", "abort_group", "destroy_group_on",
            "ephemeral_ports", "init_weight_update_group", "port_clash"]
@@ -69,11 +72,19 @@ def init_weight_update_group(master_address: str, master_port: int, rank: int, w
                              group_name: str, backend: str = "nccl", timeout_s: float = 600.0):
     """A process group outside the default one (the trainer's rank 0 + the servers' ranks), made the way
     SGLang's ``init_custom_process_group`` makes its side: a TCP rendezvous, the store prefixed by the group
-    name. It needs torch's internal group constructor, as SGLang, verl and AReaL use."""
+    name. It needs torch's internal group constructor, as SGLang, verl and AReaL use. A group of the same name
+    this process still holds (a syncer that was never closed: a notebook's earlier trainer, say) is stale by now
+    (the server's side was destroyed before this join) and is destroyed first: torch refuses a name twice."""
     import datetime
 
     from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
 
+    stale = [pg for pg, name in list(_world.pg_names.items()) if name == group_name]
+    for pg in stale:
+        log.warning("weight sync: this process still held a group named %r (a sync not closed): destroyed",
+                    group_name)
+        abort_group(pg)
+        _world.pg_names.pop(pg, None)
     timeout = datetime.timedelta(seconds=timeout_s)
     store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
                                               timeout=timeout))

@@ -116,10 +116,10 @@ def test_the_gate_is_a_paired_non_inferiority_test():
     worse = [1.0] * 8 + [0.0] * 32  # 12 of 20 right answers lost
     res = decide(worse, served, g, "in-process")
     assert not res.promote and res.diff == pytest.approx(-0.3) and res.lower < -res.margin and res.n == 40
-    assert res.test == "score (Tango)"
+    assert res.test == "exact (Tango-ordered)"
     f1 = [0.5 + 0.01 * i for i in range(40)]
     res = decide([x - 0.02 for x in f1], f1, g, "in-process")  # F1: the paired t-test; a small loss passes
-    assert res.promote and res.test == "paired t"
+    assert res.promote and res.test == "paired t (Hall)"
 
 
 def test_a_candidates_runtime_failures_count_against_it():
@@ -200,7 +200,6 @@ def test_missing_or_stale_served_scores_are_taken_again(tmp_path):
     """The served version has no stored scores (the gate turned on later, an operator's promote) or scores of
     another pinned set: they are taken again from its weights and stored with the set's hash — not an error."""
     from paravt_train.data import PromptItem
-    from paravt_train.online.gate import pinned_hash
 
     gate = {"enabled": True, "eval_set": "pinned.parquet"}
     p = _stub_promotion(tmp_path, {"gate": gate})
@@ -212,7 +211,7 @@ def test_missing_or_stale_served_scores_are_taken_again(tmp_path):
     reg = p.registry
     reg.add("v0", 0, tmp_path / "v0", "candidate")  # no gate record
     reg.add("v1", 1, tmp_path / "v1", "candidate", gate={"scores": [0.0] * 20, "pinned": "another set"})
-    h = pinned_hash(prompts)
+    h = p.pinned()[1]  # the set and how it is scored
     reg.add("v2", 2, tmp_path / "v2", "candidate", gate={"scores": [0.0] * 20, "pinned": h})
     assert p.reference_scores(reg.get("v0")) == [1.0] * 20
     assert p.reference_scores(reg.get("v1")) == [1.0] * 20

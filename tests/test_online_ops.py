@@ -127,8 +127,9 @@ def test_a_push_journals_itself_renews_its_lease_while_it_runs_and_clears_it(tmp
 def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_path, json_server):
     """``paravt serve``'s supervisor reads each server's state (SGLang: ``/ready`` 503 and ``/ping`` 200 while
     paused): a pause whose lease is renewed stays, however long; one whose lease lapsed (the pusher died) is
-    continued ``lease`` seconds after the last renewal; without a lease file, ``lease`` seconds after the pause
-    began. A server that is not paused, or cannot say, is left alone."""
+    continued ``lease`` seconds (of the supervisor's clock) after it last saw the lease renewed; without a lease
+    file, ``max_pause`` seconds after the pause began. A server that is not paused, or cannot say, is left
+    alone."""
     state = {"paused": True}
 
     def reply(path, body):
@@ -142,22 +143,24 @@ def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_pat
 
     srv = json_server(reply)
     lease = tmp_path / "push.json"
-    lease.write_text("{}")
+    lease.write_text("{}")  # a journal without a counter (0.5.1's): its renewals are changes of its file time
     sup = PauseSupervisor([srv.url], lease=10, lease_file=lease, log=lambda *_: None)
-    t0 = time.time()
-    os.utime(lease, (t0, t0))
+    t0 = 1000.0  # the supervisor's own (monotonic) clock: the times on the file are never compared with it
     with httpx.Client() as c:
         assert sup.check(c, now=t0) == [] and sup.paused_since[srv.url] == t0
-        os.utime(lease, (t0 + 30, t0 + 30))  # a live pusher renews: 40 s of pause are fine
-        assert sup.check(c, now=t0 + 40) == []
-        assert sup.check(c, now=t0 + 40.5 + 1) == [srv.url]  # 11.5 s past the last renewal
-        assert not state["paused"] and sup.continued[0]["lease_age_s"] == 11.5
+        os.utime(lease, (1, 1))  # a live pusher renews (whatever its clock, or the disk's, stamps)
+        assert sup.check(c, now=t0 + 9) == []
+        assert sup.check(c, now=t0 + 18) == []  # 18 s of pause, the renewal seen 9 s ago
+        assert sup.check(c, now=t0 + 19.5) == [srv.url]  # 10.5 s without a renewal
+        assert not state["paused"] and sup.continued[0]["lease_age_s"] == 10.5
         assert sup.check(c, now=t0 + 60) == []  # running: nothing to do
         state["paused"] = True
-        os.utime(lease, (t0 + 100, t0 + 100))  # a hung pusher renews for ever: capped at max_pause from the start
+        # a hung pusher renews for ever: capped at max_pause from the start
         capped = PauseSupervisor([srv.url], lease=10, lease_file=lease, max_pause=20, log=lambda *_: None)
-        assert capped.check(c, now=t0 + 90) == [] and capped.check(c, now=t0 + 105) == []
-        os.utime(lease, (t0 + 110, t0 + 110))
+        assert capped.check(c, now=t0 + 90) == []
+        os.utime(lease, (2, 2))
+        assert capped.check(c, now=t0 + 105) == []
+        os.utime(lease, (3, 3))
         assert capped.check(c, now=t0 + 111) == [srv.url] and capped.continued[0]["why"] == "max-pause"
         state["paused"] = True
         lease.unlink()  # no lease file: bounded by max_pause from the pause's start, not by the lease
@@ -348,7 +351,7 @@ def test_a_restart_does_not_repair_a_push_whose_pusher_still_renews_its_lease(tm
     live = threading.Thread(target=renew, daemon=True)
     live.start()
     try:
-        with pytest.raises(ConfigError, match="another learner is pushing"):
+        with pytest.raises(ConfigError, match="is renewing its lease: another learner or operator is pushing"):
             learner.repair_push()
     finally:
         stop.set()

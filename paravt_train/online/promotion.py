@@ -130,10 +130,11 @@ class Promotion:
     def protocol(self) -> dict:
         """What the pinned scores were taken with, besides the questions (part of the pinned set's hash): the
         evaluation agent (its protocol, sampling, frames, budgets, tools) and the gate settings that change a score
-        (``n_frames``, ``limit``, where it runs). Scores taken under another protocol are stale."""
+        (``n_frames``, ``limit``, where it runs); not how many questions run at once. Scores taken under another
+        protocol are stale."""
         g = self.online.gate
         agent = self._gate_config()
-        agent = agent.model_dump(mode="json") if hasattr(agent, "model_dump") else repr(agent)
+        agent = agent.model_dump(mode="json", exclude={"max_concurrency"}) if hasattr(agent, "model_dump") else agent
         return {"agent": agent, "n_frames": g.n_frames, "limit": g.limit, "mode": g.mode}
 
     def _gate_config(self):

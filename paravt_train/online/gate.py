@@ -55,6 +55,7 @@ __all__ = ["EXACT_MAX", "MIN_QUESTIONS", "Comparison", "GateResult", "GateSizeEr
 
 MIN_QUESTIONS = 20  # below this the paired t-test's stated level is not to be trusted (nor the sizing's normal power)
 EXACT_MAX = 1000  # binary scores: the exact test up to this many questions (seconds), Tango's normal bound above
+TABLE_MAX = 500  # up to this many, the exact test at a gate's margin is read from a table made once per margin
 
 
 class GateSizeError(ConfigError):
@@ -183,10 +184,14 @@ def _outcomes(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w, loss, logf[n] - logf[w] - logf[loss] - logf[n - w - loss]
 
 
-def _tail(w: np.ndarray, loss: np.ndarray, coef: np.ndarray, n: int, delta: float, p_win: np.ndarray) -> np.ndarray:
-    """P(the outcomes given) for each ``p_win`` on the null's boundary ``p_win − p_loss = delta``."""
+def _tail(w: np.ndarray, loss: np.ndarray, coef: np.ndarray, n: int, delta: float, p_win: np.ndarray,
+          each: bool = False) -> np.ndarray:
+    """P(the outcomes given) for each ``p_win`` on the null's boundary ``p_win − p_loss = delta`` (``each``: the
+    outcomes' own probabilities, for one ``p_win``)."""
     p_loss = p_win - delta
     ties = np.maximum(1 - p_win - p_loss, 1e-300)
+    if each:
+        return np.exp(coef + w * math.log(p_win[0]) + loss * math.log(p_loss[0]) + (n - w - loss) * math.log(ties[0]))
     out = np.empty(len(p_win))
     step = max(1, 2_000_000 // max(1, len(w)))  # bounded memory at a thousand questions
     for i in range(0, len(p_win), step):
@@ -195,20 +200,26 @@ def _tail(w: np.ndarray, loss: np.ndarray, coef: np.ndarray, n: int, delta: floa
     return out
 
 
-def exact_p_value(wins: int, losses: int, n: int, delta: float, grid: int = 24) -> float:
+def _nuisance(delta: float, points: int) -> np.ndarray:
+    """``p_win`` over its range on the null's boundary (``p_loss = p_win − delta``, ties the rest), both ends in."""
+    bottom, top = max(0.0, delta), (1 + delta) / 2
+    return bottom + (top - bottom) * np.concatenate([[1e-9], (np.arange(points) + 0.5) / points, [1 - 1e-9]])
+
+
+def exact_p_value(wins: int, losses: int, n: int, delta: float, grid: int = 24, refine: int = 8) -> float:
     """The exact unconditional p-value of ``H0: p_win − p_loss ≤ delta`` on ``n`` paired binary outcomes, ordered
     by Tango's statistic: the largest probability, over the share of discordant pairs (the nuisance, searched on a
-    grid and refined about its peak), of a statistic at least the one observed."""
+    grid of ``grid`` points and refined about its peak by ``refine`` golden-section steps), of a statistic at least
+    the one observed."""
     w, loss, coef = _outcomes(n)
     z = _tango_z(w, loss, n, delta)
     region = z >= float(_tango_z(wins, losses, n, delta)) - 1e-9
     w, loss, coef = w[region], loss[region], coef[region]
-    bottom, top = max(0.0, delta), (1 + delta) / 2  # p_win's range: p_loss = p_win − delta, ties the rest
-    xs = bottom + (top - bottom) * np.concatenate([[1e-9], (np.arange(grid) + 0.5) / grid, [1 - 1e-9]])
+    xs = _nuisance(delta, grid)
     ps = _tail(w, loss, coef, n, delta, xs)
     k = int(np.argmax(ps))
     lo, hi, best = xs[max(0, k - 1)], xs[min(len(xs) - 1, k + 1)], float(ps[k])
-    for _ in range(8):  # golden-section search between the peak's neighbours
+    for _ in range(refine):  # golden-section search between the peak's neighbours
         a, b = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
         pa, pb = _tail(w, loss, coef, n, delta, np.array([a, b]))
         best = max(best, float(pa), float(pb))
@@ -216,19 +227,49 @@ def exact_p_value(wins: int, losses: int, n: int, delta: float, grid: int = 24) 
     return min(1.0, best)
 
 
+@lru_cache(maxsize=4)
+def _null_table(n: int, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """The test at one ``delta`` (the margin) as a table: every outcome's statistic, sorted down (negated, to
+    search), and for each of 64 points of the nuisance the probability of the outcomes at least as extreme as each.
+    A p-value is then a search and a column's largest entry (a gate asks at its margin every time)."""
+    w, loss, coef = _outcomes(n)
+    z = _tango_z(w, loss, n, delta)
+    order = np.argsort(-z, kind="stable")
+    w, loss, coef = w[order], loss[order], coef[order]
+    xs = _nuisance(delta, 64)
+    table = np.empty((len(xs), len(w)), dtype=np.float32)
+    for i, x in enumerate(xs):
+        table[i] = np.cumsum(_tail(w, loss, coef, n, delta, np.array([x]), each=True))
+    return -z[order], table
+
+
+def _rejects_at_margin(wins: int, losses: int, n: int, delta: float, alpha: float) -> bool:
+    """Whether the exact test rejects at a gate's margin (``delta`` = −margin), read from its table up to
+    :data:`TABLE_MAX` questions (a p-value within 2 % of ``alpha``, where the table's grid could err, is searched
+    again finely)."""
+    if n <= TABLE_MAX:
+        neg_z, table = _null_table(n, delta)
+        k = int(np.searchsorted(neg_z, -float(_tango_z(wins, losses, n, delta)) + 1e-9, side="right"))
+        p = float(table[:, k - 1].max()) if k else 0.0
+        if abs(p - alpha) > 0.02 * alpha:
+            return p <= alpha
+    return exact_p_value(wins, losses, n, delta, grid=64, refine=12) <= alpha
+
+
 def _exact_lower(wins: int, losses: int, n: int, confidence: float, margin: float | None = None,
-                 tol: float = 1e-4) -> float:
+                 tol: float = 5e-4) -> float:
     """The one-sided ``confidence`` lower bound of ``p_win − p_loss``: the largest ``delta`` the exact test rejects
-    at ``1 − confidence`` (bisection to ``tol``: its p-value grows with ``delta``), bracketed first by ``−margin``
-    (so the bound is above it exactly when the test at the margin rejects) and about Tango's normal bound."""
+    at ``1 − confidence``, bracketed first at ``−margin`` by the test there (so the bound is above ``−margin``
+    exactly when that test rejects: the gate's decision), then about Tango's normal bound, then bisected to ``tol``
+    (its p-value grows with ``delta``; a coarser search of the nuisance between)."""
     alpha = 1 - confidence
 
     def rejects(delta: float) -> bool:
-        return exact_p_value(wins, losses, n, delta) <= alpha
+        return exact_p_value(wins, losses, n, delta, grid=16, refine=3) <= alpha
 
     lo, hi = -1.0, (wins - losses) / n
     if margin is not None and lo < -margin < hi:
-        lo, hi = (-margin, hi) if rejects(-margin) else (lo, -margin)
+        lo, hi = (-margin, hi) if _rejects_at_margin(wins, losses, n, -margin, alpha) else (lo, -margin)
     guess = _score_lower(wins, losses, n, confidence)
     for edge in (guess - 0.02, guess + 0.02):
         if lo < edge < hi:

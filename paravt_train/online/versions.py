@@ -168,6 +168,7 @@ def repair_push(cfg, journal: Path, log=print, restore=None) -> dict | None:
     weight-update session it left open closed (:func:`~paravt_train.sync.release_servers`), then ``restore()``
     (the version the registry serves pushed back: the half-applied push is never taken for a version), then the
     journal removed. Returns what was found, with ``continued`` and ``errors``."""
+    # lazy: a command that only lists versions loads no sync (nor the HTTP client)
     from paravt_train.sync import release_servers, server_keys
     from paravt_train.sync.lease import settle_unfinished, unfinished_push
 

@@ -290,7 +290,14 @@ class OnlineLearner:
     def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
         """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``). A push the last
         learner left half-applied is repaired first (:meth:`repair_push`, and while it runs: an operator's push
-        that died); every push journals itself (:attr:`journal`) until it ends."""
+        that died); every push journals itself (:attr:`journal`) until it ends. The learner's lock is let go when
+        it ends, however it ends."""
+        try:
+            return self._learn(poll, max_steps, once)
+        finally:
+            self.close()
+
+    def _learn(self, poll: float, max_steps: int | None, once: bool) -> int:
         tr = self.trainer
         self.setup()
         self.repair_push()
@@ -337,7 +344,6 @@ class OnlineLearner:
             self.save()
             self.write_progress()
         tr.close()
-        self.close()
         self.stopped = stop.signal_name
         if self.stopped:
             self.log(f"stopped by {self.stopped} after update {tr.step}; the checkpoint holds it and the cursor")

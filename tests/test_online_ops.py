@@ -727,3 +727,30 @@ def test_an_operator_rollback_killed_mid_push_is_repaired_on_the_next_start(tmp_
         "input_ids": [20, 21, 22], "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}).json()
     assert reply["meta_info"]["weight_version"] == "0"
     assert later["renewals"] > first["renewals"]  # the killed command's lease was renewed while it lived
+
+
+def test_a_running_learner_repairs_an_operator_push_that_died_and_puts_its_version_back(tmp_path, toy_policy_dir,
+                                                                                      json_server):
+    """While the learner runs (each turn of its loop), a journal left by an operator's command that died: once its
+    lease stands still, generation is continued, and under the same push lock the version the registry serves goes
+    back on the server (the half-applied push is never taken for a version), the repair recorded."""
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    srv = json_server(lambda path, body: (200, {"success": True}))
+    out = tmp_path / "out"
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(out), backend="sglang", endpoint=srv.url)
+    learner = OnlineLearner(cfg, tmp_path / "t.db", progress=False, log=lambda *_: None)
+    learner.trainer.setup()
+    _registry_with(tmp_path, toy_policy_dir, [("v0", "start"), ("v3", "promoted")])
+    dead = _start(PUSHER_0_5_1, learner.journal, 0.0, srv.url)  # the operator's push of v0, then killed
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(10)
+    left = learner.repair_push(restore=True)
+    assert left["version"] == "7" and left["continued"] == [srv.url] and not learner.journal.exists()
+    loads = [b for m, p, b in srv.seen if p == "/update_weights_from_disk"]
+    assert [b["weight_version"] for b in loads] == ["3"]  # the registry's serving version, pushed back
+    assert srv.paths.index("/end_weight_update") < srv.paths.index("/update_weights_from_disk")
+    events = [json.loads(x) for x in (out / "online_events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "push-repaired" and "v3, the version that serves, goes back" in events[-1]["reason"]
+    learner.close()

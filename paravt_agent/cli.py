@@ -237,7 +237,8 @@ def serve_cmd(
     lora_from: Path = typer.Option(None, help="A training config (its `lora` section) or a peft adapter directory: "
                                    "serve LoRA adapters with that run's rank and target modules."),
     pause_lease: float = typer.Option(60.0, min=0, help="Continue generation on a server paused this long past the "
-                                      "--sync-lease file's last renewal (a dead pusher); 0: never."),
+                                      "--sync-lease file's last renewal, as this process's clock sees it (a dead "
+                                      "pusher); 0: never."),
     sync_lease: Path = typer.Option(None, help="The learner's push journal (OUTPUT_DIR/push.json): its lease."),
     max_pause: float = typer.Option(600.0, min=0, help="Continue generation on a server paused this long, lease or "
                                     "not (a hung pusher; without --sync-lease the only bound: set it above the "

@@ -127,8 +127,9 @@ def test_a_push_journals_itself_renews_its_lease_while_it_runs_and_clears_it(tmp
 def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_path, json_server):
     """``paravt serve``'s supervisor reads each server's state (SGLang: ``/ready`` 503 and ``/ping`` 200 while
     paused): a pause whose lease is renewed stays, however long; one whose lease lapsed (the pusher died) is
-    continued ``lease`` seconds after the last renewal; without a lease file, ``lease`` seconds after the pause
-    began. A server that is not paused, or cannot say, is left alone."""
+    continued ``lease`` seconds (of the supervisor's clock) after it last saw the lease renewed; without a lease
+    file, ``max_pause`` seconds after the pause began. A server that is not paused, or cannot say, is left
+    alone."""
     state = {"paused": True}
 
     def reply(path, body):
@@ -142,22 +143,24 @@ def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_pat
 
     srv = json_server(reply)
     lease = tmp_path / "push.json"
-    lease.write_text("{}")
+    lease.write_text("{}")  # a journal without a counter (0.5.1's): its renewals are changes of its file time
     sup = PauseSupervisor([srv.url], lease=10, lease_file=lease, log=lambda *_: None)
-    t0 = time.time()
-    os.utime(lease, (t0, t0))
+    t0 = 1000.0  # the supervisor's own (monotonic) clock: the times on the file are never compared with it
     with httpx.Client() as c:
         assert sup.check(c, now=t0) == [] and sup.paused_since[srv.url] == t0
-        os.utime(lease, (t0 + 30, t0 + 30))  # a live pusher renews: 40 s of pause are fine
-        assert sup.check(c, now=t0 + 40) == []
-        assert sup.check(c, now=t0 + 40.5 + 1) == [srv.url]  # 11.5 s past the last renewal
-        assert not state["paused"] and sup.continued[0]["lease_age_s"] == 11.5
+        os.utime(lease, (1, 1))  # a live pusher renews (whatever its clock, or the disk's, stamps)
+        assert sup.check(c, now=t0 + 9) == []
+        assert sup.check(c, now=t0 + 18) == []  # 18 s of pause, the renewal seen 9 s ago
+        assert sup.check(c, now=t0 + 19.5) == [srv.url]  # 10.5 s without a renewal
+        assert not state["paused"] and sup.continued[0]["lease_age_s"] == 10.5
         assert sup.check(c, now=t0 + 60) == []  # running: nothing to do
         state["paused"] = True
-        os.utime(lease, (t0 + 100, t0 + 100))  # a hung pusher renews for ever: capped at max_pause from the start
+        # a hung pusher renews for ever: capped at max_pause from the start
         capped = PauseSupervisor([srv.url], lease=10, lease_file=lease, max_pause=20, log=lambda *_: None)
-        assert capped.check(c, now=t0 + 90) == [] and capped.check(c, now=t0 + 105) == []
-        os.utime(lease, (t0 + 110, t0 + 110))
+        assert capped.check(c, now=t0 + 90) == []
+        os.utime(lease, (2, 2))
+        assert capped.check(c, now=t0 + 105) == []
+        os.utime(lease, (3, 3))
         assert capped.check(c, now=t0 + 111) == [srv.url] and capped.continued[0]["why"] == "max-pause"
         state["paused"] = True
         lease.unlink()  # no lease file: bounded by max_pause from the pause's start, not by the lease
@@ -348,7 +351,7 @@ def test_a_restart_does_not_repair_a_push_whose_pusher_still_renews_its_lease(tm
     live = threading.Thread(target=renew, daemon=True)
     live.start()
     try:
-        with pytest.raises(ConfigError, match="another learner is pushing"):
+        with pytest.raises(ConfigError, match="is renewing its lease: another learner or operator is pushing"):
             learner.repair_push()
     finally:
         stop.set()
@@ -357,3 +360,397 @@ def test_a_restart_does_not_repair_a_push_whose_pusher_still_renews_its_lease(tm
     assert learner.repair_push()["version"] == "4" and not learner.journal.exists()
     events = [json.loads(x) for x in (tmp_path / "o" / "online_events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["push-repaired"]
+
+
+# --------------------------------------------------------------------------- one path for every push (issue 65)
+
+#: the real journal of this release (:func:`journal_push`) written by a host whose clock is ``skew`` seconds off:
+#: every time it reads, and every time it stamps on a file (or its disk does), is off by that much
+SKEWED_PUSHER = textwrap.dedent("""
+    import os, sys, time
+    journal, skew, url = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    real_time, real_replace, real_utime = time.time, os.replace, os.utime
+    time.time = lambda: real_time() + skew
+
+    def stamp(path):
+        t = time.time()
+        real_utime(path, (t, t))
+
+    def replace(src, dst, *a, **kw):
+        real_replace(src, dst, *a, **kw)
+        stamp(dst)
+
+    def utime(path, times=None, *a, **kw):
+        real_utime(path, times if times is not None else (time.time(), time.time()), *a, **kw)
+
+    os.replace, os.utime = replace, utime
+    from paravt_train.sync.lease import journal_push
+
+    with journal_push(journal, [url], "7", "disk"):
+        print("PUSHING", flush=True)
+        time.sleep(3600)
+""")
+
+#: a pusher of 0.5.1 (its journal without a counter, renewed by its file time, no push lock) on a host whose clock
+#: is ``skew`` seconds off
+PUSHER_0_5_1 = textwrap.dedent("""
+    import json, os, socket, sys, time
+    journal, skew, url = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    os.makedirs(os.path.dirname(journal), exist_ok=True)
+    with open(journal, "w") as f:
+        json.dump({"version": "7", "sync": "disk", "urls": [url], "pid": os.getpid(), "host": socket.gethostname(),
+                   "started": time.time() + skew}, f)
+    print("PUSHING", flush=True)
+    while True:
+        t = time.time() + skew
+        os.utime(journal, (t, t))
+        time.sleep(1.0)
+""")
+
+
+def _start(script: str, *args) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = proc.stdout.readline()
+    if line.strip() not in ("PUSHING", "PAUSED", "READY"):
+        proc.kill()
+        raise AssertionError(f"{line!r}: {proc.stderr.read()[-3000:]}")
+    return proc
+
+
+def _paused_server(json_server):
+    """A server paused by a push (``/ready`` 503 until ``/continue_generation``), recording when it was continued."""
+    state: dict = {"paused": True}
+
+    def reply(path, body):
+        if path == "/ready":
+            return (503 if state["paused"] else 200), {}
+        if path == "/continue_generation":
+            state["paused"], state["at"] = False, time.monotonic()
+        return 200, {"success": True}
+
+    return json_server(reply), state
+
+
+@pytest.mark.parametrize("skew", [-90.0, 90.0], ids=["writer-90s-behind", "writer-90s-ahead"])
+def test_the_lease_needs_no_clock_agreement(tmp_path, json_server, skew):
+    """The supervisor times the journal's renewal counter with its own clock: a live push from a host whose clock
+    is 90 s behind keeps its pause past the lease (before: cut after the lease, because its file times looked
+    90 s old), and when that pusher is ``kill -9``ed — 90 s behind or 90 s ahead (before: a pause of 90 s + the
+    lease) — generation continues within the lease and a poll."""
+    srv, state = _paused_server(json_server)
+    journal, lease = tmp_path / "out" / "push.json", 2.0
+    proc = _start(SKEWED_PUSHER, journal, skew, srv.url)
+    sup = PauseSupervisor([srv.url], lease=lease, lease_file=journal, poll=0.2, log=lambda *_: None).start()
+    try:
+        time.sleep(2 * lease + 1)
+        assert state["paused"] and sup.continued == [], sup.continued  # the live push keeps its pause
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed = time.monotonic()
+        while state["paused"] and time.monotonic() < killed + lease + 10:
+            time.sleep(0.05)
+        assert not state["paused"], "the dead pusher's pause outlived its lease"
+        waited = state["at"] - killed
+        assert waited <= lease + 1.0, waited
+        assert sup.continued[0]["why"] == "lease" and unfinished_push(journal)["renewals"] >= 3
+        print(f"skew {skew:+.0f}s: continued {waited:.1f}s after the kill (lease {lease:g}s)")
+    finally:
+        sup.stop()
+        proc.kill()
+
+
+def test_a_restart_refuses_to_repair_a_live_push_whatever_its_writers_clock(tmp_path, toy_policy_dir, json_server):
+    """A pusher that does not take the push lock (0.5.1's) on a host 90 s behind keeps renewing its journal: the
+    restarting learner watches the renewals with its own clock and refuses, continuing nothing (before: the file's
+    time looked 90 s old, so it continued generation in the middle of that push). Once the pusher is ``kill -9``ed
+    its journal is repaired: generation continued, the journal gone."""
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    srv = json_server(lambda path, body: (200, {"success": True}))
+    out = tmp_path / "o"
+    proc = _start(PUSHER_0_5_1, out / "push.json", -90.0, srv.url)
+    try:
+        learner = OnlineLearner(GRPOConfig(model=toy_policy_dir, output_dir=str(out)), tmp_path / "t.db",
+                                progress=False, log=lambda *_: None)
+        learner.trainer.setup()
+        with pytest.raises(ConfigError, match=rf"version 7 by pid {proc.pid} .* is renewing its lease"):
+            learner.repair_push()
+        assert "/continue_generation" not in srv.paths  # nothing continued under a live push
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        left = learner.repair_push()
+        assert left["version"] == "7" and left["continued"] == [srv.url] and not learner.journal.exists()
+        assert srv.paths[-2:] == ["/continue_generation", "/end_weight_update"]
+    finally:
+        proc.kill()
+
+
+#: a learner that has set up (holding its lock) and then idles, pushing nothing
+IDLE_LEARNER = textwrap.dedent("""
+    import sys, time
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    learner = OnlineLearner(GRPOConfig(model=sys.argv[1], output_dir=sys.argv[2]), sys.argv[3], progress=False,
+                            log=lambda *_: None)
+    learner.setup()
+    print("READY", flush=True)
+    time.sleep(3600)
+""")
+
+
+def test_one_learner_per_output_directory_and_store_for_its_whole_life(tmp_path, toy_policy_dir):
+    """A learner holds its output directory and its store from set-up to its end, pushing or not: a second learner
+    on the same directory, or on another directory with the same store, is refused at set-up naming the holder's
+    pid and host (before: it started, unless the first happened to be mid-push). ``kill -9`` of the holder lets
+    go: the next learner starts."""
+    import socket
+
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    store = tmp_path / "traces.db"
+    first = _start(IDLE_LEARNER, toy_policy_dir, tmp_path / "a", store)
+    try:
+        for out in ("a", "b"):  # the same output directory; another one on the same store
+            second = OnlineLearner(GRPOConfig(model=toy_policy_dir, output_dir=str(tmp_path / out)), store,
+                                   progress=False, log=lambda *_: None)
+            with pytest.raises(ConfigError, match=rf"another online learner .*pid {first.pid} on "
+                                                  rf"{socket.gethostname()}"):
+                second.setup()
+            assert not second.trainer._ready  # refused before any model loads
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        second.setup()  # the holder is gone
+        assert json.loads((tmp_path / "b" / "learner.lock").read_text())["pid"] == os.getpid()
+        second.close()
+    finally:
+        first.kill()
+
+
+#: a learner's lock on a PostgreSQL store, held by another process (its connection open) until it is killed
+PG_HOLDER = textwrap.dedent("""
+    import sys, time
+    from paravt_agent.store import TrajectoryStore
+    from paravt_train.online.lock import LearnerLock
+
+    lock = LearnerLock(sys.argv[1], TrajectoryStore(sys.argv[2])).acquire()  # held while referenced
+    print("READY", flush=True)
+    time.sleep(3600)
+""")
+
+
+def test_one_learner_per_postgres_store(tmp_path, postgres_db):
+    """On PostgreSQL the store's lock is ``pg_try_advisory_lock`` on a connection the learner keeps: a second
+    learner (another output directory, another host for all the database knows) is refused naming the holder's
+    pid and host from ``pg_stat_activity``; the holder's ``kill -9`` ends its session and the lock with it."""
+    from paravt_agent.store import TrajectoryStore
+    from paravt_train.online.lock import LearnerLock, LearnerRunning
+
+    holder = _start(PG_HOLDER, tmp_path / "a", postgres_db)
+    store = TrajectoryStore(postgres_db)
+    try:
+        with pytest.raises(LearnerRunning, match=rf"paravt-learner pid={holder.pid} host="):
+            LearnerLock(tmp_path / "b", store).acquire()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        deadline = time.monotonic() + 20
+        while True:  # the server notices the closed connection
+            try:
+                lock = LearnerLock(tmp_path / "b", store).acquire()
+                break
+            except LearnerRunning:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        lock.release()
+    finally:
+        holder.kill()
+        store.close()
+
+
+#: a push of this release from another process (an operator's command, or a learner), its load slow
+SLOW_PUSHER = textwrap.dedent("""
+    import sys
+    from paravt_train.sync.disk import SGLangWeightSync
+
+    print("PUSHING", flush=True)
+    SGLangWeightSync(sys.argv[1], journal=sys.argv[2]).serve(sys.argv[3], "1")
+""")
+
+
+def test_two_pushers_wait_for_each_other_and_never_remove_each_others_journal(tmp_path, json_server):
+    """The learner and an operator's command pushing from one output directory at once: the second waits for the
+    first's push to end (one pause, load and continue after the other) and its own journal stays until its own
+    push ends (before: both pushed at once, and the first to end removed the other's journal, leaving a push
+    running with no lease and nothing to repair)."""
+    journal = tmp_path / "out" / "push.json"
+    seen: list = []
+
+    def reply(path, body):
+        if path == "/update_weights_from_disk":
+            seen.append(("load", body["weight_version"], (unfinished_push(journal) or {}).get("version")))
+            time.sleep(2.0)
+            seen.append(("loaded", body["weight_version"], (unfinished_push(journal) or {}).get("version")))
+        elif path in ("/pause_generation", "/continue_generation"):
+            seen.append((path, None, None))
+        return 200, {"success": True}
+
+    srv = json_server(reply)
+    other = _start(SLOW_PUSHER, srv.url, journal, tmp_path)
+    deadline = time.monotonic() + 30
+    while not any(s[0] == "load" for s in seen):
+        assert time.monotonic() < deadline and other.poll() is None, other.stderr.read()[-2000:]
+        time.sleep(0.05)
+    said: list[str] = []
+    SGLangWeightSync(srv.url, journal=journal, log=said.append).serve(tmp_path, "2")
+    assert other.wait(30) == 0
+    assert seen == [("/pause_generation", None, None), ("load", "1", "1"), ("loaded", "1", "1"),
+                    ("/continue_generation", None, None), ("/pause_generation", None, None), ("load", "2", "2"),
+                    ("loaded", "2", "2"), ("/continue_generation", None, None)], seen
+    assert not journal.exists()
+
+
+def _registry_with(tmp_path, model: str, history: list[tuple[str, str]]):
+    """A real registry whose versions are ``model``'s weights, served in the order ``history`` gives."""
+    from paravt_train.online.versions import VersionRegistry
+
+    reg = VersionRegistry(tmp_path / "out" / "versions")
+    for vid in dict.fromkeys(v for v, _ in history):
+        reg.add(vid, int(vid[1:]), model, "candidate")
+    for vid, why in history:
+        reg.set_serving(vid, reason=why)
+        time.sleep(0.01)
+    return reg
+
+
+def test_an_operator_rollback_never_restores_a_rolled_back_version_unless_named(tmp_path, toy_policy_dir):
+    """v1 → v2 → rollback (v2 was worse) → v1 → v3: ``paravt-train online rollback`` with no version puts back v1,
+    never the rolled-back v2 (before: v2, the newest promoted before v3); naming v2 puts it back, with a warning."""
+    from typer.testing import CliRunner
+
+    from paravt_train.online.cli import app
+
+    reg = _registry_with(tmp_path, toy_policy_dir, [("v1", "promoted"), ("v2", "promoted"),
+                                                    ("v1", "rollback: v2 worse"), ("v3", "promoted")])
+    cfg = tmp_path / "online.yaml"
+    cfg.write_text(f"model: {toy_policy_dir}\noutput_dir: {tmp_path / 'out'}\n")  # no server: recorded only
+    res = CliRunner().invoke(app, ["rollback", "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert reg.serving()["id"] == "v1" and reg.get("v3")["status"] == "rolled-back"
+    res = CliRunner().invoke(app, ["rollback", "v2", "--config", str(cfg)])
+    assert res.exit_code == 0 and "warning: v2 was rolled back" in res.output and reg.serving()["id"] == "v2"
+    events = [json.loads(x)["event"] for x in (tmp_path / "out" / "online_events.jsonl").read_text().splitlines()]
+    assert events == ["operator-rollback", "operator-rollback"]
+
+
+def test_the_operators_next_push_repairs_a_journal_of_0_5_1(tmp_path, toy_policy_dir, json_server):
+    """A journal left by a pusher of 0.5.1 (no counter) that died: the operator's ``promote`` finds it, sees its
+    lease stand still, continues generation and closes the weight-update session on the servers it names, records
+    the repair, and only then makes its own push (before: the operator's push simply went ahead of it)."""
+    from typer.testing import CliRunner
+
+    from paravt_train.online.cli import app
+
+    srv = json_server(lambda path, body: (200, {"success": True, "weight_version": "1"}))
+    journal = tmp_path / "out" / "push.json"
+    _registry_with(tmp_path, toy_policy_dir, [("v0", "start"), ("v1", "promoted")])
+    journal.write_text(json.dumps({"version": "9", "sync": "tensor", "urls": [srv.url], "pid": 1, "host": "gone",
+                                   "started": 0.0}))
+    cfg = tmp_path / "online.yaml"
+    cfg.write_text(f"model: {toy_policy_dir}\noutput_dir: {tmp_path / 'out'}\nbackend: sglang\n"
+                   f"endpoint: {srv.url}\n")
+    res = CliRunner().invoke(app, ["promote", "v0", "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert "a push of version 9 (tensor, pid 1 on gone) never ended" in res.output
+    before = srv.paths[:srv.paths.index("/pause_generation")]  # the repair, then the operator's own push
+    assert before.index("/continue_generation") < before.index("/end_weight_update")
+    events = [json.loads(x) for x in (tmp_path / "out" / "online_events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["push-repaired", "operator-promote"] and events[0]["version"] == "9"
+    assert not journal.exists()
+
+
+#: ``paravt-train online ARGS``
+OPERATOR = "import sys\nfrom paravt_train.online.cli import app\napp(sys.argv[1:], prog_name='paravt-train online')\n"
+
+#: ``paravt-train online ARGS`` that hangs once a server is paused (what a command killed there leaves)
+OPERATOR_HANG = textwrap.dedent("""
+    import sys, time
+    import httpx
+
+    real = httpx.Client.post
+
+    def post(self, url, *a, **kw):
+        resp = real(self, url, *a, **kw)
+        if str(url).endswith("/pause_generation"):
+            print("PAUSED", flush=True)
+            time.sleep(3600)
+        return resp
+
+    httpx.Client.post = post
+    from paravt_train.online.cli import app
+
+    app(sys.argv[1:], prog_name="paravt-train online")
+""")
+
+
+def test_an_operator_rollback_killed_mid_push_is_repaired_on_the_next_start(tmp_path, toy_policy_dir, sglang_stub):
+    """The SGLang stand-in serving v1. ``paravt-train online rollback`` is ``kill -9``ed with the server paused:
+    its journal renews a counter while it lives (the supervisor's lease) and stays behind. The next ``rollback``
+    finds it, waits out its lease by its own clock, continues generation, records the repair and then rolls back:
+    the server answers on v0 and the registry says v0 serves."""
+    srv = sglang_stub(toy_policy_dir)
+    reg = _registry_with(tmp_path, toy_policy_dir, [("v0", "start"), ("v1", "promoted")])
+    out, cfg = tmp_path / "out", tmp_path / "online.yaml"
+    cfg.write_text(f"model: {toy_policy_dir}\noutput_dir: {out}\nbackend: sglang\nendpoint: {srv.url}\n")
+    killed = _start(OPERATOR_HANG, "rollback", "--config", cfg)
+    try:
+        first = unfinished_push(out / "push.json")
+        time.sleep(1.5)
+        later = unfinished_push(out / "push.json")
+        assert _ready(srv.url) == 503 and first["version"] == "0"
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+    finally:
+        killed.kill()
+    assert _ready(srv.url) == 503 and reg.serving()["id"] == "v1"  # paused; the rollback never recorded
+    res = subprocess.run([sys.executable, "-c", OPERATOR, "rollback", "--config", str(cfg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"a push of version 0 (disk, pid {killed.pid}" in res.stdout and "never ended" in res.stdout
+    assert _ready(srv.url) == 200 and not (out / "push.json").exists()
+    events = [json.loads(x) for x in (out / "online_events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["push-repaired", "operator-rollback"]
+    assert reg.serving()["id"] == "v0" and reg.get("v1")["status"] == "rolled-back"
+    reply = httpx.post(srv.url + "/generate", timeout=120, json={
+        "input_ids": [20, 21, 22], "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}).json()
+    assert reply["meta_info"]["weight_version"] == "0"
+    assert later["renewals"] > first["renewals"]  # the killed command's lease was renewed while it lived
+
+
+def test_a_running_learner_repairs_an_operator_push_that_died_and_puts_its_version_back(tmp_path, toy_policy_dir,
+                                                                                      json_server):
+    """While the learner runs (each turn of its loop), a journal left by an operator's command that died: once its
+    lease stands still, generation is continued, and under the same push lock the version the registry serves goes
+    back on the server (the half-applied push is never taken for a version), the repair recorded."""
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    srv = json_server(lambda path, body: (200, {"success": True}))
+    out = tmp_path / "out"
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(out), backend="sglang", endpoint=srv.url)
+    learner = OnlineLearner(cfg, tmp_path / "t.db", progress=False, log=lambda *_: None)
+    learner.trainer.setup()
+    _registry_with(tmp_path, toy_policy_dir, [("v0", "start"), ("v3", "promoted")])
+    dead = _start(PUSHER_0_5_1, learner.journal, 0.0, srv.url)  # the operator's push of v0, then killed
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(10)
+    left = learner.repair_push(restore=True)
+    assert left["version"] == "7" and left["continued"] == [srv.url] and not learner.journal.exists()
+    loads = [b for m, p, b in srv.seen if p == "/update_weights_from_disk"]
+    assert [b["weight_version"] for b in loads] == ["3"]  # the registry's serving version, pushed back
+    assert srv.paths.index("/end_weight_update") < srv.paths.index("/update_weights_from_disk")
+    events = [json.loads(x) for x in (out / "online_events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "push-repaired" and "v3, the version that serves, goes back" in events[-1]["reason"]
+    learner.close()

@@ -9,9 +9,9 @@ paused, ``GET /ping`` 200 while healthy, paused or not) and continues generation
 longer than ``lease`` seconds past the pusher's lease:
 
 * with a lease file (``paravt serve --sync-lease FILE``: the learner's push journal, ``OUTPUT_DIR/push.json``,
-  which a live push renews every second, :mod:`paravt_train.sync.lease`): ``lease`` seconds past the file's last
-  renewal (or past the pause's start, whichever is later). A live learner's push, however long, keeps its pause;
-  a dead one's ends within ``lease`` (+ ``poll``) seconds.
+  which a live push renews every second, :mod:`paravt_train.sync.lease`): ``lease`` seconds after the supervisor
+  last saw the lease renewed (or the pause begin, whichever is later). A live learner's push, however long, keeps
+  its pause; a dead one's ends within ``lease`` (+ ``poll``) seconds.
 * whatever the lease says: ``max_pause`` seconds past the pause's start (``paravt serve --max-pause``, default
   600 s; 0: no cap). That bounds a pusher that lives but hangs (its lease thread renews while the push makes no
   progress), and, without a lease file, it is the only bound, so set it above the longest push: a cap that cuts
@@ -23,21 +23,70 @@ until the learner's next start puts its serving version back (:meth:`~paravt_tra
 OnlineLearner.repair_push`). The supervisor logs each continue it makes with the lease's age, so an operator can
 tell which requests that window served.
 
+**No clock agreement.** A renewal is a change of the journal's renewal counter (:class:`LeaseWatch`: a journal of
+0.5.1, which renewed by its file time, by a change of that time), never a time the writer wrote: the supervisor
+times how long the counter has stood still with its own monotonic clock. A writer whose clock is 90 s behind or
+ahead of the server's (or a shared disk that stamps its own) has its live push kept and its dead one's pause ended
+within ``lease`` + ``poll``, as one on the same host (``tests/test_online_ops.py`` runs both skews).
+
 Why a lease and a supervisor rather than pushes that do not pause: the pause is what keeps a request from being
 sampled by half-updated weights (a streamed push's buckets arrive one by one) and what ``retract`` continues on the
 new weights; SGLang's own unpaused update waits for every request in flight to finish. The lease keeps those, and
-only a pusher that stopped renewing loses its pause (or one past ``max_pause``). The file's time is the writer's
-clock: learner and server hosts must agree on the time (NTP) within a fraction of ``lease``.
+only a pusher that stopped renewing loses its pause (or one past ``max_pause``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["PauseSupervisor", "supervise", "supervised_urls"]
+__all__ = ["LeaseWatch", "PauseSupervisor", "lease_token", "supervise", "supervised_urls"]
+
+
+def lease_token(path: str | Path) -> tuple | None:
+    """What changes each time the pusher renews the lease at ``path`` (None: no journal there): the journal's
+    ``(token, renewals)`` (its pusher's id and renewal counter, :mod:`paravt_train.sync.lease`); a journal without a
+    counter (0.5.1's, renewed by its file time; or one cut short while written) by its file time, compared only with
+    itself, never with a clock."""
+    try:
+        with open(path, "rb") as f:
+            stat, text = os.fstat(f.fileno()), f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        rec = None
+    if isinstance(rec, dict) and "renewals" in rec:
+        return ("counter", rec.get("token"), rec["renewals"])
+    return ("file time", stat.st_mtime_ns)
+
+
+class LeaseWatch:
+    """A push lease as one observer sees it: how long its renewal (:func:`lease_token`) has stood still, timed by
+    the observer's own monotonic clock from the first time it looked. Neither the writer's clock nor the disk's is
+    ever compared with the observer's."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._token: tuple | None = None
+        self._since = 0.0
+
+    def age(self, now: float | None = None) -> float | None:
+        """Seconds of this observer's clock (``time.monotonic()``, or ``now`` on the same clock) since it saw the
+        lease renewed, or first saw the journal; None: no journal."""
+        now = time.monotonic() if now is None else now
+        token = lease_token(self.path)
+        if token is None:
+            self._token = None
+            return None
+        if token != self._token:
+            self._token, self._since = token, now
+        return now - self._since
 
 
 class PauseSupervisor:
@@ -56,13 +105,14 @@ class PauseSupervisor:
         self.urls = [u.rstrip("/") for u in urls]
         self.lease, self.poll, self.log = lease, poll, log
         self.lease_file = None if lease_file is None else Path(lease_file)
+        self.watch = None if lease_file is None else LeaseWatch(lease_file)
         # SGLang 0.5.23's keys by route: /ping takes the API key (never the admin key alone), /continue_generation
         # the admin key when the server has one, else the API key; /ready asks for none
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         admin = admin_key or api_key
         self.admin_headers = {"Authorization": f"Bearer {admin}"} if admin else {}
-        self.paused_since: dict[str, float] = {}  # url -> when this supervisor first saw it paused
-        self.continued: list[dict] = []  # what it did: {url, paused_s, lease_age_s, at}
+        self.paused_since: dict[str, float] = {}  # url -> when this supervisor first saw it paused (monotonic)
+        self.continued: list[dict] = []  # what it did: {url, paused_s, lease_age_s, at (Unix time), why}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._unsupported: set[str] = set()
@@ -84,16 +134,8 @@ class PauseSupervisor:
         except Exception:  # noqa: BLE001 (a server that does not answer is not ours to continue)
             return None
 
-    def lease_renewed(self) -> float | None:
-        if self.lease_file is None:
-            return None
-        try:
-            return self.lease_file.stat().st_mtime
-        except OSError:
-            return None
-
     def check(self, client=None, now: float | None = None) -> list[str]:
-        """One round: the servers it continued."""
+        """One round: the servers it continued (``now``: this supervisor's clock, ``time.monotonic()``)."""
         import httpx
 
         own = client is None
@@ -101,14 +143,14 @@ class PauseSupervisor:
         try:
             done = []
             for url in self.urls:
-                now_ = time.time() if now is None else now
+                now_ = time.monotonic() if now is None else now
                 state = self.paused(client, url)
+                age = None if self.watch is None else self.watch.age(now_)  # seen every round, paused or not
                 if not state:
                     self.paused_since.pop(url, None)
                     continue
                 since = self.paused_since.setdefault(url, now_)
-                renewed = self.lease_renewed()
-                lapsed = renewed is not None and now_ - max(since, renewed) > self.lease
+                lapsed = age is not None and min(age, now_ - since) > self.lease
                 capped = self.max_pause > 0 and now_ - since > self.max_pause
                 if not (lapsed or capped):
                     continue
@@ -117,14 +159,14 @@ class PauseSupervisor:
                     self.log(f"pause supervisor: {url}/continue_generation answered {resp.status_code}: "
                              f"{resp.text[:200]}")
                     continue
-                rec = {"url": url, "paused_s": round(now_ - since, 1), "at": now_,
-                       "lease_age_s": None if renewed is None else round(now_ - renewed, 1)}
+                rec = {"url": url, "paused_s": round(now_ - since, 1), "at": time.time(),
+                       "lease_age_s": None if age is None else round(age, 1)}
                 self.continued.append(rec)
                 self.paused_since.pop(url, None)
                 rec["why"] = "lease" if lapsed else "max-pause"
-                why = (f"its lease {self.lease_file} last renewed {rec['lease_age_s']:.0f}s ago, lease "
+                why = (f"its lease {self.lease_file} not renewed for {rec['lease_age_s']:.0f}s, lease "
                        f"{self.lease:g}s: the pusher is gone" if lapsed else
-                       f"past --max-pause {self.max_pause:g}s" + ("" if renewed is None else
+                       f"past --max-pause {self.max_pause:g}s" + ("" if age is None else
                                                                   " although its lease is renewed: a hung pusher?"))
                 self.log(f"pause supervisor: {url} was paused for {rec['paused_s']:.0f}s ({why}): generation "
                          "continued on the weights it holds")
@@ -176,7 +218,8 @@ def supervise(host: str, port: int, dp: int, lease: float, lease_file: str | Pat
         return None
     cap = f"{max_pause:g}s past its start" if max_pause > 0 else ""
     log("pause supervisor: a pause lasts at most "
-        + (f"{lease:g}s past the lease {lease_file}'s last renewal" + (f", and {cap}" if cap else "")
+        + (f"{lease:g}s past the last renewal of the lease {lease_file} (seen by this process's clock)"
+           + (f", and {cap}" if cap else "")
            if lease_file else cap))
     return PauseSupervisor(supervised_urls(host, port, dp, worker_host), lease=lease, lease_file=lease_file,
                            max_pause=max_pause, log=log, api_key=api_key, admin_key=admin_key).start()

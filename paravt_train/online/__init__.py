@@ -21,7 +21,7 @@ The loop, top to bottom (:meth:`~paravt_train.online.learner.OnlineLearner.run`)
                     (GRPOTrainer.train_step, paravt_train.rl)
       promotion.py  every ``promote_every`` updates the candidate is exported and, with the gate on,
         gate.py     evaluated on the pinned set against the served and the starting version (paired
-                    non-inferiority tests, sized: a margin its questions cannot hold is refused at start):
+        bounds.py   non-inferiority tests, sized: a margin its questions cannot hold is refused at start):
         versions.py promoted (pushed: pause → update → continue; recorded as a version) or kept aside (refused;
                     the learner reverts to the served weights or goes on, ``on_refuse``)
       promotion.py  live score: at planned label counts, when the served version's score on the feedback about its
@@ -30,7 +30,8 @@ The loop, top to bottom (:meth:`~paravt_train.online.learner.OnlineLearner.run`)
       learner.py    every ``save_every`` updates: one atomic checkpoint of the weights, the optimizer, the cursor,
                     the queue and the live counts; ``online_state.json`` after every update
     cli.py        ``paravt-train online`` runs it; ``online versions | promote V | rollback [V] | status`` act on the
-                  versions (OUTPUT_DIR/versions, versions.py)
+                  versions (OUTPUT_DIR/versions, versions.py), pushing as the learner does
+    lock.py       one learner per output directory and store, held from set-up to the end
 
 Every promoted version is kept. The learner never pushes a candidate by itself (its trainer is made with
 ``push_updates=False``): the server only ever gets promoted versions. At start it puts the serving version on the

@@ -5,7 +5,8 @@
                                                       rows skipped and why, per-user counts
     paravt-train online versions --config C           every version: status, gate scores, feedback trained into it
     paravt-train online promote V --config C          put version V on the server (pause → update → continue)
-    paravt-train online rollback [V] --config C       put back V (default: the version served before this one)
+    paravt-train online rollback [V] --config C       put back V (default: the newest version served before this
+                                                      one that no rollback took back)
 
 A running learner follows a promote or rollback (it continues from the version that serves).
 
@@ -144,15 +145,31 @@ def versions(ctx: typer.Context, config: Path = typer.Option(None, "--config", h
                    f"{v['reason']}")
 
 
-def _push(cfg, vid: str, why: str) -> None:
+def _push(cfg, vid: str, why: str, action: str) -> None:
+    """The operator's push, on the learner's one path: a push that died half-way (the learner's, or an earlier
+    command's) repaired first, then this one journaled with its lease, under the push lock with the registry's
+    record of it (a learner's push is waited for, never interleaved), and the event recorded."""
     from paravt_agent.errors import ParaVTError
-    from paravt_train.online.versions import push_version
+    from paravt_train.online.versions import push_version, repair_push, write_event
+    from paravt_train.sync.lease import push_lock
 
-    reg = _registry(cfg)
+    reg, out = _registry(cfg), Path(cfg.output_dir)
+    journal = out / "push.json"
     try:
         version = reg.get(vid)
-        push_version(cfg, version, journal=Path(cfg.output_dir) / "push.json")  # journaled, as the learner's are
-        reg.set_serving(vid, reason=why)
+        with push_lock(journal, log=typer.echo):
+            left = repair_push(cfg, journal, log=typer.echo)
+            if left is not None:
+                said = (f"a push of version {left['version']} ({left['sync']}, pid {left.get('pid')} on "
+                        f"{left.get('host')}) never ended: generation continued on "
+                        f"{', '.join(left['continued']) or 'no server'}"
+                        + (f" (failed: {'; '.join(left['errors'])})" if left["errors"] else ""))
+                typer.echo(said)
+                write_event(out, {"event": "push-repaired", "version": left["version"], "servers": left["continued"],
+                                  "errors": left["errors"], "reason": said, "by": "operator"})
+            push_version(cfg, version, journal=journal, log=typer.echo)  # journaled, as the learner's are
+            reg.set_serving(vid, reason=why)
+        write_event(out, {"event": f"operator-{action}", "version": vid, "reason": why})
     except ParaVTError as exc:
         _fail(str(exc))
     typer.echo(f"{vid} now serves ({why})")
@@ -163,21 +180,32 @@ def promote(ctx: typer.Context, version: str = typer.Argument(..., help="The ver
             config: Path = typer.Option(None, "--config", help="The learner's config YAML.")) -> None:
     """Serve a kept version (a refused candidate too, by the operator's decision)."""
     cfg = _opts(ctx, config)
-    _push(cfg, version, "promoted by the operator")
+    _push(cfg, version, "promoted by the operator", "promote")
 
 
 @app.command("rollback")
 def rollback(ctx: typer.Context, version: str = typer.Argument(None, help="The version to go back to (default: "
-                                                                          "the one served before the current)."),
+                                                                          "the newest one served before the current "
+                                                                          "that was never rolled back)."),
              config: Path = typer.Option(None, "--config", help="The learner's config YAML.")) -> None:
-    """Put an earlier version back on the server in one command."""
+    """Put an earlier version back on the server in one command. Without a version: the newest one served before
+    the current that no rollback took back; a version that was rolled back is put back only when named (with a
+    warning)."""
+    from paravt_agent.errors import ParaVTError
+
     cfg = _opts(ctx, config)
     reg = _registry(cfg)
     if version is None:
-        serving = reg.serving()
-        before = [v for v in reg.promoted() if serving and v["id"] != serving["id"]
-                  and v["promoted_at"] < serving["promoted_at"]]
-        if not before:
-            _fail("no earlier served version to roll back to")
-        version = before[-1]["id"]
-    _push(cfg, version, "rollback by the operator")
+        target = reg.rollback_target()
+        if target is None:
+            _fail("no earlier served version that was never rolled back (name one: paravt-train online rollback V)")
+        version = target["id"]
+    else:
+        try:
+            named = reg.get(version)
+        except ParaVTError as exc:
+            _fail(str(exc))
+        if named["status"] == "rolled-back":
+            typer.secho(f"warning: {version} was rolled back (a rollback took it off the server before): putting it "
+                        "back because you named it", fg=typer.colors.YELLOW, err=True)
+    _push(cfg, version, "rollback by the operator", "rollback")

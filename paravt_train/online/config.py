@@ -38,15 +38,23 @@ class GateSettings(BaseModel):
         "`confidence`, `power`, `discordance`: about 2.72·sqrt(discordance / n), 0.15 at 100 questions, 0.067 at 500); "
         "a margin below that is refused at start with the number of questions it needs.")
     confidence: float = Field(0.9, gt=0.5, lt=1, description="One-sided confidence of the non-inferiority test "
-                              "(Tango's score test for binary scores, the paired t-test for F1/IoU): a candidate "
-                              "exactly `margin` worse is promoted at most 1 − confidence of the time.")
+                              "(binary scores: the exact unconditional test ordered by Tango's score statistic; "
+                              "F1/IoU: the paired t-test with Hall's skewness correction): a candidate exactly "
+                              "`margin` worse is promoted at most 1 − confidence of the time.")
     power: float = Field(0.85, gt=0.5, lt=1, description="The sizing's power: an equally good candidate is refused "
                          "at most 1 − power of the time (split over the two comparisons, served and start) when the "
                          "versions disagree on at most `discordance` of the questions.")
     discordance: float = Field(0.3, gt=0, le=1, description="Planned mean squared per-question difference between "
                                "two versions (binary scores: the share of questions on which they disagree) the "
-                               "sizing assumes; each gate records the one it observed (`discordance`) and the margin "
-                               "that would support (`detectable`).")
+                               "sizing assumes; each gate records the one it observed (`observed`), the margin that "
+                               "would support (`detectable`) and the refusal rate of an equally good candidate there "
+                               "(`refusal_rate`), and warns when it is past the one the margin was sized at.")
+    discordance_window: int = Field(5, ge=0, description="With `margin` unset: size the margin at the mean "
+                                    "discordance the last this many gates observed when that is above `discordance` "
+                                    "(versions that disagree more need a wider margin for an equally good candidate to "
+                                    "pass at `power`; at 50 % discordance a margin sized for 30 % refused one 30 % of "
+                                    "the time). 0: always the planned `discordance`. An operator's `margin` is never "
+                                    "resized (its gates warn instead).")
     rotate_every: int | None = Field(None, ge=1, description="Draw a new pinned set of `limit` questions from "
                                      "`eval_set` every this many candidates (seeded by the round), so no run of "
                                      "candidates is selected on one set; the served and starting versions are scored "

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from paravt_agent.errors import ConfigError, FeedbackError, ParaVTError
+from paravt_agent.errors import FeedbackError, ParaVTError
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.store.feedback import check_answer, task_of
@@ -22,15 +22,14 @@ from paravt_agent.video.fetch import local_video
 from paravt_train.data.records import PromptItem
 from paravt_train.infra.interrupt import GracefulStop
 from paravt_train.online.config import OnlineConfig
+from paravt_train.online.lock import LearnerLock
 from paravt_train.online.promotion import Promotion, TrainerPort
 from paravt_train.online.state import OPERATOR, OnlineState, live_counts
-from paravt_train.online.versions import VersionRegistry
+from paravt_train.online.versions import VersionRegistry, push_version, repair_push
 from paravt_train.rewards import accuracy_reward
 from paravt_train.rl.async_loop import require_served_policy
 from paravt_train.rl.config import GRPOConfig
 from paravt_train.rl.trainer import GRPOTrainer
-from paravt_train.sync import release_servers, server_keys
-from paravt_train.sync.lease import RENEW_SECONDS, unfinished_push
 
 __all__ = ["OnlineLearner", "check_row", "prompt_from_feedback"]
 
@@ -83,6 +82,7 @@ class OnlineLearner:
         self.stopped: str | None = None  # the signal that ended run() early
         self.state = OnlineState()  # replaced by the checkpoint's at setup (resume)
         self.promotion: Promotion | None = None  # made at setup: the port needs the trainer set up
+        self.lock: LearnerLock | None = None  # this learner's hold on its output directory and store (rank 0)
 
     @property
     def journal(self) -> Path:
@@ -91,7 +91,11 @@ class OnlineLearner:
         return Path(self.cfg.output_dir) / "push.json"
 
     def setup(self) -> None:
-        """The trainer (resumed from its newest checkpoint), the state that checkpoint kept, the promotion."""
+        """The learner's lock (rank 0: one learner per output directory and store, refused here naming the one that
+        holds them), the trainer (resumed from its newest checkpoint), the state that checkpoint kept, the
+        promotion."""
+        if self.lock is None and int(os.environ.get("RANK", "0")) == 0:  # before anything loads or pushes
+            self.lock = LearnerLock(self.cfg.output_dir, self.store).acquire()
         tr = self.trainer
         tr.setup()
         if self.promotion is None:
@@ -99,6 +103,12 @@ class OnlineLearner:
                 self.state = OnlineState.from_dict(tr.extra_state)
             self.promotion = Promotion(TrainerPort.of(tr), self.registry, self.cfg, self.state, self.log,
                                        journal=self.journal if tr.rank == 0 else None)
+
+    def close(self) -> None:
+        """Let go of the output directory and the store (another learner may start)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def save(self) -> None:
         """A checkpoint: the weights, the optimizer and the state together (atomic)."""
@@ -247,49 +257,47 @@ class OnlineLearner:
             "users": {u: len(t) for u, t in st.users.items()}, "checkpoint_step": self.saved_step}, indent=1))
         tmp.replace(path)
 
-    def repair_push(self) -> dict | None:
-        """A push the journal says never ended (the last learner died during it): continue generation on the
-        servers it names (the supervisor of ``paravt serve`` may have done so already) and close a weight-update
-        session it left open (:func:`~paravt_train.sync.release_servers`); :meth:`Promotion.start_versions` then
-        puts the version the registry says serves back on them, whatever the half-applied push left there. Returns
-        what was found (None: nothing)."""
+    def repair_push(self, restore: bool = False) -> dict | None:
+        """A push the journal says never ended (its pusher died: the last learner, or an operator's ``promote`` /
+        ``rollback``): continue generation on the servers it names (the supervisor of ``paravt serve`` may have done
+        so already) and close a weight-update session it left open
+        (:func:`~paravt_train.online.versions.repair_push`: under the push lock, once its lease is known dead by
+        this process's own clock; a live pusher's push is waited for, a pusher renewing without the lock refused).
+        At start :meth:`Promotion.start_versions` then puts the version the registry says serves back on them,
+        whatever the half-applied push left there; while the learner runs (``restore``) that push is made here,
+        under the same lock. Returns what was found (None: nothing)."""
         self.setup()  # the events it records, and the servers it names, are the set-up run's
         if self.trainer.rank != 0:
             return None
-        left = unfinished_push(self.journal)
+        serving = self.registry.serving()
+        back = None
+        if restore and serving is not None:
+            def back():
+                return push_version(self.cfg, serving, self.log, journal=self.journal)
+        left = repair_push(self.cfg, self.journal, self.log, restore=back)
         if left is None:
             return None
-        if left.get("pid") != os.getpid() and time.time() - left["renewed"] < 3 * RENEW_SECONDS:
-            # a fresh lease: a pusher killed a moment ago, or one alive (a second learner on this directory)?
-            # A live one renews within RENEW_SECONDS, on whatever host: watch for that
-            deadline = time.time() + 3 * RENEW_SECONDS
-            while time.time() < deadline:
-                time.sleep(RENEW_SECONDS / 4)
-                now = unfinished_push(self.journal)
-                if now is None:
-                    return None  # it ended: nothing to repair
-                if now["renewed"] != left["renewed"]:
-                    raise ConfigError(
-                        f"{self.journal}: a push of version {left['version']} by pid {left.get('pid')} on "
-                        f"{left.get('host')} is renewing its lease: another learner is pushing from this output "
-                        "directory; stop it first")
-        done, errors = release_servers(left["urls"], server_keys(self.cfg))
-        self.journal.unlink(missing_ok=True)
-        serving = self.registry.serving()
-        why = (f"a push of version {left['version']} ({left['sync']}, pid {left.get('pid')}) started "
-               f"{time.time() - left.get('started', left['renewed']):.0f}s ago never ended: generation continued "
-               f"on {', '.join(done) or 'no server'}"
+        done, errors = left["continued"], left["errors"]
+        why = (f"a push of version {left['version']} ({left['sync']}, pid {left.get('pid')} on {left.get('host')}) "
+               f"never ended: generation continued on {', '.join(done) or 'no server'}"
                + (f" (failed: {'; '.join(errors)})" if errors else "")
                + (f"; {serving['id']}, the version that serves, goes back on the servers" if serving else ""))
         self.log(why)
         self.promotion.record_event({"event": "push-repaired", "version": left["version"], "servers": done,
                                      "errors": errors, "reason": why})
-        return {**left, "continued": done, "errors": errors}
+        return left
 
     def run(self, poll: float = 30.0, max_steps: int | None = None, once: bool = False) -> int:
         """Train until interrupted (or ``max_steps`` updates, or the queue is empty with ``once``). A push the last
-        learner left half-applied is repaired first (:meth:`repair_push`); every push journals itself
-        (:attr:`journal`) until it ends."""
+        learner left half-applied is repaired first (:meth:`repair_push`, and while it runs: an operator's push
+        that died); every push journals itself (:attr:`journal`) until it ends. The learner's lock is let go when
+        it ends, however it ends."""
+        try:
+            return self._learn(poll, max_steps, once)
+        finally:
+            self.close()
+
+    def _learn(self, poll: float, max_steps: int | None, once: bool) -> int:
         tr = self.trainer
         self.setup()
         self.repair_push()
@@ -304,6 +312,7 @@ class OnlineLearner:
             while max_steps is None or steps < max_steps:
                 if stop.requested():  # SIGTERM (here or on another rank): the updates so far are saved below
                     break
+                self.repair_push(restore=True)  # an operator's push that died while this learner ran (rank 0)
                 promotion.follow_operator()
                 self._poll_everywhere()
                 st = self.state

@@ -10,7 +10,7 @@ the metrics log — never the trainer itself), the version registry, the run's c
 
 from __future__ import annotations
 
-import json
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -22,11 +22,20 @@ from paravt_agent.errors import ParaVTError
 from paravt_train.data import PromptItem, prompts_from_rl
 from paravt_train.infra.distributed import barrier, on_rank0
 from paravt_train.online.config import OnlineConfig
-from paravt_train.online.gate import decide, evaluate_dir, gate_margin, pinned_hash, questions_needed
+from paravt_train.online.gate import (
+    decide,
+    evaluate_dir,
+    gate_margin,
+    is_binary,
+    pinned_hash,
+    questions_needed,
+    sized_discordance,
+)
 from paravt_train.online.rollback import RollbackCheck, rollback_decision, rollback_look
 from paravt_train.online.state import OPERATOR, OnlineState, live_counts
-from paravt_train.online.versions import VersionRegistry, push_version
+from paravt_train.online.versions import VersionRegistry, push_version, write_event
 from paravt_train.sync import make_weight_sync, server_keys
+from paravt_train.sync.lease import push_lock
 
 __all__ = ["OPERATOR", "Promotion", "RollbackCheck", "TrainerPort", "live_counts", "rollback_decision",
            "rollback_look"]
@@ -95,7 +104,7 @@ class Promotion:
         if self._pinned is None or self._pinned[0] != rnd:
             pool, self._audit = self._pool()
             prompts = random.Random(rnd).sample(pool, min(g.limit, len(pool))) if g.rotate_every else pool
-            self._pinned = (rnd, prompts, pinned_hash(prompts, g.n_frames))
+            self._pinned = (rnd, prompts, pinned_hash(prompts, self.protocol()))
         return self._pinned[1], self._pinned[2]
 
     def size_gate(self) -> float | None:
@@ -117,6 +126,16 @@ class Promotion:
             self.log(f"warning: online.gate.rotate_every draws {g.limit} questions from a pool of {pool}: every "
                      "draw is the whole pool, nothing rotates")
         return self.margin
+
+    def protocol(self) -> dict:
+        """What the pinned scores were taken with, besides the questions (part of the pinned set's hash): the
+        evaluation agent (its protocol, sampling, frames, budgets, tools) and the gate settings that change a score
+        (``n_frames``, ``limit``, where it runs); not how many questions run at once. Scores taken under another
+        protocol are stale."""
+        g = self.online.gate
+        agent = self._gate_config()
+        agent = agent.model_dump(mode="json", exclude={"max_concurrency"}) if hasattr(agent, "model_dump") else agent
+        return {"agent": agent, "n_frames": g.n_frames, "limit": g.limit, "mode": g.mode}
 
     def _gate_config(self):
         cfg = self.port.eval_agent_config()
@@ -148,6 +167,11 @@ class Promotion:
         scores = self._scores(Path(version["path"]), prompts)
         self.registry.update(version["id"], gate={**gate, "scores": scores, "pinned": h, "candidate": _mean(scores)})
         return scores
+
+    def _observed(self) -> list[float]:
+        """The discordance each earlier gate observed, oldest first (the registry's gate records)."""
+        gates = [v.get("gate") or {} for v in sorted(self.registry.versions(), key=lambda v: v.get("created", 0))]
+        return [g["observed"] for g in gates if isinstance(g.get("observed"), int | float)]
 
     def _audit_score(self, path: Path) -> float | None:
         if not self.online.gate.audit_share:
@@ -223,8 +247,17 @@ class Promotion:
             except (ParaVTError, OSError) as exc:  # their weights are gone: refused, said why, not a crash
                 return {"promote": False, "summary": f"refused: the served or starting version could not be scored "
                         f"on the pinned set ({exc})", "scores": scores, "pinned": h}
+            margin, planned = self.margin or self.size_gate(), sized_discordance(self._observed(), g)
+            if planned > g.discordance:  # the versions disagree more than planned: the automatic margin widens
+                sized = gate_margin(len(prompts), g.model_copy(update={"discordance": planned}),
+                                    is_binary(scores, ref, ref0 or []))
+                self.log(f"gate: the last gates observed discordance {planned:.2f} (planned {g.discordance:g}): "
+                         f"margin {sized:.3f} (was {margin:.3f})")
+                margin = max(margin, sized)
             res = decide(scores, ref, g, g.mode, time.perf_counter() - t0, start=ref0, start_id=start["id"],
-                         margin=self.margin or self.size_gate(), pinned=h)
+                         margin=margin, pinned=h, planned=planned)
+            if res.warning:
+                self.log(f"gate warning: {res.warning}")
             out = {"promote": res.promote, "summary": res.summary(), **res.as_dict()}
             if res.promote:
                 out["audit"] = self._audit_score(path)
@@ -239,10 +272,11 @@ class Promotion:
         if verdict["promote"]:
             if port.rank == 0:
                 reg.add(vid, step, path, "candidate", feedback, gate, verdict["summary"])
-            with telemetry.span("paravt.online.promote", attributes={"paravt.version": vid, "paravt.step": step}):
+            with self._one_push(), telemetry.span("paravt.online.promote", attributes={"paravt.version": vid,
+                                                                                      "paravt.step": step}):
                 port.push()  # the candidate's weights to the server, as weight version str(step)
-            if port.rank == 0:
-                reg.set_serving(vid, reason=f"promoted ({verdict['summary']})")
+                if port.rank == 0:  # with the push, under its lock: an operator's push comes before or after both
+                    reg.set_serving(vid, reason=f"promoted ({verdict['summary']})")
             st.serving, st.pending = vid, []
         else:
             if port.rank == 0:
@@ -298,10 +332,16 @@ class Promotion:
         self.log(f"rollback {why}")
         self.record_event({"event": "rollback-untestable", "version": sid, "before": prev, "reason": why})
 
+    def _one_push(self):
+        """The push lock (rank 0, :func:`~paravt_train.sync.lease.push_lock`) around a push and the registry's
+        record of it, so an operator's push never lands between the two."""
+        return push_lock(self.journal, log=self.log) if self.journal is not None else contextlib.nullcontext()
+
     def rollback_to(self, version: dict, why: str) -> str:
         if self.port.rank == 0:
-            push_version(self.cfg, version, self.log, journal=self.journal)
-            self.registry.set_serving(version["id"], reason=why)
+            with self._one_push():
+                push_version(self.cfg, version, self.log, journal=self.journal)
+                self.registry.set_serving(version["id"], reason=why)
         self._barrier()
         self.load_version(version)
         self.record_event({"event": "rolled-back", "version": version["id"], "reason": why})
@@ -321,9 +361,7 @@ class Promotion:
         if port.rank != 0:
             return
         step = port.step()
-        rec = {"time": time.time(), "step": step, **rec}
-        with (port.out / "online_events.jsonl").open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        rec = write_event(port.out, {"step": step, **rec})
         gate = rec.get("gate") or {}
         numbers = {f"online/{k}": v for k, v in gate.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         numbers["online/promoted"] = float(rec["event"] == "promoted")

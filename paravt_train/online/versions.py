@@ -11,7 +11,9 @@ rows trained into it, its gate scores), refused candidates recorded, and which v
 Statuses: ``serving`` (exactly one), ``promoted`` (served before), ``refused`` (a candidate the gate kept aside),
 ``rolled-back`` (served, then taken back). Writes are atomic (temporary file, rename). :func:`push_version` puts
 a version on the servers with the run's weight sync (its ``serve``), as ``paravt-train online promote|rollback``
-and the learner do.
+and the learner do — one path for every push: journaled with a lease, one at a time per output directory
+(:mod:`paravt_train.sync.lease`), and a push that died half-way repaired by whoever pushes next
+(:func:`repair_push`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from paravt_agent.errors import ConfigError
 
-__all__ = ["VersionRegistry", "push_version"]
+__all__ = ["VersionRegistry", "push_version", "repair_push", "write_event"]
 
 
 class VersionRegistry:
@@ -80,6 +82,21 @@ class VersionRegistry:
         prev = self.get(earlier[-1])
         return None if prev["status"] == "rolled-back" else prev
 
+    def rollback_target(self) -> dict | None:
+        """The version ``paravt-train online rollback`` puts back when it is given none: the newest one that served
+        before the serving version's current period and was never taken back (status ``rolled-back``: a version an
+        automatic or operator rollback removed is never restored by default; the operator can name it)."""
+        serving = self.serving()
+        if serving is None:
+            return None
+        mine = max(_periods(serving) or [0.0])
+        earlier = sorted((at, v["id"]) for v in self.versions() for at in _periods(v) if at < mine)
+        for _, vid in reversed(earlier):
+            v = self.get(vid)
+            if vid != serving["id"] and v["status"] != "rolled-back":
+                return v
+        return None
+
     # ------------------------------------------------------------------ writing
 
     def _write(self, name: str, obj) -> None:
@@ -128,6 +145,42 @@ class VersionRegistry:
         for v in refused[: max(0, len(refused) - keep)]:
             if Path(v["path"]).resolve().is_relative_to(self.root.resolve()):
                 shutil.rmtree(v["path"], ignore_errors=True)
+
+
+def _periods(v: dict) -> list[float]:
+    """When ``v`` began serving, each time (a record of 0.5.0 has only its first promotion)."""
+    return list(v.get("served_from") or ([v["promoted_at"]] if v.get("promoted_at") is not None else []))
+
+
+def write_event(out: str | Path, rec: dict) -> dict:
+    """One line of ``OUTPUT_DIR/online_events.jsonl`` (the learner's and the operator's decisions, repairs)."""
+    rec = {"time": time.time(), **rec}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with (Path(out) / "online_events.jsonl").open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    return rec
+
+
+def repair_push(cfg, journal: Path, log=print, restore=None) -> dict | None:
+    """A push the journal at ``journal`` says never ended, repaired — or None: there is none (or it ended while
+    watched). Under the push lock, once its lease is known dead (:func:`~paravt_train.sync.lease.settle_unfinished`:
+    a live pusher is waited for, or refused with its name): generation continued on the servers it names and a
+    weight-update session it left open closed (:func:`~paravt_train.sync.release_servers`), then ``restore()``
+    (the version the registry serves pushed back: the half-applied push is never taken for a version), then the
+    journal removed. Returns what was found, with ``continued`` and ``errors``."""
+    # lazy: a command that only lists versions loads no sync (nor the HTTP client)
+    from paravt_train.sync import release_servers, server_keys
+    from paravt_train.sync.lease import settle_unfinished, unfinished_push
+
+    if unfinished_push(journal) is None:  # the common case: no lock taken
+        return None
+    with settle_unfinished(journal, log=log) as left:
+        if left is None:
+            return None
+        done, errors = release_servers(left["urls"], server_keys(cfg))
+        if restore is not None:
+            restore()
+    return {**left, "continued": done, "errors": errors}
 
 
 def push_version(cfg, version: dict, log=print, journal: Path | None = None) -> dict | None:

@@ -409,12 +409,10 @@ class Agent:
     def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
                  thumbs: bool | None = None, note: str | None = None, user: str | None = None,
                  principal: str | None = None) -> int:
-        """Attach feedback to a stored trace (needs ``store=``): a correct answer, a reward, or thumbs, and who
-        gave it: ``principal``, the voter the online learner counts it for (its quorums, per-voter caps and
-        leave-out checks; :mod:`paravt_agent.store.principals`), and ``user``, a sub-label. Your code vouches for
-        whom it names: without ``principal`` the user (``sdk:USER``) is the voter, without either the label is your
-        own (the operator's: trusted, never capped). An answer the trace's question cannot have, or one that
-        contradicts earlier feedback, raises ``FeedbackError``."""
+        """Attach feedback to a stored trace (needs ``store=``): an answer, a reward or thumbs, and who gave it:
+        ``principal``, the voter the online learner counts (:mod:`paravt_agent.store.principals`; None: the
+        ``user``, as ``sdk:USER``; neither: your own label, never capped). An answer the trace's question cannot
+        have, or one that contradicts earlier feedback, raises ``FeedbackError``."""
         if self.store is None:
             raise ParaVTError("this agent has no trajectory store; pass store=TrajectoryStore(path)")
         return self.store.feedback(trace_id, answer=answer, reward=reward, thumbs=thumbs, note=note,

@@ -125,6 +125,28 @@ def test_without_keys_every_caller_is_one_principal(tmp_path, toy_rl, capsys):
     assert principal_warning(Agent(policy=ScriptedPolicy(lambda role, msgs: "")), ApiSettings()) is None  # no store
 
 
+def test_a_keys_file_says_what_is_wrong(tmp_path, capsys):
+    """A keys file the server cannot use is refused at start with the line's fault; one that breaks while the server
+    runs keeps the keys read before (and says so), never letting everyone in or no one."""
+    from paravt_agent.errors import ConfigError
+    from paravt_agent.serving.keys import KeyRing
+
+    path = tmp_path / "keys.yaml"
+    for text, why in (("- just-a-list-item\n", "mapping"), ("al ice: key-alice-0001\n", "not a principal name"),
+                      ("alice: short\n", "at least 8"), ("alice: sha256:abc123\n", "64 hex digits"),
+                      ("alice: key-shared-01\nbob: key-shared-01\n", "both key:alice and key:bob")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=why):
+            KeyRing(keys=str(path))
+    with pytest.raises(ConfigError, match="needs --store"):
+        KeyRing(keys="store")
+    path.write_text("alice: key-alice-0001\n")
+    ring = KeyRing(keys=str(path))
+    assert ring.principal("key-alice-0001") == "key:alice" and ring.principal("key-bob-00001") is None
+    path.write_text("alice: [unclosed\n")
+    assert ring.principal("key-alice-0001") == "key:alice" and "stay in force" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
 def test_keys_kept_in_the_store(engine, tmp_path, toy_rl, request, monkeypatch):
     """``paravt keys add NAME --store`` prints a key whose SHA-256 alone is stored; ``paravt api --keys store``

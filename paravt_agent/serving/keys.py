@@ -9,8 +9,8 @@ key or keys::
       - sha256:9f86d081884c7d65...   # or the key's SHA-256, so the file holds no secret
 
 or in the trajectory store (``--keys store``; ``paravt keys add NAME`` makes a key, ``paravt keys revoke NAME``
-deletes them). The file is read again when it changes, so deleting a stolen key's line revokes it within a
-second; keys in the store are looked up at most every :data:`STORE_TTL` seconds.
+deletes them). The file is read again when it changes, so deleting a stolen key's line revokes it at the next
+request; a key in the store is looked up again after :data:`STORE_TTL` seconds.
 
 A request's bearer token is then the principal ``key:NAME`` it was mapped to, or the server's one ``--api-key``
 (``api:DIGEST``: everyone holding it is one principal), or refused (401). With no key configured at all, every
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -54,6 +55,8 @@ def read_keys_file(path: str | Path) -> dict[str, str]:
                 raise ConfigError(f"--keys {path}: {name}'s key must be a string of at least 8 characters")
             key = key.strip()
             digest = key[7:].lower() if key.startswith("sha256:") else key_digest(key)
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ConfigError(f"--keys {path}: {name}'s sha256: must be followed by 64 hex digits")
             if digest in out and out[digest] != principal:
                 raise ConfigError(f"--keys {path}: one key is given to both {out[digest]} and {principal}")
             out[digest] = principal
@@ -104,7 +107,7 @@ class KeyRing:
         return None
 
     def _reload(self) -> None:
-        """Read the keys file again when it changed (checked at most once a second); a file that became unreadable
+        """Read the keys file again when it changed (its stat, on every request); a file that became unreadable
         keeps the keys it had (and says so) rather than letting everyone in or no one."""
         try:
             st = os.stat(self.path)
@@ -137,11 +140,9 @@ class KeyRing:
         return principal
 
     def describe(self) -> str:
-        """What a principal is on this server (for its start-up message)."""
-        if self.path is not None:
-            return f"principals from {self.path} ({len(set(self._file.values()))} principals, {len(self._file)} keys)"
-        if self.store is not None:
-            return f"principals from the store's keys ({len({k['principal'] for k in self.store.api_keys()})})"
+        """Who the callers are on a server without mapped keys (its start-up warning)."""
+        if self.source is not None:
+            return f"the principals --keys {self.source} maps"
         if self.api_key:
             return "one principal: everyone holding --api-key (api:" + key_digest(self.api_key)[:12] + ")"
         return f"one principal: every caller ({ANONYMOUS})"

@@ -30,6 +30,7 @@ from paravt_agent.config import AgentConfig  # noqa: E402
 from paravt_agent.errors import ParaVTError  # noqa: E402
 from paravt_agent.protocol import format_time  # noqa: E402
 from paravt_agent.store import TrajectoryStore  # noqa: E402
+from paravt_agent.store.principals import WEB  # noqa: E402
 from paravt_agent.types import (  # noqa: E402
     AnswerEvent,
     MemoryEvent,
@@ -292,8 +293,11 @@ class Demo:
             return "Ask a question first."
         session = getattr(request, "session_hash", None) or "local"
         try:  # an answer the question cannot have is refused with the store's message
+            # every session of the page is one principal (a session is a name anyone gets by reloading): one
+            # voter for the online learner, the session a sub-label (paravt_agent/store/principals.py)
             self.store.feedback(trace_id, answer=(correct or "").strip() or None,
-                                thumbs=None if thumbs is None else thumbs == "up", user=f"gradio:{session}")
+                                thumbs=None if thumbs is None else thumbs == "up", user=f"gradio:{session}",
+                                principal=WEB)
         except Exception as exc:  # a message, never a crash
             return f"error: {self._public(exc, None)}"
         return f"Thanks, feedback stored for trace {trace_id[:8]}."

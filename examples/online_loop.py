@@ -1,9 +1,9 @@
 """Online learning from feedback on the toy: which way the served agent goes follows the users' labels, a gate
 keeps poisoned updates away, and no single user can force a rollback.
 
-    .venv/bin/python examples/online_loop.py                       # the five runs below (time: docs/toy.md)
+    .venv/bin/python examples/online_loop.py                       # the six runs below (time: docs/toy.md)
     .venv/bin/python examples/online_loop.py --updates 6 --runs honest,wrong     # a quick look
-    .venv/bin/python examples/online_loop.py --sglang     # the same five runs served by SGLang itself (CPU engine)
+    .venv/bin/python examples/online_loop.py --sglang     # the same six runs served by SGLang itself (CPU engine)
 
 The start is the shipped toy policy made *systematically wrong* by a short SFT: on colour-at-t multiple-choice
 questions it crops the video as usual, reads the right colour, and then answers the option after it most of
@@ -25,6 +25,10 @@ live score and automatic rollback (``online.rollback``, at its defaults) can loo
 * ``adversarial+gate``: the same stream with the gate on (a pinned evaluation set of other held-out worlds,
   margin ``--margin``, by default the smallest its 20 questions can hold): a candidate worse than the served or
   the starting version is kept aside and the learner reverts;
+* ``one-key-many-users``: the same attack through ``paravt api`` (on 127.0.0.1, ``--keys``: alice, bob, carol,
+  dave and mallory each hold a key): mallory's key sends every label under a new ``user`` name. The learner counts
+  principals — her key is one voter, its labels capped at ``max_labels_per_user`` — and the run prints the decision
+  beside the one the same labels get when each user name is a voter (0.5.1 counted them so);
 * ``rollback-attack``: an adversary tries to force a rollback of a good version. Four honest users label
   ``--attack-per-user`` answers each of v0 right; the learner makes and serves one candidate (no gate; lr
   ``--attack-lr``, by default so small that its answers are v0's: exactly as good, so any rollback of it would be
@@ -83,7 +87,7 @@ from tools import ToolRegistry  # noqa: E402
 BIASED_SEED0 = 710_000  # the biased start's SFT worlds
 USER_SEED0 = 810_000  # the users' videos
 GATE_SEED0 = TEST_SEED0 + 8000  # the gate's pinned evaluation set
-RUNS = ("honest", "wrong", "adversarial", "adversarial+gate", "rollback-attack")
+RUNS = ("honest", "wrong", "adversarial", "adversarial+gate", "rollback-attack", "one-key-many-users")
 HONEST = ("alice", "bob", "carol", "dave")  # the rollback attack's honest users
 ATTACK_SEED0 = 830_000  # the rollback attack's videos
 
@@ -129,18 +133,64 @@ def served_agent(start: Path, store: TrajectoryStore, learner: OnlineLearner, en
     return Agent(model=learner.registry.serving()["path"], config=cfg8, store=store)
 
 
-def ask(agent: Agent, learner: OnlineLearner, questions, labeller, labels: list) -> None:
+def ask(agent: Agent, learner: OnlineLearner, questions, labeller, labels: list, api=None) -> None:
     """Each ``(user, world, question)`` asked of the served agent; the user's label (``labeller``) is fed back and
-    recorded in ``labels`` with the version that served the answer and the answer's score under it."""
+    recorded in ``labels`` with the version that served the answer and the answer's score under it. ``api``: the
+    label goes through ``paravt api``'s ``/v1/feedback`` instead (:class:`FeedbackApi`)."""
     from paravt_agent.store.feedback import task_of
 
     serving = learner.registry.serving()["id"]
-    for user, w, q in questions:
+    for k, (user, w, q) in enumerate(questions):
         ans = agent.answer(w.video, q.question, q.options)
         label = labeller(user, q, ans)
-        agent.feedback(ans.trace.id, answer=label, user=user)
+        if api is None:
+            agent.feedback(ans.trace.id, answer=label, user=user)
+            who, name = f"sdk:{user}", f"sdk:{user}"
+        else:
+            who, name = api.post(user, ans.trace.id, label, k)
         score = accuracy_reward(ans.trace.response, label, task_of(ans.trace), ans.trace.options)
-        labels.append({"version": serving, "user": f"sdk:{user}", "score": score, "right": label == q.answer})
+        labels.append({"version": serving, "user": who, "name": name, "score": score, "right": label == q.answer})
+
+
+class FeedbackApi:
+    """``paravt api`` (its app, served by uvicorn in a thread on 127.0.0.1) with a keys file: each of ``users``
+    holds a key; mallory's key sends each label under a new ``user`` name, the others under one each."""
+
+    def __init__(self, store: TrajectoryStore, users, d: Path):
+        import socket
+        import threading
+
+        import uvicorn
+
+        from paravt_agent.policy.scripted import ScriptedPolicy
+        from paravt_agent.serving.api import ApiSettings, create_app
+
+        self.keys = {u: f"key-{u}-{os.urandom(6).hex()}" for u in users}
+        (d / "keys.yaml").write_text("".join(f"{u}: {k}\n" for u, k in self.keys.items()))
+        app = create_app(Agent(policy=ScriptedPolicy(lambda role, msgs: ""), store=store),  # feedback only
+                         ApiSettings(keys=str(d / "keys.yaml")))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        threading.Thread(target=self.server.run, daemon=True).start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def post(self, user: str, trace_id: str, label: str, k: int) -> tuple[str, str]:
+        """The label, over HTTP with ``user``'s key: (the principal it counts for, the user name it was sent
+        under)."""
+        import httpx
+
+        name = f"{user}-{k}" if user == "mallory" else f"{user}-phone"
+        r = httpx.post(self.url + "/v1/feedback", json={"trace_id": trace_id, "answer": label, "user": name},
+                       headers={"Authorization": f"Bearer {self.keys[user]}"}, timeout=30)
+        r.raise_for_status()
+        return f"key:{user}", f"key:{user}/{name}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
 
 
 def new_learner(name: str, start: Path, store: TrajectoryStore, d: Path, args, endpoint, online: dict, log,
@@ -185,14 +235,14 @@ def run(name: str, start: Path, users, out: Path, args, gate_set: Path, vids: Pa
     return finish(learner, lines, labels, t0, d)
 
 
-def attack(start: Path, users, out: Path, args, endpoint: str | None) -> dict:
+def attack(start: Path, users, out: Path, args, endpoint: str | None, name: str = "rollback-attack") -> dict:
     """An adversary tries to force a rollback of a good version. ``HONEST`` users label ``--attack-per-user``
     answers of the starting version v0 right; the learner makes one candidate (``--attack-lr``, by default so small
     that its answers are v0's: a version exactly as good, so any rollback of it is a false one) and serves it (no
     gate); then the honest users label as many of its answers right, and ``mallory`` asks ``--attack-labels``
     questions and labels every answer wrong (an option other than the one the agent named). The learner's
-    next update checks the rollback (defaults: ``online.rollback``)."""
-    name = "rollback-attack"
+    next update checks the rollback (defaults: ``online.rollback``). ``one-key-many-users``: every label goes through
+    ``paravt api`` with its user's key (:class:`FeedbackApi`), mallory's under a new ``user`` name each time."""
     d = out / name
     shutil.rmtree(d, ignore_errors=True)
     store = TrajectoryStore(d / "traces.db")
@@ -211,14 +261,19 @@ def attack(start: Path, users, out: Path, args, endpoint: str | None) -> dict:
     qs = [(w, q) for w in users for q in w.questions]
     k = args.attack_per_user
     labels: list = []
-    first = [(u, *qs[i * k + j]) for j in range(k) for i, u in enumerate(HONEST)]
-    ask(served_agent(start, store, learner, endpoint), learner, first, labeller, labels)
-    learner.run(max_steps=args.promote_every, once=True)  # v<promote_every>: promoted, serves
-    off = len(HONEST) * k
-    second = [(u, *qs[off + i * k + j]) for j in range(k) for i, u in enumerate(HONEST)]
-    second += [("mallory", *qs[off + j % (len(HONEST) * k)]) for j in range(args.attack_labels)]
-    rng.shuffle(second)
-    ask(served_agent(start, store, learner, endpoint), learner, second, labeller, labels)
+    api = FeedbackApi(store, (*HONEST, "mallory"), d) if name == "one-key-many-users" else None
+    try:
+        first = [(u, *qs[i * k + j]) for j in range(k) for i, u in enumerate(HONEST)]
+        ask(served_agent(start, store, learner, endpoint), learner, first, labeller, labels, api)
+        learner.run(max_steps=args.promote_every, once=True)  # v<promote_every>: promoted, serves
+        off = len(HONEST) * k
+        second = [(u, *qs[off + i * k + j]) for j in range(k) for i, u in enumerate(HONEST)]
+        second += [("mallory", *qs[off + j % (len(HONEST) * k)]) for j in range(args.attack_labels)]
+        rng.shuffle(second)
+        ask(served_agent(start, store, learner, endpoint), learner, second, labeller, labels, api)
+    finally:
+        if api is not None:
+            api.close()
     learner.run(max_steps=1, once=True)  # polls the labels, one update, the rollback's look
     return finish(learner, lines, labels, t0, d)
 
@@ -273,6 +328,8 @@ def summarise(name: str, r: dict, before: list, heldout) -> dict:
            "gate": gate_text(r), "rollback": rollback_text(r), "margin": r["margin"], "serving": r["serving"]}
     if name == "rollback-attack":
         out["attack"] = attack_analysis(r)
+    elif name == "one-key-many-users":
+        out["attack"] = names_analysis(r)
     print(f"{name}: held-out of each served version {' → '.join(f'{x:.2f}' for x in curve)}, serving "
           f"{r['serving']} at the end; gate: {out['gate']}; rollback: {out['rollback']}; {r['minutes']:.1f} min",
           flush=True)
@@ -320,6 +377,38 @@ def attack_analysis(r: dict) -> list[str]:
         f"{rollback_decision(counted, live_counts(r['live'].get(v0)), rs).why}",
     ]
     return lines
+
+
+def names_analysis(r: dict) -> list[str]:
+    """One key, many user names: the labels as the learner counted them (one voter per key) beside the same labels
+    counted with each user name a voter (0.5.1's counting), under the same rule."""
+    promoted = [e["version"] for e in r["events"] if e["event"] == "promoted"]
+    if not promoted:
+        return ["no version was promoted: nothing to attack"]
+    v0, v1 = r["versions"][0]["id"], promoted[0]
+    rs = RollbackSettings()
+
+    def counted(vid, by):
+        c: dict = {}
+        for x in r["labels"]:
+            if x["version"] == vid:
+                a = c.setdefault(x[by], [0.0, 0.0, 0])
+                if a[2] < rs.max_labels_per_user:
+                    a[0], a[1], a[2] = a[0] + x["score"], a[1] + x["score"] ** 2, a[2] + 1
+        return c
+
+    names = {x["name"] for x in r["labels"] if x["version"] == v1 and x["user"] == "key:mallory"}
+    learner = live_counts(r["live"].get(v1))
+    per_name = counted(v1, "name")
+    return [
+        f"{v1}: mallory's one key sent {sum(x['user'] == 'key:mallory' for x in r['labels'] if x['version'] == v1)} "
+        f"labels (all wrong) under {len(names)} user names",
+        f"as the learner counted them (principals; max_labels_per_user {rs.max_labels_per_user}): "
+        f"{sum(c[2] for c in learner.values())} labels from {len(learner)} principals: "
+        f"{rollback_decision(learner, live_counts(r['live'].get(v0)), rs).why}",
+        f"each user name a voter (0.5.1's counting): {sum(c[2] for c in per_name.values())} labels from "
+        f"{len(per_name)} users: {rollback_decision(per_name, counted(v0, 'name'), rs).why}",
+    ]
 
 
 def serve(start: Path, out: Path, python: str):
@@ -397,10 +486,10 @@ def main() -> None:
     results = {}
     try:
         for name in args.runs.split(","):
-            if name == "rollback-attack":
+            if name in ("rollback-attack", "one-key-many-users"):
                 need = len(HONEST) * args.attack_per_user  # questions per round (2 a world)
                 worlds = make_worlds(range(ATTACK_SEED0, ATTACK_SEED0 + need), vids, False, mcq=2, oe=0, tvg=0)
-                r = attack(start, worlds, out, args, endpoint)
+                r = attack(start, worlds, out, args, endpoint, name)
             else:
                 r = run(name, start, users, out, args, gate_set, vids, endpoint)
             results[name] = summarise(name, r, before, heldout)

@@ -409,14 +409,16 @@ class Agent:
         return final_answer(state, ctx, done)
 
     def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
-                 thumbs: bool | None = None, note: str | None = None, user: str | None = None) -> int:
-        """Attach feedback to a stored trace (needs ``store=``): a correct answer, a reward, or thumbs, and who
-        gave it (``user``: the online learner limits what one user's feedback may weigh). An answer the trace's
-        question cannot have, or one that contradicts earlier feedback, raises ``FeedbackError``."""
+                 thumbs: bool | None = None, note: str | None = None, user: str | None = None,
+                 principal: str | None = None) -> int:
+        """Attach feedback to a stored trace (needs ``store=``): an answer, a reward or thumbs, and who gave it:
+        ``principal``, the voter the online learner counts (:mod:`paravt_agent.store.principals`; None: the
+        ``user``, as ``sdk:USER``; neither: your own label, never capped). An answer the trace's question cannot
+        have, or one that contradicts earlier feedback, raises ``FeedbackError``."""
         if self.store is None:
             raise ParaVTError("this agent has no trajectory store; pass store=TrajectoryStore(path)")
         return self.store.feedback(trace_id, answer=answer, reward=reward, thumbs=thumbs, note=note,
-                                   user=None if user is None else f"sdk:{user}")
+                                   user=None if user is None else f"sdk:{user}", principal=principal)
 
     def run(self, coro):
         """Run a coroutine on this agent's event loop (where its clients live) and return its result."""

@@ -152,7 +152,13 @@ def api_cmd(
     store: str = typer.Option(None, help="Trajectory store for every trace and POST /v1/feedback: a SQLite path "
                                          "or postgresql://user:pass@host/db."),
     api_key: str = typer.Option(None, "--api-key", envvar="PARAVT_API_KEY", help="Require "
-                                "'Authorization: Bearer KEY' (env PARAVT_API_KEY)."),
+                                "'Authorization: Bearer KEY' (env PARAVT_API_KEY); without --keys everyone holding it "
+                                "is one principal (one voter for the online learner)."),
+    keys: str = typer.Option(None, "--keys", help="Map API keys to principals (each key's owner is one voter for "
+                             "the online learner; a request's `user` is a sub-label within it): a YAML file "
+                             "(`alice: KEY`, a list of keys, or `sha256:DIGEST`; read again when it changes) or "
+                             "`store` (the keys `paravt keys add NAME --store ...` made). Any key it maps is "
+                             "accepted."),
     served_model_name: str = typer.Option("paravt", help="The model name clients send and /v1/models lists."),
     max_concurrent: int = typer.Option(32, min=1, help="Questions answered at once (their model calls batch)."),
     max_queue: int = typer.Option(64, min=0, help="Questions waiting beyond those; more get 429 + Retry-After."),
@@ -190,13 +196,58 @@ def api_cmd(
     except ParaVTError as exc:
         _fail(str(exc))
     settings = ApiSettings(model_name=served_model_name, video_root=str(video_root) if video_root else None,
-                           api_key=api_key, max_concurrent=max_concurrent, max_queue=max_queue,
+                           api_key=api_key, keys=keys, max_concurrent=max_concurrent, max_queue=max_queue,
                            max_request_bytes=max_request_kb << 10, max_download_bytes=max_download_mb << 20,
                            download_timeout=download_timeout, allow_url_prefixes=tuple(allow_url_prefix or ()),
                            degraded=degraded)
     typer.echo(f"ParaVT agent API on http://{host}:{port}/v1 (model {served_model_name!r}, "
                f"{agent.policy.name} backend)", err=True)
-    serve(agent, settings, host=host, port=port)
+    try:
+        serve(agent, settings, host=host, port=port)
+    except ParaVTError as exc:  # a keys file that cannot be read, --keys store without --store
+        _fail(str(exc))
+
+
+keys_app = typer.Typer(help="API keys mapped to principals in the trajectory store (`paravt api --keys store`): "
+                            "each principal is one voter for the online learner.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+STORE_HELP = "The trajectory store that holds the keys: a SQLite path or postgresql://user:pass@host/db."
+
+
+@keys_app.command("add")
+def keys_add(name: str = typer.Argument(..., help="The principal (letters, digits, _.@+-)."),
+             store: str = typer.Option(..., help=STORE_HELP)) -> None:
+    """Make a new key for NAME and print it (only its SHA-256 is kept: this is the one time it is shown)."""
+    from paravt_agent.store import open_store
+
+    try:
+        typer.echo(open_store(store).add_key(name))
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+@keys_app.command("list")
+def keys_list(store: str = typer.Option(..., help=STORE_HELP)) -> None:
+    """Every key: its principal, the start of its SHA-256, when it was made."""
+    import time
+
+    from paravt_agent.store import open_store
+
+    for k in open_store(store).api_keys():
+        typer.echo(f"key:{k['principal']}\tsha256:{k['digest']}...\t"
+                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(k['created']))}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(name: str = typer.Argument(..., help="The principal whose keys stop working."),
+                store: str = typer.Option(..., help=STORE_HELP)) -> None:
+    """Delete every key of NAME (a running `paravt api --keys store` refuses them within 5 s)."""
+    from paravt_agent.store import open_store
+
+    n = open_store(store).revoke_keys(name)
+    typer.echo(f"{n} key{'s' if n != 1 else ''} of {name} revoked")
+    if not n:
+        raise typer.Exit(1)
 
 
 @app.command("serve", help="Serve a model with SGLang (GPU, or --device cpu); continue generation a dead weight "

@@ -4,9 +4,10 @@ rules (the gate: the 10 % quantile of a percentile bootstrap of the paired diffe
 failure dropped; the rollback: live accuracy below the previous version's − 0.1 with ≥ 20 labels each, checked
 after every update, every label counted).
 
-    .venv/bin/python perf/bench_online_decisions.py                 # 1000 trials each (a few minutes on 2 cores)
+    .venv/bin/python perf/bench_online_decisions.py                 # 1000 trials each (about 20 min on one core)
     .venv/bin/python perf/bench_online_decisions.py --trials 200    # a quick look
-    .venv/bin/python perf/bench_online_decisions.py --only discordance   # issue 65's discordance and level rows
+    .venv/bin/python perf/bench_online_decisions.py --only discordance   # the discordance and level rows
+    .venv/bin/python perf/bench_online_decisions.py --only voters   # the voters' part (principals, k)
 
 **The gate.** Scores per question of the served version, the starting version and a candidate, on n pinned
 questions. Binary (accuracy 0.6): each question is surely right, surely wrong or a coin flip for every version
@@ -35,6 +36,16 @@ p − 0.15) each get n labels from 20 users (one at a time, the learner checking
 the learner's (:func:`paravt_train.online.promotion.rollback_look`, per-user caps before counting). An
 adversary is one more user who labels every answer of the served version wrong (as many labels as the honest
 users together): how often does one user force a rollback of an equally good version?
+
+**The voters** (``--only voters``; issue 65). 60 honest principals label both versions (activity Zipf(1): a few
+heavy labellers, capped at ``max_labels_per_user`` per version, many light ones), accuracy p ∈ {0.5, 0.8}, 100 or
+500 labels per version; the served one is equal or 0.15 worse. Attackers label the served version's answers (all
+wrong to force a rollback of an equal version, all right to block the rollback of a worse one), 100 labels each
+among the honest ones: one key posing as 10 users (10 names × 10), one principal under one name, 2 or 3 colluding
+principals. *Before*: 0.5.1's rule as it counted (each user name a voter; significant with any one user left
+out, nothing against blocking). *After*: the learner's rule (:func:`paravt_train.online.rollback.rollback_look`,
+principals, ``leave_out`` k), at k = 0 … 3 — the table that chose the default k (the smallest whose equal-version
+rollbacks stay within alpha and which neither one key nor 2 colluding principals push above 5 % in any cell).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -302,12 +314,201 @@ def rollback_rates(p: float, n: int, trials: int, rng, users: int = 20) -> dict:
     return {k: v / trials for k, v in out.items()}
 
 
+# ------------------------------------------------------------------------------------------- the voters (principals)
+
+
+PRINCIPALS = 60  # honest principals, activity Zipf(1): a few heavy labellers (capped per version), many light ones
+CELLS = ((0.5, 100), (0.8, 100), (0.5, 500), (0.8, 500))  # live accuracy, honest labels per version
+WORSE = 0.15
+#: key: (what is measured, served version worse by, attack, colluding principals, user names each sends labels
+#: under, labels under each name). Every attacker sends 100 labels (only the first 10 of a name, or of a principal,
+#: count: its counted labels come early, the worst case).
+VOTER_ROWS = {
+    "equal": ("honest users: an equal version rolled back", 0.0, None, 0, 0, 0),
+    "worse": ("honest users: a 0.15-worse version rolled back", WORSE, None, 0, 0, 0),
+    "key force": ("one key posing as 10 users forces a rollback of an equal version", 0.0, "force", 1, 10, 10),
+    "1 force": ("1 principal (one user name) forces it", 0.0, "force", 1, 1, 100),
+    "2 force": ("2 colluding principals force it", 0.0, "force", 2, 1, 100),
+    "3 force": ("3 colluding principals force it", 0.0, "force", 3, 1, 100),
+    "key block": ("one key posing as 10 users blocks the rollback of a 0.15-worse one: rolled back", WORSE, "block",
+                  1, 10, 10),
+    "1 block": ("1 principal (one user name) blocks it: rolled back", WORSE, "block", 1, 1, 100),
+    "2 block": ("2 colluding principals block it: rolled back", WORSE, "block", 2, 1, 100),
+    "3 block": ("3 colluding principals block it: rolled back", WORSE, "block", 3, 1, 100),
+}
+LEAVE_OUTS = (0, 1, 2, 3)
+
+
+def rule_051(served: dict, before: dict, r: RollbackSettings) -> bool | None:
+    """0.5.1's rule (the "before"): the pooled z-test at alpha / looks, min_users users each side, significant with
+    any ONE user's labels left out — users being the strings callers chose. None: not tested (the look stays)."""
+    def sums(counts, skip=None):
+        t = [0.0, 0.0, 0]
+        for u, (a, b, n) in counts.items():
+            if u != skip:
+                t = [t[0] + a, t[1] + b, t[2] + n]
+        return t
+
+    def z(cur, base):
+        (s1, q1, n1), (s2, q2, n2) = cur, base
+        if not n1 or not n2:
+            return -math.inf
+        pooled = (s1 + s2) / (n1 + n2)
+        var = max(0.0, (q1 + q2) / (n1 + n2) - pooled * pooled)
+        num = s2 / n2 - r.margin - s1 / n1
+        return (math.inf if num > 1e-12 else -math.inf) if var <= 1e-15 else num / math.sqrt(var * (1 / n1 + 1 / n2))
+
+    users, users_before = {u for u, c in served.items() if c[2]}, {u for u, c in before.items() if c[2]}
+    if sums(before)[2] < r.min_rows or len(users) < r.min_users or len(users_before) < r.min_users:
+        return None
+    crit = NormalDist().inv_cdf(1 - r.alpha / r.looks)
+    if z(sums(served), sums(before)) <= crit:
+        return False
+    return all(z(sums(served, u), sums(before, u)) > crit for u in sorted(users | users_before))
+
+
+def _count(counts: dict, who: str, score: float, cap: int) -> None:
+    c = counts.setdefault(who, [0.0, 0.0, 0])
+    if c[2] < cap:
+        c[0], c[1], c[2] = c[0] + score, c[1] + score * score, c[2] + 1
+
+
+def _stream(rng, p: float, n: int, worse: float, attack, colluders: int, names: int, each: int) -> tuple:
+    """The version before's counts (by principal: honest users are one name each) and the served version's labels,
+    ``(principal, user name, score)``, honest and attacking ones mixed at random."""
+    weights = 1 / np.arange(1, PRINCIPALS + 1)
+    weights /= weights.sum()
+    cap = RollbackSettings().max_labels_per_user
+    before: dict = {}
+    for u, s in zip(rng.choice(PRINCIPALS, n, p=weights), rng.random(n) < p, strict=True):
+        _count(before, f"u{u}", float(s), cap)
+    stream = [(f"u{u}", f"u{u}", float(s)) for u, s in
+              zip(rng.choice(PRINCIPALS, n, p=weights), rng.random(n) < p - worse, strict=True)]
+    if attack:
+        bad = [(f"key{g}", f"key{g}/user{k}", 0.0 if attack == "force" else 1.0)
+               for g in range(colluders) for k in range(names) for _ in range(each)]
+        at = set(rng.choice(len(stream) + len(bad), len(bad), replace=False).tolist())
+        honest, adv = iter(stream), iter(bad)
+        stream = [next(adv) if i in at else next(honest) for i in range(len(stream) + len(bad))]
+    return before, stream
+
+
+def _watch(rule, settings: RollbackSettings, before: dict, stream: list, by_name: bool) -> int | None:
+    """One rule watching the served version's labels (a look after every 4, as the learner polls): the labels it
+    had counted when it rolled back, or None."""
+    cur: dict = {}
+    looks = 0
+    for i, (principal, user, s) in enumerate(stream, 1):
+        _count(cur, user if by_name else principal, s, settings.max_labels_per_user)
+        if i % 4 and i != len(stream):
+            continue
+        counted = sum(c[2] for c in cur.values())
+        if looks >= settings.looks or counted < (looks + 1) * settings.min_rows:
+            continue
+        if rule is not None:
+            verdict = rule(cur, before, settings)
+            if verdict is None:
+                continue
+            looks = min(settings.looks, max(looks + 1, counted // settings.min_rows))
+        else:
+            looks, chk = rollback_look(cur, before, looks, settings)
+            verdict = chk is not None and chk.rollback
+        if verdict:
+            return counted
+    return None
+
+
+def voter_rates(trials: int, seed: int, leave_outs=LEAVE_OUTS) -> dict:
+    """``{(row key, cell): {rule: (rate, mean labels counted at rollback)}}`` for 0.5.1's rule (each user name a
+    voter) and the principal rule at each ``leave_out`` (0: the plain z-test, no one left out)."""
+    rules = {"0.5.1": (rule_051, RollbackSettings(), True)}
+    rules.update({f"k={k}": (None, RollbackSettings(leave_out=k), False) for k in leave_outs})
+    out = {}
+    for i, (key, (_, *model)) in enumerate(VOTER_ROWS.items()):
+        for j, cell in enumerate(CELLS):
+            rng = np.random.default_rng([seed, i, j])
+            got: dict[str, list] = {name: [] for name in rules}
+            for _ in range(trials):
+                before, stream = _stream(rng, *cell, *model)
+                for name, (rule, settings, by_name) in rules.items():
+                    got[name].append(_watch(rule, settings, before, stream, by_name))
+            out[(key, cell)] = {name: (sum(a is not None for a in xs) / trials,
+                                       float(np.mean([a for a in xs if a is not None] or [math.nan])))
+                                for name, xs in got.items()}
+    return out
+
+
+def _rate(rates: dict, key: str, rule: str) -> list[float]:
+    return [rates[(key, c)][rule][0] for c in CELLS]
+
+
+def choose_leave_out(rates: dict, alpha: float, leave_outs=LEAVE_OUTS) -> int:
+    """The smallest ``leave_out`` whose equal-version rollbacks stay within ``alpha`` and which neither one key
+    posing as 10 users nor 2 colluding principals can push above 5 % in any cell."""
+    for k in leave_outs:
+        rule = f"k={k}"
+        if max(_rate(rates, "equal", rule)) <= alpha and max(_rate(rates, "2 force", rule)) <= 0.05 \
+                and max(_rate(rates, "key force", rule)) <= 0.05:
+            return k
+    return leave_outs[-1]
+
+
+def _span(xs: list[float]) -> str:
+    return f"{min(xs):.1%}–{max(xs):.1%}"
+
+
+def print_voters(trials: int, seed: int) -> None:
+    r = RollbackSettings()
+    t0 = time.time()
+    print(f"the voters: {PRINCIPALS} honest principals (activity Zipf(1)), both versions labelled at accuracy p "
+          f"(the served one p − {WORSE} when worse); rollback defaults (alpha {r.alpha}, looks {r.looks} at "
+          f"{r.min_rows}·j, min_users {r.min_users}, max_labels_per_user {r.max_labels_per_user}); each attacker "
+          f"sends 100 labels on the served version's answers (wrong to force, right to block), only the first "
+          f"{r.max_labels_per_user} of a voter counting; {trials} trials a cell, seed {seed}\n")
+    rates = voter_rates(trials, seed)
+    now = f"k={r.leave_out}"
+    cells = " | ".join(f"p {p}, {n} labels" for p, n in CELLS)
+    print(f"before (0.5.1: each user name a voter, leave-one-out against forcing only) → after (principals, "
+          f"leave_out {r.leave_out})\n\n| | {cells} |\n|---|{'---|' * len(CELLS)}")
+    for key, (row, *_) in VOTER_ROWS.items():
+        line = [f"{rates[(key, c)]['0.5.1'][0]:.1%} → {rates[(key, c)][now][0]:.1%}" for c in CELLS]
+        print(f"| {row} | {' | '.join(line)} |")
+    print("\nleave_out (k), chosen by simulation: each rule on the same labels (k = 0: the plain z-test, no one left "
+          "out); 'labels' is the served version's counted labels when a 0.15-worse one was rolled back (mean)\n")
+    print("| rule | equal rolled back (worst cell) | 0.15 worse rolled back (each cell) | labels at rollback "
+          "(500-label cells) | one key as 10 users forces (worst) | 2 force (worst) | 3 force (worst) | one key as "
+          "10 users blocks: rolled back (each cell) |\n|---|---|---|---|---|---|---|---|")
+    for rule in ("0.5.1", *(f"k={k}" for k in LEAVE_OUTS)):
+        worse = " / ".join(f"{x:.0%}" for x in _rate(rates, "worse", rule))
+        labels = " / ".join(f"{rates[('worse', c)][rule][1]:.0f}" for c in CELLS if c[1] == 500)
+        blocked = " / ".join(f"{x:.0%}" for x in _rate(rates, "key block", rule))
+        worst = {key: f"{max(_rate(rates, key, rule)):.1%}" for key in ("equal", "key force", "2 force", "3 force")}
+        print(f"| {rule} | {worst['equal']} | {worse} | {labels} | {worst['key force']} | {worst['2 force']} | "
+              f"{worst['3 force']} | {blocked} |")
+    chosen = choose_leave_out(rates, r.alpha)
+    print(f"\nsmallest k whose equal rollbacks stay ≤ alpha and which neither one key posing as 10 users nor 2 "
+          f"colluding principals push above 5 % in any cell: {chosen} (the default: {r.leave_out}"
+          f"{'' if chosen == r.leave_out else ' — MISMATCH: update RollbackSettings.leave_out'})")
+    print(f"done-when: one key posing as 10 users forces {_span(_rate(rates, 'key force', '0.5.1'))} → "
+          f"{_span(_rate(rates, 'key force', now))} (target ≤ 5 %); it blocks — a 0.15-worse version rolled back "
+          f"{_span(_rate(rates, 'key block', '0.5.1'))} → {_span(_rate(rates, 'key block', now))}, as with one user "
+          f"(one name) blocking {_span(_rate(rates, '1 block', '0.5.1'))} → {_span(_rate(rates, '1 block', now))} "
+          f"(honest users only {_span(_rate(rates, 'worse', '0.5.1'))} → {_span(_rate(rates, 'worse', now))}); 2 "
+          f"colluding principals force {_span(_rate(rates, '2 force', '0.5.1'))} → "
+          f"{_span(_rate(rates, '2 force', now))} (target ≤ 5 %); {(time.time() - t0) / 60:.1f} min")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=["discordance"], help="Run these rows alone.")
+    ap.add_argument("--only", choices=("discordance", "voters"), default=None,
+                    help="One part alone: the gate's discordance and level rows, or the voters' part (principals, "
+                    "forcing and blocking; about 14 min at 1000 trials on one core).")
     args = ap.parse_args()
+    if args.only == "voters":
+        print_voters(args.trials, args.seed)
+        return
     rng = np.random.default_rng(args.seed)
     if args.only == "discordance":
         discordance_rows(args.trials, rng)
@@ -346,7 +547,8 @@ def main() -> None:
             worst_rb = max(worst_rb, x["new_false"])
             print(f"| {p} | {n} | {x['old_false']:.1%} | {x['new_false']:.1%} | {x['old_adversary']:.1%} | "
                   f"{x['new_adversary']:.1%} | {x['old_power']:.1%} | {x['new_power']:.1%} |", flush=True)
-    print(f"\nworst new false rollback {worst_rb:.1%} (target ≤ 5 %); {(time.time() - t0) / 60:.1f} min")
+    print(f"\nworst new false rollback {worst_rb:.1%} (target ≤ 5 %); {(time.time() - t0) / 60:.1f} min\n")
+    print_voters(args.trials, args.seed)
     if not math.isfinite(worst_rb):
         raise SystemExit(1)
 

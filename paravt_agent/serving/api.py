@@ -27,8 +27,10 @@ Any OpenAI client talks to it; the "model" is the agent (planner, K sub-agents, 
   With OpenTelemetry on (``OTEL_TRACES_EXPORTER=otlp|console``; :mod:`paravt_agent.telemetry`) each
   question is a trace, under the request's W3C ``traceparent`` header when it has one, and
   ``paravt.otel_trace_id`` names it.
-- ``POST /v1/feedback``: ``{"trace_id", "answer"?, "reward"?, "thumbs"?, "note"?}`` into the trajectory
-  store (online learning: ``paravt-train online`` reads it).
+- ``POST /v1/feedback``: ``{"trace_id", "answer"?, "reward"?, "thumbs"?, "note"?, "user"?}`` into the trajectory
+  store (online learning: ``paravt-train online`` reads it). The label counts for the caller's *principal*, the
+  owner of its API key (``--keys``: :mod:`~paravt_agent.serving.keys`); ``user`` is a sub-label within it, never a
+  voter of its own. Without ``--keys`` every caller is one principal.
 - ``GET /v1/models``, ``GET /health``.
 
 Admission: at most ``max_concurrent`` questions run at once (the local backend batches their model
@@ -41,7 +43,6 @@ videos are downloaded with a size and a time limit.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 import os
@@ -52,13 +53,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from paravt_agent.agent import Agent
+from paravt_agent.errors import StoreError
+from paravt_agent.serving.keys import KeyRing
 from paravt_agent.serving.redact import ClientView
 from paravt_agent.serving.request import ApiError, ApiSettings, parse_request, resolve_video
 from paravt_agent.serving.responses import run_failure
 from paravt_agent.serving.routes import ServerState, router
 
-__all__ = ["AgentService", "ApiError", "ApiSettings", "create_app", "parse_request", "resolve_video", "run_failure",
-           "serve"]
+__all__ = ["AgentService", "ApiError", "ApiSettings", "create_app", "parse_request", "principal_warning",
+           "resolve_video", "run_failure", "serve"]
 
 log = logging.getLogger("paravt.api")
 
@@ -99,6 +102,7 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
     """The FastAPI application serving ``agent`` (run it with uvicorn; ``paravt api`` does): the routes of
     :mod:`~paravt_agent.serving.routes`, OpenAI-shaped errors, and the API-key and size guard."""
     settings = settings or ApiSettings()
+    ring = KeyRing(settings.api_key, settings.keys, agent.store)
     app = FastAPI(title="ParaVT agent API", version="1", docs_url=None, redoc_url=None)
     state: dict[str, AgentService] = {}
 
@@ -119,7 +123,7 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
                        kind="server_error", code="internal_error")
         return JSONResponse(err.body(), status_code=500)
 
-    app.add_middleware(_Guard, settings=settings)
+    app.add_middleware(_Guard, settings=settings, ring=ring)
     app.state.paravt = ServerState(agent, settings, service)
     app.state.service = service
     app.include_router(router)
@@ -127,23 +131,30 @@ def create_app(agent: Agent, settings: ApiSettings | None = None):
 
 
 class _Guard:
-    """Pure ASGI (BaseHTTPMiddleware would hide client disconnects from the handlers): the API key and
-    the declared request size, checked before a handler runs."""
+    """Pure ASGI (BaseHTTPMiddleware would hide client disconnects from the handlers): the API key — the caller's
+    principal, which the handlers read as ``request.state.principal`` — and the declared request size, checked
+    before a handler runs."""
 
-    def __init__(self, app, settings: ApiSettings):
-        self.app, self.settings = app, settings
+    def __init__(self, app, settings: ApiSettings, ring: KeyRing):
+        self.app, self.settings, self.ring = app, settings, ring
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             err, extra = None, {}
-            if self.settings.api_key:
-                given = headers.get("authorization", "")
-                token = given[7:] if given.lower().startswith("bearer ") else ""
-                if not hmac.compare_digest(token.encode(), self.settings.api_key.encode()):
-                    err = ApiError(401, "missing or wrong API key (Authorization: Bearer ...)",
-                                   kind="authentication_error", code="invalid_api_key")
-                    extra = {"WWW-Authenticate": "Bearer"}
+            given = headers.get("authorization", "")
+            token = given[7:].strip() if given.lower().startswith("bearer ") else ""
+            try:
+                principal = (self.ring.principal(token) if self.ring.store is None
+                             else await asyncio.to_thread(self.ring.principal, token))
+            except StoreError as exc:
+                principal, err = None, ApiError(503, f"cannot check the API key: {exc}", kind="server_error",
+                                                code="store_unavailable")
+            if principal is None and err is None:
+                err = ApiError(401, "missing or wrong API key (Authorization: Bearer ...)",
+                               kind="authentication_error", code="invalid_api_key")
+                extra = {"WWW-Authenticate": "Bearer"}
+            scope.setdefault("state", {})["principal"] = principal
             size = headers.get("content-length", "")
             if err is None and size.isdigit() and int(size) > self.settings.max_request_bytes:
                 err = ApiError(413, f"the request is over {self.settings.max_request_bytes} bytes", code="too_large")
@@ -153,13 +164,24 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
+def principal_warning(agent: Agent, settings: ApiSettings) -> str | None:
+    """What a server that keeps feedback without ``--keys`` must say at start: its callers are one voter."""
+    if agent.store is None or settings.keys:
+        return None
+    return (f"feedback counts for {KeyRing(settings.api_key).describe()}: without --keys mapping API keys to "
+            "principals the online learner sees one voter (one quorum seat, one per-voter cap); a request's `user` "
+            "is a sub-label, never a voter")
+
+
 def serve(agent: Agent, settings: ApiSettings, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info") -> None:
     """Run the endpoint with uvicorn until interrupted."""
     import uvicorn
 
-    if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
-        print(f"warning: serving on {host} without --api-key: anyone who reaches this port can use the agent",
-              flush=True)
+    if host not in ("127.0.0.1", "localhost", "::1") and not (settings.api_key or settings.keys):
+        print(f"warning: serving on {host} without --api-key or --keys: anyone who reaches this port can use the "
+              "agent", flush=True)
+    if (warning := principal_warning(agent, settings)) is not None:
+        print(f"warning: {warning}", flush=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     uvicorn.run(create_app(agent, settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30)

@@ -22,6 +22,9 @@ class ApiSettings:
     model_name: str = "paravt"
     video_root: str | None = None
     api_key: str | None = None
+    #: API keys mapped to principals: a keys file, or "store" (:mod:`paravt_agent.serving.keys`); None: every caller
+    #: is one principal (the ``api_key``'s holder, or anonymous)
+    keys: str | None = None
     max_concurrent: int = 32
     max_queue: int = 64
     max_request_bytes: int = 1 << 20

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -80,17 +79,16 @@ async def feedback(request: Request):
     store = agent.store
     if store is None:
         raise ApiError(400, "this server keeps no traces (start it with --store)", code="no_store")
-    user = body.get("user")  # OpenAI's end-user id, under the caller's API key
+    user = body.get("user")  # OpenAI's end-user id: a sub-label within the caller's principal, never a voter
     if user is not None and (not isinstance(user, str) or len(user) > 200):
         raise ApiError(400, "`user` must be a string of at most 200 characters")
-    token = request.headers.get("authorization", "")[7:].strip()
-    caller = "api:" + (hashlib.sha256(token.encode()).hexdigest()[:12] if token else "anonymous")
+    principal = request.state.principal  # the API key's owner (the guard authenticated it)
     key = body.get("idempotency_key") or request.headers.get("idempotency-key")
     try:  # the store checks what the row says (FeedbackError: 400 with what to send instead)
         seq = await asyncio.to_thread(store.feedback, body["trace_id"], answer=body.get("answer"),
                                       reward=body.get("reward"), thumbs=body.get("thumbs"), note=body.get("note"),
-                                      user=f"{caller}/{user}" if user else caller,
-                                      key=str(key)[:200] if key else None)
+                                      user=f"{principal}/{user}" if user else principal,
+                                      key=str(key)[:200] if key else None, principal=principal)
     except StoreError as exc:
         view = ClientView(server_of(request).settings, store_url=store.url)
         raise view.error(ApiError(503, str(exc), kind="server_error", code="store_unavailable",

@@ -21,6 +21,7 @@ numbers become visible in order and a cursor never skips a row.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 import time
@@ -30,13 +31,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from paravt_agent.errors import ConfigError, FeedbackError, ParaVTError, StoreError
 from paravt_agent.store.feedback import check_answer, check_reward
+from paravt_agent.store.principals import check_principal, key_digest
 from paravt_agent.trajectory import Trace
 
 __all__ = ["PostgresTrajectoryStore", "SQLiteTrajectoryStore", "TrajectoryStore", "open_store"]
 
-FEEDBACK_KEYS = ("seq", "trace_id", "created", "answer", "reward", "thumbs", "note", "user_id")
+FEEDBACK_KEYS = ("seq", "trace_id", "created", "answer", "reward", "thumbs", "note", "user_id", "principal")
 #: columns added since the first schema (an older store gains them when it is opened)
-_ADDED_COLUMNS = (("user_id", "TEXT"), ("key", "TEXT"))
+_ADDED_COLUMNS = (("user_id", "TEXT"), ("key", "TEXT"), ("principal", "TEXT"))
 #: The advisory lock key that orders feedback inserts on PostgreSQL ("PVTF").
 _FEEDBACK_LOCK = 0x50565446
 
@@ -94,9 +96,11 @@ class TrajectoryStore:
 
     def feedback(self, trace_id: str, answer: str | None = None, reward: float | None = None,
                  thumbs: bool | None = None, note: str | None = None, user: str | None = None,
-                 key: str | None = None) -> int:
-        """Attach feedback: the correct answer, a reward, or thumbs up/down, and who gave it (``user``: an API key's
-        id, a Gradio session, the SDK's ``user=``). Returns its sequence number.
+                 key: str | None = None, principal: str | None = None) -> int:
+        """Attach feedback: the correct answer, a reward, or thumbs up/down, and who gave it: ``principal``, the
+        voter it counts for (:mod:`~paravt_agent.store.principals`: an API key's owner, the web page; None: the
+        ``user``, or the operator's own label), and ``user``, a sub-label within it (a request's ``user`` field, a
+        web session, the SDK's ``user=``). Returns its sequence number.
 
         What may become training data is checked here (:mod:`paravt_agent.store.feedback`): an answer must be one the
         trace's question can have, and must not contradict an earlier answer for the same trace; otherwise a
@@ -104,13 +108,13 @@ class TrajectoryStore:
         the first row's number (a client retrying after a lost connection writes nothing twice)."""
         key = key or uuid.uuid4().hex
         try:
-            return self._feedback(trace_id, answer, reward, thumbs, note, user, key)
+            return self._feedback(trace_id, answer, reward, thumbs, note, user, key, principal)
         except StoreError as exc:  # the database went away: once more on a new connection (the key dedupes)
             if not exc.retryable:
                 raise
-            return self._feedback(trace_id, answer, reward, thumbs, note, user, key)
+            return self._feedback(trace_id, answer, reward, thumbs, note, user, key, principal)
 
-    def _feedback(self, trace_id, answer, reward, thumbs, note, user, key) -> int:
+    def _feedback(self, trace_id, answer, reward, thumbs, note, user, key, principal) -> int:
         if answer is None and reward is None and thumbs is None:
             raise FeedbackError("feedback needs an answer, a reward or thumbs up/down")
         reward = check_reward(reward)
@@ -127,13 +131,40 @@ class TrajectoryStore:
                 raise FeedbackError(f"trace {trace_id} already has the answer {sorted(earlier)[0]!r} from earlier "
                                     f"feedback; {answer!r} conflicts with it and is not stored")
         return self._insert_feedback((trace_id, time.time(), answer, reward, None if thumbs is None else int(thumbs),
-                                      note, None if user is None else str(user)[:200], key))
+                                      note, None if user is None else str(user)[:200], key,
+                                      None if principal is None else str(principal)[:200]))
 
     def feedback_since(self, seq: int = 0) -> list[dict]:
         """Feedback rows after sequence number ``seq``, oldest first (for consumers that checkpoint ``seq``)."""
         rows = self._execute(
             f"SELECT {', '.join(FEEDBACK_KEYS)} FROM feedback WHERE seq > {self._p} ORDER BY seq", (int(seq),))
         return [dict(zip(FEEDBACK_KEYS, r, strict=True)) for r in rows]
+
+    # the API keys the operator mapped to principals here (``paravt keys``; ``paravt api --keys store``)
+    def add_key(self, principal: str) -> str:
+        """A new API key for ``principal`` (:func:`~paravt_agent.store.principals.check_principal`). Only its SHA-256
+        is stored: this is the one time the key is seen."""
+        check_principal(principal)
+        key = "pvt-" + secrets.token_urlsafe(24)
+        self._execute(f"INSERT INTO api_keys (digest, principal, created) VALUES ({self._p}, {self._p}, {self._p})",
+                      (key_digest(key), principal, time.time()))
+        return key
+
+    def principal_of_key(self, digest: str) -> str | None:
+        """The principal a key's SHA-256 (:func:`~paravt_agent.store.principals.key_digest`) was made for."""
+        rows = self._execute(f"SELECT principal FROM api_keys WHERE digest = {self._p}", (digest,))
+        return rows[0][0] if rows else None
+
+    def revoke_keys(self, principal: str) -> int:
+        """Delete every key of ``principal``; how many there were."""
+        n = int(self._execute(f"SELECT COUNT(*) FROM api_keys WHERE principal = {self._p}", (principal,))[0][0])
+        self._execute(f"DELETE FROM api_keys WHERE principal = {self._p}", (principal,))
+        return n
+
+    def api_keys(self) -> list[dict]:
+        """Every key: its principal, the start of its SHA-256 and when it was made (never the key)."""
+        rows = self._execute("SELECT principal, digest, created FROM api_keys ORDER BY principal, created")
+        return [{"principal": p, "digest": d[:12], "created": c} for p, d, c in rows]
 
     def count(self) -> int:
         return int(self._execute("SELECT COUNT(*) FROM traces")[0][0])
@@ -159,6 +190,7 @@ class SQLiteTrajectoryStore(TrajectoryStore):
         created REAL, answer TEXT, reward REAL, thumbs INTEGER, note TEXT
     );
     CREATE INDEX IF NOT EXISTS feedback_trace ON feedback(trace_id);
+    CREATE TABLE IF NOT EXISTS api_keys (digest TEXT PRIMARY KEY, principal TEXT NOT NULL, created REAL);
     """
     MIGRATE = "CREATE UNIQUE INDEX IF NOT EXISTS feedback_key ON feedback(key)"
 
@@ -190,9 +222,9 @@ class SQLiteTrajectoryStore(TrajectoryStore):
 
     def _insert_feedback(self, row: tuple) -> int:
         conn = self._conn()
-        conn.execute("INSERT OR IGNORE INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
-        return int(conn.execute("SELECT seq FROM feedback WHERE key = ?", (row[-1],)).fetchone()[0])
+        conn.execute("INSERT OR IGNORE INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key, "
+                     "principal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        return int(conn.execute("SELECT seq FROM feedback WHERE key = ?", (row[7],)).fetchone()[0])
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -216,6 +248,8 @@ class PostgresTrajectoryStore(TrajectoryStore):
         "traces(id), created DOUBLE PRECISION, answer TEXT, reward DOUBLE PRECISION, thumbs INTEGER, note TEXT)",
         "CREATE INDEX IF NOT EXISTS feedback_trace ON feedback(trace_id)",
     )
+    KEYS = ("CREATE TABLE IF NOT EXISTS api_keys (digest TEXT PRIMARY KEY, principal TEXT NOT NULL, "
+            "created DOUBLE PRECISION)")
     MIGRATE = (*(f"ALTER TABLE feedback ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in _ADDED_COLUMNS),
                "CREATE UNIQUE INDEX IF NOT EXISTS feedback_key ON feedback(key)")
 
@@ -237,9 +271,15 @@ class PostgresTrajectoryStore(TrajectoryStore):
             if conn.execute("SELECT to_regclass('feedback_trace')").fetchone()[0] is None:
                 for stmt in self.SCHEMA:
                     conn.execute(stmt)
-            if conn.execute("SELECT to_regclass('feedback_key')").fetchone()[0] is None:
+            have = {r[0] for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND "
+                "table_name = 'feedback'").fetchall()}  # the catalog: no lock on feedback
+            if (conn.execute("SELECT to_regclass('feedback_key')").fetchone()[0] is None
+                    or any(name not in have for name, _ in _ADDED_COLUMNS)):  # a store an older release made
                 for stmt in self.MIGRATE:
                     conn.execute(stmt)
+            if conn.execute("SELECT to_regclass('api_keys')").fetchone()[0] is None:
+                conn.execute(self.KEYS)
 
     def _conn(self):
         import psycopg
@@ -285,11 +325,11 @@ class PostgresTrajectoryStore(TrajectoryStore):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FEEDBACK_LOCK,))
                 cur = conn.execute(
-                    "INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING seq", row)
+                    "INSERT INTO feedback (trace_id, created, answer, reward, thumbs, note, user_id, key, principal) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING seq", row)
                 got = cur.fetchone()
                 if got is None:  # this key was written before (a retry): its row
-                    got = conn.execute("SELECT seq FROM feedback WHERE key = %s", (row[-1],)).fetchone()
+                    got = conn.execute("SELECT seq FROM feedback WHERE key = %s", (row[7],)).fetchone()
                 return int(got[0])
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             # idempotent by its key: the same call with the same key writes the row at most once

@@ -12,10 +12,12 @@ The loop, top to bottom (:meth:`~paravt_train.online.learner.OnlineLearner.run`)
     loop:
       promotion.py  follow the operator: a promote or rollback done by hand (cli.py) → continue from that version
       learner.py    poll the store: feedback rows newer than the cursor, each checked again (an answer the trace's
-                    question can have, no conflict with an earlier answer, its user within ``max_rows_per_user``
-                    per window); a row that fails is skipped with a counted reason; a row with an answer is also a
-                    label of the answer its user got (live accuracy of the version that served it)
-      learner.py    take a batch: up to ``prompts_per_step`` queued prompts, at most ``max_user_share`` from one user
+                    question can have, no conflict with an earlier answer, its principal — the authenticated voter,
+                    paravt_agent/store/principals.py — within ``max_rows_per_user`` per window); a row that fails is
+                    skipped with a counted reason; a row with an answer is also a label of the answer its user got
+                    (live accuracy of the version that served it)
+      learner.py    take a batch: up to ``prompts_per_step`` queued prompts, at most ``max_user_share`` from one
+                    principal
       learner.py    update: fresh rollouts (on the served policy: rollouts of an older version are corrected by
                     decoupled PPO's behaviour weight) → one PARA-GRPO update of the learner's weights
                     (GRPOTrainer.train_step, paravt_train.rl)
@@ -25,8 +27,8 @@ The loop, top to bottom (:meth:`~paravt_train.online.learner.OnlineLearner.run`)
         versions.py promoted (pushed: pause → update → continue; recorded as a version) or kept aside (refused;
                     the learner reverts to the served weights or goes on, ``on_refuse``)
       promotion.py  live score: at planned label counts, when the served version's score on the feedback about its
-        rollback.py own answers (per-user capped, several users, robust to any one) is significantly below the
-                    version served before it, that version goes back
+        rollback.py own answers (per-principal capped, several principals, a decision no ``leave_out`` of them can
+                    tip either way) is significantly below the version served before it, that version goes back
       learner.py    every ``save_every`` updates: one atomic checkpoint of the weights, the optimizer, the cursor,
                     the queue and the live counts; ``online_state.json`` after every update
     cli.py        ``paravt-train online`` runs it; ``online versions | promote V | rollback [V] | status`` act on the

@@ -85,9 +85,11 @@ class GateSettings(BaseModel):
 
 class RollbackSettings(BaseModel):
     """Automatic rollback: the served version's live score (the gate's metric: accuracy, F1 or IoU of the answers
-    users labelled, after the per-user limits) against the version served immediately before it, by a one-sided
-    two-sample test checked only at planned label counts (Bonferroni over the looks), with labels from at least
-    `min_users` users and a decision that stands with any one user's labels taken out."""
+    users labelled, after the per-principal limits) against the version served immediately before it, by a
+    one-sided two-sample test checked only at planned label counts (Bonferroni over the looks), with labels from at
+    least `min_users` principals — the voters: an API key's owner, the web page, ...
+    (`paravt_agent/store/principals.py`), never a name a caller chooses — and a decision no `leave_out` of them can
+    tip either way (`paravt_train/online/rollback.py`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -99,10 +101,22 @@ class RollbackSettings(BaseModel):
                        "alpha / looks, so a version as good as the one before is rolled back at most alpha of the "
                        "time over all of them. After the last look the version is not checked again.")
     alpha: float = Field(0.05, gt=0, lt=0.5, description="The false-rollback rate over a version's looks.")
-    min_users: int = Field(3, ge=1, description="Distinct users among a version's counted labels before it is "
-                           "tested.")
-    max_labels_per_user: int = Field(10, ge=1, description="Labels of one user counted per version (the first ones; "
-                                     "after `max_rows_per_user`): one user's share of a look is bounded.")
+    min_users: int = Field(3, ge=1, description="Distinct principals among a version's counted labels before it "
+                           "is tested.")
+    leave_out: int = Field(
+        2, ge=0, description="Principals whose labels a decision must survive losing, either way: it stands with any "
+        "`leave_out` principals' labels removed, or — where `leave_out` or fewer tip it — is taken with the "
+        "`leave_out` pushing hardest against a rollback set aside and any `leave_out` + 1 of the rest removed "
+        "(`paravt_train/online/rollback.py`). 2 is the smallest value whose equal-version rollbacks stay within "
+        "`alpha` and which neither one key posing as 10 users nor 2 colluding principals push above 5 % "
+        "(`perf/bench_online_decisions.py --only voters`: 60 principals, accuracy 0.5/0.8, 100/500 labels a version, "
+        "1000 trials a cell: 2 colluders force 1.5–2.8 % at 2, up to 27 % at 1; 3 colluders 2.7–7.3 %). Its cost: a "
+        "0.15-worse version is rolled back 22–78 % of the time (0.5.1's leave-one-user-out: 26–81 %; 0, the plain "
+        "z-test, which one principal forces up to 56 % of the time: 42–92 %).")
+    max_labels_per_user: int = Field(10, ge=1, description="Labels of one principal counted per version (the first "
+                                     "ones; after `max_rows_per_user`): one voter's share of a look is bounded.")
+    web_votes: bool = Field(True, description="The web page's labels (principal `web`: all its sessions together, "
+                            "one anonymous voter) count in the live score; false: they still train, but never vote.")
     margin: float = Field(0.0, ge=0, description="Rolled back when the live score is lower than the version before's "
                           "by more than this (the test's null: at most `margin` worse), in the gate's units.")
 
@@ -116,13 +130,14 @@ class OnlineSettings(BaseModel):
                                "gated (or, without the gate, served).")
     gate: GateSettings = Field(default_factory=GateSettings, description="The gate before a candidate is served.")
     rollback: RollbackSettings = Field(default_factory=RollbackSettings, description="Automatic rollback.")
-    max_rows_per_user: int | None = Field(200, ge=1, description="Feedback rows one user may contribute per "
-                                          "`user_window_hours`; the rest are skipped (counted). None: no limit. Rows "
-                                          "without a user (written by the operator's own code: the API and the web "
-                                          "page always name one) are not limited, here or by `max_user_share`.")
+    max_rows_per_user: int | None = Field(200, ge=1, description="Feedback rows one principal (an API key's owner, "
+                                          "the web page, a user the operator's code names) may contribute per "
+                                          "`user_window_hours`; the rest are skipped (counted). None: no limit. The "
+                                          "operator's own rows (no principal, no user) are not limited, here or by "
+                                          "`max_user_share`.")
     user_window_hours: float = Field(24.0, gt=0, description="The window of `max_rows_per_user`.")
     max_user_share: float = Field(0.5, gt=0, le=1, description="At most this share of an update's prompts from one "
-                                  "user (rounded up); the rest wait for later updates.")
+                                  "principal (rounded up); the rest wait for later updates.")
     keep_refused: int = Field(3, ge=0, description="Refused candidates whose weights are kept for inspection (every "
                                                    "promoted version is kept).")
 

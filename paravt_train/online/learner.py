@@ -18,6 +18,7 @@ from paravt_agent.errors import FeedbackError, ParaVTError
 from paravt_agent.protocol import parse_span
 from paravt_agent.store import TrajectoryStore
 from paravt_agent.store.feedback import check_answer, task_of
+from paravt_agent.store.principals import WEB, principal_of
 from paravt_agent.video.fetch import local_video
 from paravt_train.data.records import PromptItem
 from paravt_train.infra.interrupt import GracefulStop
@@ -156,9 +157,10 @@ class OnlineLearner:
             if first != answer:
                 self._skip(row, f"conflicts with earlier feedback ({first!r} vs {answer!r})")
                 continue
-            # a row without a user was written by the operator's own code (the API and the web page always name
-            # one): the per-user limits guard against users, not against the operator
-            user = row.get("user_id") or None
+            # the limits count principals (the key's owner, the web page, ...: never a name the caller chose); the
+            # operator's own rows (no principal, no user) are not limited: they guard against users
+            user = principal_of(row)
+            user = None if user == OPERATOR else user
             if user is not None and not self._within_limit(user, row.get("created") or time.time()):
                 self._skip(row, f"user over max_rows_per_user ({user})")
                 continue
@@ -179,14 +181,16 @@ class OnlineLearner:
 
     def _count_live(self, trace, value, user: str | None = None) -> None:
         """A label of the answer the trace's user got (``value``: the label as the reward takes it), scored with the
-        gate's metric (accuracy, F1 or IoU), for the version that served it: counted per user, at most
-        ``rollback.max_labels_per_user`` of one user's labels per version (the operator's own rows, without a user,
-        count as one user, not limited)."""
+        gate's metric (accuracy, F1 or IoU), for the version that served it: counted per principal (``user``), at
+        most ``rollback.max_labels_per_user`` of one principal's labels per version (the operator's own rows count
+        as one voter, not limited; the web page's not at all with ``rollback.web_votes`` off)."""
         vid = self.registry.served_at(trace.created)
         if vid is None:
             return
         score = accuracy_reward(trace.response, value, task_of(trace), trace.options)
         live = self.state.live
+        if user == WEB and not self.online.rollback.web_votes:
+            return
         counts = live[vid] = live_counts(live.get(vid))
         who = counts.setdefault(user or OPERATOR, [0.0, 0.0, 0])
         if user is not None and who[2] >= self.online.rollback.max_labels_per_user:

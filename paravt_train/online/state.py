@@ -3,7 +3,9 @@ with the weights in every checkpoint (the trainer keeps it as its checkpoint's e
 
 Its shape is versioned: :meth:`OnlineState.to_dict` writes ``version`` with the fields, :meth:`OnlineState.from_dict`
 reads any earlier shape — the one place a checkpoint written by an older release is upgraded (0.5.1 kept a plain dict
-of these keys in the trainer, without a version; 0.5.0's live counts were ``[right, labelled]`` per version).
+of these keys in the trainer, without a version; 0.5.0's live counts were ``[right, labelled]`` per version; before
+version 3 the live counts and the rows' windows were kept per user string, now per principal:
+:func:`~paravt_agent.store.principals.voter_of_user` merges them).
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
-__all__ = ["OPERATOR", "OnlineState", "live_counts"]
+from paravt_agent.store.principals import OPERATOR, voter_of_user
 
-OPERATOR = "(operator)"  # the live labels of rows without a user (the operator's own code): one user, not limited
+__all__ = ["OPERATOR", "OnlineState", "live_counts"]
 
 
 def live_counts(entry) -> dict[str, list]:
@@ -31,7 +33,7 @@ class OnlineState:
     """The learner's progress through the feedback and its versions (saved and restored with the weights)."""
 
     #: the shape this release writes (:meth:`to_dict`)
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     #: what rank 0 reads from the store and every rank must hold the same (broadcast after each poll)
     POLLED: ClassVar[tuple[str, ...]] = ("cursor", "queue", "skipped", "skipped_by", "users", "answers", "live")
 
@@ -41,9 +43,9 @@ class OnlineState:
     skipped_by: dict[str, int] = field(default_factory=dict)  # why rows were skipped, counted
     trained: list[str] = field(default_factory=list)  # the prompt ids updates trained on
     pending: list[dict] = field(default_factory=list)  # the rows the candidate being made trained on
-    users: dict[str, list[float]] = field(default_factory=dict)  # per user: the times of its rows in the window
+    users: dict[str, list[float]] = field(default_factory=dict)  # per principal: the times of its rows in the window
     answers: dict[str, str] = field(default_factory=dict)  # per trace: the first answer labelled
-    live: dict[str, dict[str, list]] = field(default_factory=dict)  # version -> user -> [sum, sum sq, labels]
+    live: dict[str, dict[str, list]] = field(default_factory=dict)  # version -> principal -> [sum, sum sq, labels]
     looks: dict[str, int] = field(default_factory=dict)  # version -> rollback looks used up
     untestable: list[str] = field(default_factory=list)  # versions said to be untestable (once each)
     gated: int = 0  # candidates gated (the pinned set's round)
@@ -64,6 +66,12 @@ class OnlineState:
         names = {f.name for f in fields(cls)}
         known = {k: v for k, v in data.items() if k in names}
         known["live"] = {vid: live_counts(entry) for vid, entry in (known.get("live") or {}).items()}
+        if version < 3:  # kept per user string: merged per principal (labels past a principal's cap stay counted)
+            known["live"] = {vid: _by_principal(c) for vid, c in known["live"].items()}
+            users: dict[str, list] = {}
+            for user, times in (known.get("users") or {}).items():
+                users.setdefault(voter_of_user(user), []).extend(times)
+            known["users"] = {who: sorted(t) for who, t in users.items()}
         return cls(**known)
 
     def polled(self) -> dict:
@@ -73,3 +81,11 @@ class OnlineState:
     def take_polled(self, values: dict) -> None:
         for k in self.POLLED:
             setattr(self, k, values[k])
+
+
+def _by_principal(counts: dict[str, list]) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for user, (a, b, n) in counts.items():
+        who = out.setdefault(OPERATOR if user == OPERATOR else voter_of_user(user), [0.0, 0.0, 0])
+        who[0], who[1], who[2] = who[0] + a, who[1] + b, who[2] + n
+    return out

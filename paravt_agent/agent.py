@@ -412,9 +412,8 @@ class Agent:
                  thumbs: bool | None = None, note: str | None = None, user: str | None = None,
                  principal: str | None = None) -> int:
         """Attach feedback to a stored trace (needs ``store=``): an answer, a reward or thumbs, and who gave it:
-        ``principal``, the voter the online learner counts (:mod:`paravt_agent.store.principals`; None: the
-        ``user``, as ``sdk:USER``; neither: your own label, never capped). An answer the trace's question cannot
-        have, or one that contradicts earlier feedback, raises ``FeedbackError``."""
+        ``principal``, the voter the online learner counts (``store.principals``; None: ``sdk:USER``; neither: your
+        own label, never capped). An answer the question cannot have, or one contradicting earlier ones, raises."""
         if self.store is None:
             raise ParaVTError("this agent has no trajectory store; pass store=TrajectoryStore(path)")
         return self.store.feedback(trace_id, answer=answer, reward=reward, thumbs=thumbs, note=note,

@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,11 @@ def lmms_eval(tmp_path, tasks: str, out: Path, plugins_env: bool = False, extra=
 
 
 def test_lmms_eval_scores_the_agent_with_its_own_task_functions(tmp_path):
-    task = write_toy_task(tmp_path / "task", worlds=2)
+    # the two commands of docs/evaluation.md (its block is skipped there: this runs it), as a user types them
+    made = subprocess.run([sys.executable, "-c", "from paravt_lmms.cli import app; app()", "task", "--out",
+                           str(tmp_path / "task"), "--worlds", "2"], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    task = tmp_path / "task"
     rows = [json.loads(ln) for ln in (task / "test.jsonl").read_text().splitlines()]
     out = tmp_path / "out"
     results = lmms_eval(tmp_path, "paravt_toy,paravt_toy_videomme", out)

@@ -754,3 +754,59 @@ def test_a_running_learner_repairs_an_operator_push_that_died_and_puts_its_versi
     events = [json.loads(x) for x in (out / "online_events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "push-repaired" and "v3, the version that serves, goes back" in events[-1]["reason"]
     learner.close()
+
+
+def test_an_operators_push_while_a_candidate_is_judged_stands(tmp_path, toy_policy_dir, json_server):
+    """The learner decides on a candidate (or a rollback) against the version it knows serves; an operator's
+    `promote` / `rollback` can land while it judges. Under the push lock the learner now looks again: a registry that
+    moved means the operator's choice stands — the candidate is not pushed (recorded `superseded`), no rollback is
+    pushed, and the learner continues from the operator's version. Before (found in review), the learner pushed its
+    candidate, gated against v0 and trained from it, over the operator's v3."""
+    from paravt_train.online.learner import OnlineLearner
+    from paravt_train.rl.config import GRPOConfig
+
+    srv = json_server(lambda path, body: (200, {"success": True}))
+    out = tmp_path / "out"
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(out), backend="sglang", endpoint=srv.url)
+    learner = OnlineLearner(cfg, tmp_path / "t.db", progress=False, log=lambda *_: None)
+    learner.trainer.setup()
+    reg = _registry_with(tmp_path, toy_policy_dir, [("v0", "start")])
+    promotion = learner.promotion
+    promotion.state.serving = "v0"  # what the learner last saw
+    reg.set_serving("v0", reason="start")
+    reg.add("v3", 3, toy_policy_dir, "candidate")
+    reg.set_serving("v3", reason="operator-promote")  # the operator's push, landed meanwhile
+    before = len(srv.seen)
+    verdict = promotion.promote_candidate()
+    assert not verdict["promote"] and "an operator's push while it was judged" in verdict["summary"]
+    assert [p for _, p, _ in srv.seen[before:]] == []  # nothing pushed
+    assert reg.serving()["id"] == "v3" and promotion.state.serving == "v3"
+    events = [json.loads(x) for x in (out / "online_events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "superseded" and events[-1]["serving"] == "v3"
+    # a rollback decided against v3 while the operator went back to v0: not pushed either
+    reg.set_serving("v0", reason="operator-rollback")
+    assert promotion.rollback_to(reg.get("v3"), "rollback: worse", judged="v3") is None
+    assert [p for _, p, _ in srv.seen[before:]] == [] and reg.serving()["id"] == "v0"
+    assert promotion.state.serving == "v0"
+    learner.close()
+
+
+def test_a_repair_that_cannot_release_a_server_keeps_the_journal(tmp_path, toy_policy_dir, json_server):
+    """A dead push's repair that cannot continue generation on a server (it answers 503) and pushes nothing back
+    keeps the journal: the pause supervisor still sees its dead lease, and the next pusher repairs again. Before
+    (found in review) the journal was removed, and only `--max-pause` could end that server's pause."""
+    from paravt_train.online.versions import repair_push
+    from paravt_train.rl.config import GRPOConfig
+
+    down = {"now": True}
+    srv = json_server(lambda path, body: (503, {"error": "busy"}) if down["now"] else (200, {"success": True}))
+    journal = tmp_path / "out" / "push.json"
+    dead = _start(PUSHER_0_5_1, journal, 0.0, srv.url)
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(10)
+    cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(tmp_path / "out"), backend="sglang", endpoint=srv.url)
+    left = repair_push(cfg, journal, log=lambda *_: None)
+    assert left["kept"] and left["errors"] and not left["continued"] and journal.exists()
+    down["now"] = False  # the server answers again: the next repair releases it and removes the journal
+    left = repair_push(cfg, journal, log=lambda *_: None)
+    assert not left["kept"] and left["continued"] == [srv.url] and not journal.exists()

@@ -126,8 +126,9 @@ def test_without_keys_every_caller_is_one_principal(tmp_path, toy_rl, capsys):
 
 
 def test_a_keys_file_says_what_is_wrong(tmp_path, capsys):
-    """A keys file the server cannot use is refused at start with the line's fault; one that breaks while the server
-    runs keeps the keys read before (and says so), never letting everyone in or no one."""
+    """A keys file the server cannot use is refused at start with the line's fault. One that breaks while the server
+    runs admits no key until it is fixed, and says so without quoting the file (its lines hold keys): before this
+    review it kept the keys read before, so emptying the file of its last (stolen) key left that key working."""
     from paravt_agent.errors import ConfigError
     from paravt_agent.serving.keys import KeyRing
 
@@ -143,8 +144,18 @@ def test_a_keys_file_says_what_is_wrong(tmp_path, capsys):
     path.write_text("alice: key-alice-0001\n")
     ring = KeyRing(keys=str(path))
     assert ring.principal("key-alice-0001") == "key:alice" and ring.principal("key-bob-00001") is None
-    path.write_text("alice: [unclosed\n")
-    assert ring.principal("key-alice-0001") == "key:alice" and "stay in force" in capsys.readouterr().out
+    path.write_text("alice:\tkey-alice-0001\n\tbob: [unclosed\n")
+    assert ring.principal("key-alice-0001") is None
+    out = capsys.readouterr().out
+    assert "not valid YAML at line" in out and "no key is admitted until it is fixed" in out and "key-alice" not in out
+    path.write_text("alice: key-alice-0001\nbob: key-bob-00001\n")  # fixed: in force again
+    assert ring.principal("key-alice-0001") == "key:alice" and ring.principal("key-bob-00001") == "key:bob"
+    path.write_text("")  # the last line deleted: no key at all
+    assert ring.principal("key-alice-0001") is None and ring.principal("key-bob-00001") is None
+    path.write_text("bob: key-bob-00001\n")
+    assert ring.principal("key-bob-00001") == "key:bob"
+    path.unlink()
+    assert ring.principal("key-bob-00001") is None and "no key is admitted" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
@@ -195,6 +206,9 @@ def test_keys_kept_in_the_store(engine, tmp_path, toy_rl, request, monkeypatch):
     finally:
         srv.close()
     assert [(r["principal"], r["user_id"]) for r in store.feedback_since(0)] == [("key:carol", "key:carol/x")]
+    # tokens no one holds are asked of the store each time and never remembered (a flood grew the cache unbounded)
+    ring = keys_mod.KeyRing(keys="store", store=store)
+    assert [ring.principal(f"made-up-{i:04d}") for i in range(200)] == [None] * 200 and not ring._cache
 
 
 def test_the_web_page_is_one_principal_and_can_be_kept_from_voting(tmp_path, toy_policy_dir, toy_rl):
@@ -224,13 +238,20 @@ def test_the_web_page_is_one_principal_and_can_be_kept_from_voting(tmp_path, toy
 
 
 def test_a_checkpoint_counted_per_user_is_read_per_principal():
-    """A learner state of 0.5.1 (version 2: live counts and windows per user string) is merged per principal."""
-    live = {"api:abc/u1": [3.0, 3.0, 4], "api:abc/u2": [1.0, 1.0, 2], "gradio:s1": [1.0, 1.0, 1],
+    """A learner state of 0.5.1 (version 2: live counts, windows and queued prompts per user string) is merged per
+    principal. Every ``api:`` user of 0.5.1 is one voter, ``api:legacy``: a keyless 0.5.1 server made a digest of
+    whatever token a caller sent (two made-up tokens below, ``abc`` and ``def``), so the digests name no one."""
+    from paravt_agent.store.principals import LEGACY_API
+
+    live = {"api:abc/u1": [3.0, 3.0, 4], "api:def/u2": [1.0, 1.0, 2], "gradio:s1": [1.0, 1.0, 1],
             "(operator)": [2.0, 2.0, 2]}
-    st = OnlineState.from_dict({"version": 2, "live": {"v1": live},
-                                "users": {"api:abc/u1": [5.0], "api:abc/u2": [1.0, 9.0], "sdk:al": [2.0]}})
-    assert st.live["v1"] == {"api:abc": [4.0, 4.0, 6], WEB: [1.0, 1.0, 1], OPERATOR: [2.0, 2.0, 2]}
-    assert st.users == {"api:abc": [1.0, 5.0, 9.0], "sdk:al": [2.0]}
+    queue = [{"id": f"q{i}", "seq": i, "user": u} for i, u in enumerate(("api:abc/u1", "api:def/u3", "sdk:al"))]
+    st = OnlineState.from_dict({"version": 2, "live": {"v1": live}, "queue": queue,
+                                "users": {"api:abc/u1": [5.0], "api:def/u2": [1.0, 9.0], "sdk:al": [2.0]}})
+    assert st.live["v1"] == {LEGACY_API: [4.0, 4.0, 6], WEB: [1.0, 1.0, 1], OPERATOR: [2.0, 2.0, 2]}
+    assert st.users == {LEGACY_API: [1.0, 5.0, 9.0], "sdk:al": [2.0]}
+    assert [d["user"] for d in st.queue] == [LEGACY_API, LEGACY_API, "sdk:al"]
+    assert principal_of({"principal": None, "user_id": "api:0123456789ab/bob"}) == LEGACY_API
 
 
 # ------------------------------------------------------------------------------------------ the decision itself

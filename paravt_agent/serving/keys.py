@@ -10,7 +10,9 @@ key or keys::
 
 or in the trajectory store (``--keys store``; ``paravt keys add NAME`` makes a key, ``paravt keys revoke NAME``
 deletes them). The file is read again when it changes, so deleting a stolen key's line revokes it at the next
-request; a key in the store is looked up again after :data:`STORE_TTL` seconds.
+request (the last line too: an emptied file admits no key); a file that becomes unreadable or malformed while the
+server runs admits no key until it is fixed (it fails closed, and says so). A key in the store is looked up again
+after :data:`STORE_TTL` seconds; an unknown token is asked of the store every time, never remembered.
 
 A request's bearer token is then the principal ``key:NAME`` it was mapped to, or the server's one ``--api-key``
 (``api:DIGEST``: everyone holding it is one principal), or refused (401). With no key configured at all, every
@@ -32,16 +34,24 @@ from paravt_agent.store.principals import ANONYMOUS, check_principal, key_digest
 __all__ = ["STORE_TTL", "KeyRing", "read_keys_file"]
 
 STORE_TTL = 5.0  # seconds a key looked up in the store is remembered (a revoked one stops working after this)
+STORE_CACHE = 1024  # keys the store's answers are remembered for at most (the oldest forgotten first)
 
 
-def read_keys_file(path: str | Path) -> dict[str, str]:
-    """``{SHA-256 of a key: principal}`` from a keys file (see the module); a ConfigError says what is wrong."""
+def read_keys_file(path: str | Path, allow_empty: bool = False) -> dict[str, str]:
+    """``{SHA-256 of a key: principal}`` from a keys file (see the module); a ConfigError says what is wrong, never
+    quoting the file (its lines hold keys). ``allow_empty``: an empty file is no keys (else refused)."""
     import yaml  # only a server started with a keys file reads one
 
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--keys {path}: cannot read it ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"--keys {path}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"--keys {path}: not valid YAML{where}") from None
+    if allow_empty and not data:
+        return {}
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"--keys {path}: expected a mapping of principal names to keys, e.g. `alice: pvt-...`")
     out: dict[str, str] = {}
@@ -107,13 +117,17 @@ class KeyRing:
         return None
 
     def _reload(self) -> None:
-        """Read the keys file again when it changed (its stat, on every request); a file that became unreadable
-        keeps the keys it had (and says so) rather than letting everyone in or no one."""
+        """Read the keys file again when it changed (its stat, on every request). After start, a file that became
+        unreadable or malformed admits no key until it is fixed (fails closed: a deleted line must never stay in
+        force), and says so each time it is read."""
         try:
             st = os.stat(self.path)
         except OSError as exc:
             if self._stamp is None:
                 raise ConfigError(f"--keys {self.path}: {exc.strerror}") from None
+            if self._file:
+                print(f"warning: --keys {self.path}: {exc.strerror}; no key is admitted until it is back", flush=True)
+            self._file, self._stamp = {}, ("gone",)
             return
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
@@ -122,11 +136,12 @@ class KeyRing:
             if stamp == self._stamp:
                 return
             try:
-                self._file = read_keys_file(self.path)
+                self._file = read_keys_file(self.path, allow_empty=self._stamp is not None)
             except ConfigError as exc:
                 if self._stamp is None:
                     raise
-                print(f"warning: {exc}; the keys read before stay in force", flush=True)
+                self._file = {}
+                print(f"warning: {exc}; no key is admitted until it is fixed", flush=True)
             self._stamp = stamp
 
     def _stored(self, digest: str) -> str | None:
@@ -135,8 +150,13 @@ class KeyRing:
         if hit is not None and now - hit[0] < STORE_TTL:
             return hit[1]
         name = self.store.principal_of_key(digest)
-        principal = key_principal(check_principal(name)) if name else None
-        self._cache[digest] = (now, principal)
+        if not name:
+            return None  # never remembered: random tokens must not grow the cache
+        principal = key_principal(check_principal(name))
+        with self._lock:
+            while len(self._cache) >= STORE_CACHE:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[digest] = (now, principal)
         return principal
 
     def describe(self) -> str:

@@ -18,7 +18,8 @@ A principal is someone the server authenticated, never a name the caller chooses
   never left out).
 
 Rows written before principals were stored (0.5.1 and earlier) have none: :func:`principal_of` reads it off the user
-the writer stored, ``api:DIGEST/user`` → ``api:DIGEST``, ``gradio:SESSION`` → ``web``.
+the writer stored, ``api:DIGEST/user`` → :data:`LEGACY_API` (one voter for all of them: a 0.5.1 server without a key
+made a digest of whatever token a caller sent, so the digests name no one), ``gradio:SESSION`` → ``web``.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import re
 
-__all__ = ["ANONYMOUS", "OPERATOR", "WEB", "check_principal", "key_digest", "key_principal", "principal_of",
-           "voter_of_user"]
+__all__ = ["ANONYMOUS", "LEGACY_API", "OPERATOR", "WEB", "check_principal", "key_digest", "key_principal",
+           "principal_of", "voter_of_user"]
 
 OPERATOR = "(operator)"  # rows without a principal or a user: the operator's own labels
 WEB = "web"  # the web page's sessions, one anonymous principal
 ANONYMOUS = "api:anonymous"  # every caller of a paravt api without a key
+LEGACY_API = "api:legacy"  # every row an older paravt api stored without a principal, together
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 
 
@@ -58,7 +60,7 @@ def voter_of_user(user: str | None) -> str:
     if not user:
         return OPERATOR
     if user.startswith("api:"):
-        return user.split("/", 1)[0]
+        return LEGACY_API
     if user.startswith("gradio:"):
         return WEB
     return user

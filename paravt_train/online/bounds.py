@@ -49,7 +49,8 @@ def _tango_z(wins, losses, n: int, delta: float):
     var = n * (2 * p_loss + delta * (1 - delta))
     num = w - loss - n * delta
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(var > 1e-15, num / np.sqrt(np.maximum(var, 1e-300)), np.sign(num) * np.inf)
+        z = np.where(var > 1e-15, num / np.sqrt(np.maximum(var, 1e-300)),
+                     np.where(num == 0, 0.0, np.sign(num) * np.inf))  # all ties at delta 0: no evidence, not NaN
     return z
 
 

@@ -316,7 +316,10 @@ class OnlineLearner:
             while max_steps is None or steps < max_steps:
                 if stop.requested():  # SIGTERM (here or on another rank): the updates so far are saved below
                     break
-                self.repair_push(restore=True)  # an operator's push that died while this learner ran (rank 0)
+                try:
+                    self.repair_push(restore=True)  # an operator's push that died while this learner ran (rank 0)
+                except (ParaVTError, OSError) as exc:  # a server or the journal's disk: tried again next round
+                    self.log(f"repairing a push that never ended failed ({exc}); trying again next round")
                 promotion.follow_operator()
                 self._poll_everywhere()
                 st = self.state

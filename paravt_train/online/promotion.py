@@ -274,9 +274,19 @@ class Promotion:
                 reg.add(vid, step, path, "candidate", feedback, gate, verdict["summary"])
             with self._one_push(), telemetry.span("paravt.online.promote", attributes={"paravt.version": vid,
                                                                                       "paravt.step": step}):
-                port.push()  # the candidate's weights to the server, as weight version str(step)
-                if port.rank == 0:  # with the push, under its lock: an operator's push comes before or after both
-                    reg.set_serving(vid, reason=f"promoted ({verdict['summary']})")
+                moved = self._served_elsewhere(st.serving)  # under the lock: an operator's push came first
+                if moved is None:
+                    port.push()  # the candidate's weights to the server, as weight version str(step)
+                    if port.rank == 0:  # with the push, under its lock: an operator's push comes before or after
+                        reg.set_serving(vid, reason=f"promoted ({verdict['summary']})")
+            if moved is not None:
+                why = (f"candidate {vid} not pushed: it was gated against {st.serving}, and the server now holds "
+                       f"{moved} (an operator's push while it was judged)")
+                self.record_event({"event": "superseded", "version": vid, "serving": moved, "reason": why})
+                self.log(why)
+                self.follow_operator()
+                st.since_promotion = 0
+                return {**verdict, "promote": False, "summary": why}
             st.serving, st.pending = vid, []
         else:
             if port.rank == 0:
@@ -315,7 +325,7 @@ class Promotion:
             return None
         why = (f"rollback: live score of {sid} {chk.served:.2f} on {chk.n} labels is below {prev['id']}'s "
                f"{chk.before:.2f} on {chk.n_before} ({chk.why})")
-        return self.rollback_to(prev, why)
+        return self.rollback_to(prev, why, judged=sid)
 
     def _untestable(self, sid: str, prev: str, cur: dict, before: dict) -> None:
         """Said once per version: it has its first look's labels but cannot be tested (too few labels of the version
@@ -337,11 +347,34 @@ class Promotion:
         record of it, so an operator's push never lands between the two."""
         return push_lock(self.journal, log=self.log) if self.journal is not None else contextlib.nullcontext()
 
-    def rollback_to(self, version: dict, why: str) -> str:
+    def _moved_from(self, expected: str | None) -> str | None:
+        """The version the registry says serves when it is not ``expected`` (the one a decision was taken against):
+        an operator pushed in between. Rank 0, under the push lock."""
+        now = self.registry.serving()
+        return now["id"] if now is not None and now["id"] != expected else None
+
+    def _served_elsewhere(self, expected: str | None) -> str | None:
+        """:meth:`_moved_from` asked on rank 0, the answer given to every rank (every rank calls it)."""
+        look = lambda: self._moved_from(expected)  # noqa: E731
+        return on_rank0(look, "the registry") if self.port.world > 1 else look()
+
+    def rollback_to(self, version: dict, why: str, judged: str | None = None) -> str | None:
+        """Put ``version`` back on the server. ``judged``: the version the decision was taken against; when an
+        operator's push replaced it meanwhile, nothing is pushed (the operator's choice stands) and None returned."""
+        moved = None
         if self.port.rank == 0:
             with self._one_push():
-                push_version(self.cfg, version, self.log, journal=self.journal)
-                self.registry.set_serving(version["id"], reason=why)
+                moved = self._moved_from(judged) if judged is not None else None
+                if moved is None:
+                    push_version(self.cfg, version, self.log, journal=self.journal)
+                    self.registry.set_serving(version["id"], reason=why)
+        if self.port.world > 1:
+            moved = on_rank0(lambda: moved, "the rollback")
+        if moved is not None:
+            self.log(f"rollback to {version['id']} not pushed: the server now holds {moved} (an operator's push "
+                     f"while {judged} was judged)")
+            self.follow_operator()
+            return None
         self._barrier()
         self.load_version(version)
         self.record_event({"event": "rolled-back", "version": version["id"], "reason": why})

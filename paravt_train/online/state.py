@@ -72,6 +72,8 @@ class OnlineState:
             for user, times in (known.get("users") or {}).items():
                 users.setdefault(voter_of_user(user), []).extend(times)
             known["users"] = {who: sorted(t) for who, t in users.items()}
+            known["queue"] = [{**d, "user": voter_of_user(d["user"]) if d.get("user") else d.get("user")}
+                              for d in known.get("queue") or []]  # max_user_share counts principals here too
         return cls(**known)
 
     def polled(self) -> dict:

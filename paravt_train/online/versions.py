@@ -167,7 +167,9 @@ def repair_push(cfg, journal: Path, log=print, restore=None) -> dict | None:
     a live pusher is waited for, or refused with its name): generation continued on the servers it names and a
     weight-update session it left open closed (:func:`~paravt_train.sync.release_servers`), then ``restore()``
     (the version the registry serves pushed back: the half-applied push is never taken for a version), then the
-    journal removed. Returns what was found, with ``continued`` and ``errors``."""
+    journal removed — kept (``kept``) when a server could not be released and nothing was pushed back, so the pause
+    supervisor still sees its dead lease and the next pusher tries again. Returns what was found, with
+    ``continued`` and ``errors``."""
     # lazy: a command that only lists versions loads no sync (nor the HTTP client)
     from paravt_train.sync import release_servers, server_keys
     from paravt_train.sync.lease import settle_unfinished, unfinished_push
@@ -179,8 +181,11 @@ def repair_push(cfg, journal: Path, log=print, restore=None) -> dict | None:
             return None
         done, errors = release_servers(left["urls"], server_keys(cfg))
         if restore is not None:
-            restore()
-    return {**left, "continued": done, "errors": errors}
+            restore()  # the serving version pushed to every server again: whatever release missed, this reaches
+        elif errors:
+            left["keep"] = True  # a server not released: the journal stays for the supervisor and the next pusher
+    return {**{k: v for k, v in left.items() if k != "keep"}, "continued": done, "errors": errors,
+            "kept": bool(left.get("keep"))}
 
 
 def push_version(cfg, version: dict, log=print, journal: Path | None = None) -> dict | None:

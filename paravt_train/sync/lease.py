@@ -202,12 +202,14 @@ def settle_unfinished(path: str | Path, watch: float = WATCH_SECONDS, wait: floa
     journal's lease is watched for ``watch`` seconds of this process's monotonic clock; a renewal meanwhile (a
     pusher that does not take the lock: 0.5.1's, or one on a host the lock does not reach) is
     :class:`PushInProgress`, naming it. The caller repairs what it gets inside the block (a push of its own there
-    takes the lock again); when the block ends without an exception the journal is removed (if still that one)."""
+    takes the lock again); when the block ends without an exception the journal is removed (if still that one),
+    unless the caller set ``left["keep"]`` (a repair that could not reach every server: the journal stays, so the
+    pause supervisor still sees a dead lease and the next pusher repairs again)."""
     path = Path(path)
     with push_lock(path, wait, log):
         left = _settle(path, watch)
         yield left
-        if left is not None and _same_journal(_read(path), left):
+        if left is not None and not left.get("keep") and _same_journal(_read(path), left):
             path.unlink(missing_ok=True)
 
 

@@ -453,7 +453,7 @@ def test_after_a_rollback_the_next_version_is_compared_with_the_one_served_befor
     live["v2"] = _labels(a=(6, 10), b=(6, 10), c=(6, 10), d=(6, 10))
     live["v3"] = _labels(a=(5, 10), b=(5, 10), c=(5, 10), d=(5, 10), e=(6, 10), f=(6, 10))
     back = []
-    p.rollback_to = lambda version, why: back.append((version["id"], why)) or version["id"]
+    p.rollback_to = lambda version, why, judged=None: back.append((version["id"], why)) or version["id"]
     assert p.check_rollback() == "v1" and "below v1's 0.80" in back[0][1]
     assert p.check_rollback() is None  # its one look is used up
 

@@ -769,7 +769,7 @@ def test_an_operators_push_while_a_candidate_is_judged_stands(tmp_path, toy_poli
     out = tmp_path / "out"
     cfg = GRPOConfig(model=toy_policy_dir, output_dir=str(out), backend="sglang", endpoint=srv.url)
     learner = OnlineLearner(cfg, tmp_path / "t.db", progress=False, log=lambda *_: None)
-    learner.trainer.setup()
+    learner.setup()
     reg = _registry_with(tmp_path, toy_policy_dir, [("v0", "start")])
     promotion = learner.promotion
     promotion.state.serving = "v0"  # what the learner last saw

@@ -274,7 +274,8 @@ class Promotion:
                 reg.add(vid, step, path, "candidate", feedback, gate, verdict["summary"])
             with self._one_push(), telemetry.span("paravt.online.promote", attributes={"paravt.version": vid,
                                                                                       "paravt.step": step}):
-                moved = self._served_elsewhere(st.serving)  # under the lock: an operator's push came first
+                # under the lock: an operator's push that came first stands (None: no version known to have served)
+                moved = self._served_elsewhere(st.serving) if st.serving is not None else None
                 if moved is None:
                     port.push()  # the candidate's weights to the server, as weight version str(step)
                     if port.rank == 0:  # with the push, under its lock: an operator's push comes before or after

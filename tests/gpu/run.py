@@ -334,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    for name in [k for k in env if k.startswith("PYTEST_XDIST") or k == "PYTEST_CURRENT_TEST"]:
+        del env[name]  # started from an xdist worker (the suite's own test): its pytest is a session of its own
     facts: dict = {"host": platform.node() or "unknown"}
     cmd: list[str] = []
     log = args.report.with_suffix(".jsonl")

@@ -1,6 +1,7 @@
 """A wheel install carries the shipped toy policy and the entry point of the default tools: Agent() finds both from
 any directory, without the repository."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_a_wheel_install_finds_the_toy_policy_anywhere(tmp_path):
+    # pip without PYTHONPATH: a checkout on it (a suite run with PYTHONPATH=.) reads as paravt already installed
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
-                    "-w", str(tmp_path / "wheel")], check=True, capture_output=True, timeout=300)
+                    "-w", str(tmp_path / "wheel")], check=True, capture_output=True, timeout=300, env=env)
     [wheel] = (tmp_path / "wheel").glob("paravt-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -25,7 +28,7 @@ def test_a_wheel_install_finds_the_toy_policy_anywhere(tmp_path):
     deps = [p for p in sys.path if p.endswith("site-packages")]
     Path(site, "deps.pth").write_text("\n".join(deps) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, env=env)
     code = textwrap.dedent("""
         import paravt_agent, sys
         from paravt_agent.defaults import default_model_dir

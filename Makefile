@@ -85,7 +85,7 @@ $(LMMS)/.installed: $(VENV)/.installed Makefile
 	  "$$($(LMMS)/bin/python -c 'import site; print(site.getsitepackages()[0])')/paravt_base.pth"
 	# filelock 4 (.venv's) dropped filelock._api, which lmms-eval 0.7.3's evaluator imports
 	$(LMMS)/bin/python -m pip install -q lmms-eval==$(LMMS_EVAL_VERSION) "filelock<4" && touch $@ || \
-	  echo "warning: could not install lmms-eval; the lmms-eval plugin test will be skipped"
+	  echo "warning: could not install lmms-eval; the lmms-eval plugin test skips, saying why (it fails under PARAVT_REQUIRE_ENGINES=1, as in CI)"
 
 # SGLang's own server on CPU for the sglang-path tests, in .venv-sglang layered over .venv (torch reused through a
 # .pth file: ~1.3 GB, ~1.5 min, no compiling): the pinned wheel's dependencies minus the GPU-only ones, and the

@@ -221,8 +221,18 @@ def test_bad_requests_get_clear_errors(media, serve, tmp_path):
     err(post({"messages": user("colours.mp4", "x" * 5000)}), 413, "over 4096 bytes")
     err(httpx.post(url, content=b"{nope", headers={"content-type": "application/json"}), 400, "not valid JSON")
     err(httpx.post(srv.url + "/v1/feedback", json={"trace_id": "x", "answer": "A"}), 400, "--store")
-    err(httpx.post(url, content=b"[" * 2000 + b"]" * 2000, headers={"content-type": "application/json"}), 400,
-        "nested too deeply")
+    deep = b"[" * 2000 + b"]" * 2000
+    err(httpx.post(url, content=deep, headers={"content-type": "application/json"}), 400, "nested too deeply")
+    # the same answer in a process whose recursion limit is raised (an xdist worker's is: the JSON parser then read
+    # 2000 levels and the body was refused as "not a JSON object"), and at a depth the parser alone would take
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        err(httpx.post(url, content=deep, headers={"content-type": "application/json"}), 400, "nested too deeply")
+        err(httpx.post(url, content=b"[" * 65 + b"]" * 65, headers={"content-type": "application/json"}), 400,
+            "over 64 levels")
+    finally:
+        sys.setrecursionlimit(limit)
     # an http(s) video over the download limit (the operator opened this site's prefix) ...
     try:
         err(post({"messages": user(f"{site}/colours.mp4", "q?")}), 400, "download limit")

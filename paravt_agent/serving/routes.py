@@ -51,11 +51,33 @@ async def read_json(request: Request) -> Any:
         if len(buf) > settings.max_request_bytes:
             raise ApiError(413, f"the request is over {settings.max_request_bytes} bytes", code="too_large")
     try:
-        return json.loads(buf or b"null")
+        body = json.loads(buf or b"null")
     except ValueError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "the body is not valid JSON: it is nested too deeply") from None
+    except RecursionError:  # deeper than the interpreter's recursion limit
+        body = None
+        deep = True
+    else:
+        deep = _deeper_than(body, MAX_JSON_DEPTH)
+    if deep:  # the same answer whatever the process's recursion limit (a thread, a test worker, a raised limit)
+        raise ApiError(400, f"the body is not valid JSON: it is nested too deeply (over {MAX_JSON_DEPTH} levels)")
+    return body
+
+
+#: how deep a request body's arrays and objects may nest (a chat request is ~6 levels)
+MAX_JSON_DEPTH = 64
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (iteratively: no recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
 
 
 @router.get("/health")

@@ -183,11 +183,11 @@ def test_the_supervisor_continues_a_pause_only_once_its_lease_has_lapsed(tmp_pat
 
 # --------------------------------------------------------------------------- kill -9 during a push, SGLang itself
 
-#: a pusher that hangs once the server is paused (what a learner killed there leaves): the real sync, its journal
-HANG = textwrap.dedent("""
+#: the prelude of a process that hangs once a server is paused (what one killed there leaves): every httpx POST goes
+#: through, and after ``/pause_generation`` it says PAUSED and sleeps
+PAUSE_THEN_HANG = textwrap.dedent("""
     import sys, time
     import httpx
-    from paravt_train.sync.disk import SGLangWeightSync
 
     real = httpx.Client.post
 
@@ -199,6 +199,12 @@ HANG = textwrap.dedent("""
         return resp
 
     httpx.Client.post = post
+""")
+
+#: a pusher that hangs once the server is paused (what a learner killed there leaves): the real sync, its journal
+HANG = PAUSE_THEN_HANG + textwrap.dedent("""
+    from paravt_train.sync.disk import SGLangWeightSync
+
     SGLangWeightSync(sys.argv[1], journal=sys.argv[3]).serve(sys.argv[2], "7")
 """)
 
@@ -675,20 +681,7 @@ def test_the_operators_next_push_repairs_a_journal_of_0_5_1(tmp_path, toy_policy
 OPERATOR = "import sys\nfrom paravt_train.online.cli import app\napp(sys.argv[1:], prog_name='paravt-train online')\n"
 
 #: ``paravt-train online ARGS`` that hangs once a server is paused (what a command killed there leaves)
-OPERATOR_HANG = textwrap.dedent("""
-    import sys, time
-    import httpx
-
-    real = httpx.Client.post
-
-    def post(self, url, *a, **kw):
-        resp = real(self, url, *a, **kw)
-        if str(url).endswith("/pause_generation"):
-            print("PAUSED", flush=True)
-            time.sleep(3600)
-        return resp
-
-    httpx.Client.post = post
+OPERATOR_HANG = PAUSE_THEN_HANG + textwrap.dedent("""
     from paravt_train.online.cli import app
 
     app(sys.argv[1:], prog_name="paravt-train online")

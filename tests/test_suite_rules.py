@@ -4,6 +4,7 @@
   Chromium, curl, network namespaces) skips through ``tests/conftest.py``'s ``engine_unavailable``, which fails it
   under ``PARAVT_REQUIRE_ENGINES`` (CI): a missing install cannot leave CI green with the test not run. Skips for
   what the hardware or a library version decides (no CUDA here, a PyAV that cannot write a display matrix) stay.
+* CI runs exactly the test command README.md gives (its "Two commands" block), as written there.
 """
 
 from __future__ import annotations
@@ -44,3 +45,18 @@ def test_the_scan_catches_each_form():
     assert silent_engine_skips('if r:\n    pytest.skip(f"SGLang could not start: {r}")')
     assert not silent_engine_skips('pytest.mark.skipif(not cuda, reason="needs a CUDA GPU")')
     assert not silent_engine_skips('engine_unavailable("curl is not installed")')
+
+
+def readme_test_command(readme: str) -> str:
+    """The line of README.md's "Two commands" block that runs the tests."""
+    block = readme.split("## Two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    [line] = [ln for ln in block.splitlines() if ln.startswith("make test")]
+    return line
+
+
+def test_ci_runs_the_readmes_test_command():
+    readme = (ROOT.parent / "README.md").read_text()
+    ci = (ROOT.parent / ".ci" / "run").read_text().splitlines()
+    line = readme_test_command(readme)
+    assert line in ci, f".ci/run must run README's test command as written: {line!r}"
+    assert readme_test_command(readme.replace("make test     #", "make test -j2 #")) not in ci  # the check catches it

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     )
     from paravt_agent.video import FrameConfig
 
-__version__ = "0.5.2"
+__version__ = "0.5.3"
 
 #: module paths that moved when the package was regrouped by concept (v0.4): importable for one release, with a
 #: DeprecationWarning naming the new path (:mod:`paravt_agent.compat`)

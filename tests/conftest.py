@@ -224,12 +224,33 @@ def toy_rl(tmp_path_factory):
     return {"dir": d, "worlds": worlds, "data": str(path), "video_root": str(d / "videos")}
 
 
-def free_port() -> int:
+def worker_slice(lo: int, hi: int) -> range:
+    """This pytest process's share of the ports ``lo``-``hi``: all of them alone, the k-th of n equal slices on
+    xdist worker ``gwk`` of n (the workers' servers never draw the same port)."""
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    k = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % n
+    size = (hi - lo + 1) // n
+    return range(lo + k * size, lo + (k + 1) * size)
+
+
+def free_port(host: str = "127.0.0.1", room: int = 1) -> int:
+    """A free port a server started later may bind (``room`` free ones from it: a fleet takes port + 1 … port + dp),
+    from 10000-21999: below SGLang's NCCL ports (22000-29999, which its servers draw themselves) and the OS's
+    ephemeral range (32768+), where every client connection of the machine takes a port at any moment. A bind(0)
+    port was taken there within the 30 s a SGLang server needs to bind it, under a second pytest worker's load."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = worker_slice(10000, 21999)
+    for port in random.Random().sample(ports[:-room], 200):
+        try:
+            for p in range(port, port + room):
+                with socket.socket() as s:
+                    s.bind((host, p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def rendezvous_port(host: str = "127.0.0.1") -> int:
@@ -241,7 +262,8 @@ def rendezvous_port(host: str = "127.0.0.1") -> int:
 
     from paravt_train.sync.distributed import port_clash
 
-    for port in random.Random().sample(range(30001, 31999), 400):
+    ports = worker_slice(30001, 31999)
+    for port in random.Random().sample(ports, min(400, len(ports))):
         if port_clash(port) or port_clash(port + 600):
             continue
         try:

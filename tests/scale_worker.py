@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--sigterm-rank", type=int, default=0)
     ap.add_argument("--restart-server-at", type=int, default=None)
     args = ap.parse_args()
+    from paravt_train.infra.distributed import end_process, shutdown_distributed
+
     if args.mode == "sft":
         from paravt_train.sft import train
         from paravt_train.sft.config import SFTConfig
@@ -38,14 +40,13 @@ def main() -> None:
         said = {"rank": int(os.environ.get("RANK", "0")), "losses": out["losses"], "steps": out["steps"],
                 "stopped": out["stopped"]}
         os.write(1, (json.dumps(said) + "\n").encode())  # one write: the ranks' lines never interleave
-
+        end_process(0)  # the trainer destroyed its group; out as `paravt-train sft` ends
         return
-    from paravt_train.infra.distributed import shutdown_distributed
     from paravt_train.online.config import OnlineConfig
     from paravt_train.rl.config import GRPOConfig
 
     cfg = (GRPOConfig if args.mode == "grpo" else OnlineConfig).from_yaml(args.config)
-    try:  # as `paravt-train grpo|online` end
+    try:  # as `paravt-train grpo|online` end: the group destroyed, then out without interpreter finalization
         if args.mode == "grpo":
             from paravt_train.rl.trainer import GRPOTrainer
 
@@ -59,6 +60,7 @@ def main() -> None:
             learner.run(once=True)
     finally:
         shutdown_distributed()
+    end_process(0)  # a rank left to finalization can abort after its last write (infra.distributed.end_process)
 
 
 def restart_server_at(tr, cfg, at: int) -> None:

@@ -3,7 +3,6 @@
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import engine_unavailable
+from tests.conftest import engine_unavailable, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "checkpoints" / "toy"
@@ -120,11 +119,6 @@ def test_handler_errors_are_messages(demo, tmp_path):
     out = collect(small.ask(video, "q?", "", "embedded", "", "", 8, "parallel"))[-1]
     assert "the limit is 0 MB" in out[0]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_page_in_headless_chromium(tmp_path):

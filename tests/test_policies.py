@@ -4,7 +4,6 @@ and the SGLang /generate client against a local server answering with recorded p
 import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -22,15 +21,10 @@ from paravt_agent.policy.chat import BANNED_LOGIT, ban
 from paravt_agent.policy.local import LocalPolicy
 from paravt_agent.policy.sglang_backend import SGLangPolicy
 from paravt_agent.prompts import planner_messages
-from tests.conftest import assert_same_tokens
+from tests.conftest import assert_same_tokens, free_port
 
 SHORT = AgentConfig(planner_sampling=Sampling(max_new_tokens=24), subagent_sampling=Sampling(max_new_tokens=12))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

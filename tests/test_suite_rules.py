@@ -5,6 +5,8 @@
   under ``PARAVT_REQUIRE_ENGINES`` (CI): a missing install cannot leave CI green with the test not run. Skips for
   what the hardware or a library version decides (no CUDA here, a PyAV that cannot write a display matrix) stay.
 * CI runs exactly the test command README.md gives (its "Two commands" block), as written there.
+* Every port a test hands to a server it starts comes from ``free_port`` (a bind to port 0 in a test is refused by
+  the scan): below the OS's ephemeral range and SGLang's own ports, one slice per xdist worker.
 """
 
 from __future__ import annotations
@@ -60,3 +62,33 @@ def test_ci_runs_the_readmes_test_command():
     line = readme_test_command(readme)
     assert line in ci, f".ci/run must run README's test command as written: {line!r}"
     assert readme_test_command(readme.replace("make test     #", "make test -j2 #")) not in ci  # the check catches it
+
+
+def bind_zero_calls(source: str, name: str = "<test>") -> list[str]:
+    """``.bind((host, 0))`` calls: a port the OS lends from its ephemeral range, which anything may take before the
+    server started later binds it."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".bind") and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Tuple) and len(arg.elts) == 2 and ast.unparse(arg.elts[1]) == "0":
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)[:100]}")
+    return found
+
+
+def test_ports_come_from_free_port_in_this_workers_slice(monkeypatch):
+    from paravt_train.sync.distributed import port_clash
+    from tests.conftest import free_port, rendezvous_port
+
+    offenders = [hit for f in sorted(ROOT.rglob("*.py")) for hit in bind_zero_calls(f.read_text(), f.name)]
+    assert not offenders, "take a port from tests.conftest.free_port:\n" + "\n".join(offenders)
+    assert bind_zero_calls("with socket.socket() as s:\n    s.bind(('127.0.0.1', 0))\n")  # the scan catches it
+    seen = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        seen[worker] = [free_port(room=3) for _ in range(20)], [rendezvous_port() for _ in range(5)]
+    for ports, rendezvous in seen.values():
+        assert not any(port_clash(p) or port_clash(p + 2) for p in ports)
+        assert not any(port_clash(p) for p in rendezvous)
+    assert max(seen["gw0"][0]) < min(seen["gw1"][0]) and max(seen["gw0"][1]) < min(seen["gw1"][1])

@@ -233,16 +233,19 @@ def worker_slice(lo: int, hi: int) -> range:
     return range(lo + k * size, lo + (k + 1) * size)
 
 
-def free_port(host: str = "127.0.0.1", room: int = 1) -> int:
-    """A free port a server started later may bind (``room`` free ones from it: a fleet takes port + 1 … port + dp),
-    from 10000-21999: below SGLang's NCCL ports (22000-29999, which its servers draw themselves) and the OS's
-    ephemeral range (32768+), where every client connection of the machine takes a port at any moment. A bind(0)
-    port was taken there within the 30 s a SGLang server needs to bind it, under a second pytest worker's load."""
+def _draw_port(ports: range, host: str, room: int, tries: int, ahead: int = 0) -> int | None:
+    """A random ``port`` of ``ports`` whose ``room`` ports from it are all in ``ports``, free on ``host`` now and clear
+    (they and ``port + ahead``) of every range ``paravt_train.sync.distributed.port_clash`` names (SGLang's own, the
+    OS's ephemeral one as this machine sets it); None when ``tries`` draws found none."""
     import random
     import socket
 
-    ports = worker_slice(10000, 21999)
-    for port in random.Random().sample(ports[:-room], 200):
+    from paravt_train.sync.distributed import port_clash
+
+    starts = ports[:len(ports) - room + 1]
+    for port in random.Random().sample(starts, min(tries, len(starts))):
+        if any(port_clash(p) for p in [*range(port, port + room), port + ahead]):
+            continue
         try:
             for p in range(port, port + room):
                 with socket.socket() as s:
@@ -250,29 +253,31 @@ def free_port(host: str = "127.0.0.1", room: int = 1) -> int:
             return port
         except OSError:
             continue
-    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
+    return None
+
+
+def free_port(host: str = "127.0.0.1", room: int = 1) -> int:
+    """A free port a server started later may bind (``room`` free ones from it: a fleet takes port + 1 … port + dp),
+    from this worker's slice of 10000-21999: below SGLang's NCCL ports (22000-29999, which its servers draw
+    themselves) and the OS's ephemeral range (32768+ by default), where every client connection of the machine takes
+    a port at any moment. A bind(0) port was taken there within the 30 s a SGLang server needs to bind it, under a
+    second pytest worker's load."""
+    ports = worker_slice(10000, 21999)
+    port = _draw_port(ports, host, room, tries=200)
+    if port is None:
+        raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1} outside the OS's ephemeral range")
+    return port
 
 
 def rendezvous_port(host: str = "127.0.0.1") -> int:
     """A free port where a weight-update group's rendezvous may listen: outside SGLang's ranges and the OS's
-    ephemeral ports (``paravt_train.sync.distributed.port_clash``), from 30001-32767 below them, spaced by the rejoin
-    stride's room (a push that fails moves +100)."""
-    import random
-    import socket
-
-    from paravt_train.sync.distributed import port_clash
-
+    ephemeral ports (``paravt_train.sync.distributed.port_clash``), from this worker's slice of 30001-31999, with
+    room for the rejoin stride (a push that fails moves +100, up to +600: that port must be clear too)."""
     ports = worker_slice(30001, 31999)
-    for port in random.Random().sample(ports, min(400, len(ports))):
-        if port_clash(port) or port_clash(port + 600):
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind((host, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free rendezvous port in 30001-31999")
+    port = _draw_port(ports, host, 1, tries=400, ahead=600)
+    if port is None:
+        raise RuntimeError(f"no free rendezvous port in {ports.start}-{ports.stop - 1}")
+    return port
 
 
 class JSONServer:
